@@ -1,0 +1,14 @@
+"""The event catalog, one module per domain. Importing this package registers every type."""
+
+from events.catalog import (  # noqa: F401  (imported for registration)
+    checkpoint,
+    derived,
+    eval,
+    lifecycle,
+    profile,
+    reward,
+    rollout,
+    trainer,
+    trajectory,
+    usage,
+)

@@ -1,0 +1,61 @@
+"""Checkpoint and resume facts (seed 001)."""
+
+from __future__ import annotations
+
+from typing import ClassVar, Literal
+
+from events.envelope import Attributes, EventBase
+
+
+class _Checkpoint(EventBase):
+    TOPIC: ClassVar[str] = "runwatch.checkpoints"
+
+
+class CheckpointWritten(_Checkpoint):
+    """Published only after the checkpoint's metadata was renamed into place.
+
+    ``sentinels``: part name -> sha256 of that part; ``pins``: pin name -> value
+    (reward-function digest, KL-reference weights hash, dataset revision).
+    """
+
+    type: Literal["CheckpointWritten"] = "CheckpointWritten"
+    path: str
+    checkpoint_schema: int
+    digest: str
+    sentinels: Attributes = ()
+    pins: Attributes = ()
+    size_bytes: int = 0
+    duration_s: float = 0.0
+
+
+class ResumeRequested(_Checkpoint):
+    type: Literal["ResumeRequested"] = "ResumeRequested"
+    checkpoint_path: str
+    checkpoint_step: int
+    reason: str = ""
+
+
+class ResumeCertified(_Checkpoint):
+    """The overlap window replayed within tolerance of the recorded metrics."""
+
+    type: Literal["ResumeCertified"] = "ResumeCertified"
+    checkpoint_path: str
+    checkpoint_step: int
+    window_start: int
+    window_end: int
+    tier: Literal["bitwise", "statistical"]
+    tolerance: float
+    max_deviation: float
+
+
+class ResumeRejected(_Checkpoint):
+    """Resume refused. ``reason`` is a code (schema_mismatch, corrupt, pin_mismatch,
+    deviation); ``fell_back_to`` names the older checkpoint tried next, if any."""
+
+    type: Literal["ResumeRejected"] = "ResumeRejected"
+    checkpoint_path: str
+    checkpoint_step: int
+    reason: Literal["schema_mismatch", "corrupt", "pin_mismatch", "deviation", "missing"]
+    detail: str
+    max_deviation: float | None = None
+    fell_back_to: str | None = None

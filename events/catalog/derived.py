@@ -1,0 +1,80 @@
+"""Facts derived by stream processors and projections (never by producers)."""
+
+from __future__ import annotations
+
+from typing import ClassVar, Literal
+
+from events.catalog.lifecycle import FailureClass
+from events.envelope import Attributes, EventBase
+
+Routing = Literal["page", "ticket", "advisory"]
+Layer = Literal["infra", "run_mechanics", "algorithmic"]
+
+
+class AlertFired(EventBase):
+    """A detector's condition became true for a run. ``alert_id`` is stable for the
+    episode, so the matching :class:`AlertResolved` names the same id."""
+
+    TOPIC: ClassVar[str] = "runwatch.alerts"
+    type: Literal["AlertFired"] = "AlertFired"
+    alert_id: str
+    detector: str
+    layer: Layer
+    routing: Routing
+    window_start: int
+    window_end: int
+    observed: Attributes = ()
+    thresholds: Attributes = ()
+    config_version: str
+    reason: str
+    first_response: str
+    escalated: bool = False
+
+
+class AlertResolved(EventBase):
+    TOPIC: ClassVar[str] = "runwatch.alerts"
+    type: Literal["AlertResolved"] = "AlertResolved"
+    alert_id: str
+    detector: str
+    reason: str
+    config_version: str
+
+
+RunState = Literal[
+    "SUBMITTED",
+    "QUEUED",
+    "PROVISIONING",
+    "RUNNING",
+    "DEGRADED",
+    "PAUSED_BY_GATE",
+    "SUCCEEDED",
+    "FAILED",
+    "CANCELLED",
+]
+
+
+class RunStateChanged(EventBase):
+    """The customer-facing state moved. Append-only: states are added to
+    :data:`RunState`, never removed. Terminal FAILED carries exactly one class."""
+
+    TOPIC: ClassVar[str] = "runwatch.run-states"
+    type: Literal["RunStateChanged"] = "RunStateChanged"
+    from_state: RunState | None
+    to_state: RunState
+    reason: str
+    failure_class: FailureClass | None = None
+    caused_by: str = ""
+
+
+class TenantUsageUpdated(EventBase):
+    """Running totals of one run's spend (prices from config), per pool and phase."""
+
+    TOPIC: ClassVar[str] = "runwatch.tenant-usage"
+    type: Literal["TenantUsageUpdated"] = "TenantUsageUpdated"
+    gpu_seconds_by_pool: Attributes = ()
+    gpu_seconds_by_phase: Attributes = ()
+    tokens_generated: int = 0
+    tokens_trained: int = 0
+    committed_steps: int = 0
+    spend_usd: float = 0.0
+    cost_per_step_usd: float | None = None

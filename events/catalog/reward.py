@@ -1,0 +1,69 @@
+"""Reward-scoring facts, one per batch outcome: the per-cause ledger lives on the log."""
+
+from __future__ import annotations
+
+from typing import ClassVar, Literal
+
+from events.envelope import EventBase
+
+FailureCause = Literal[
+    "tenant_timeout",
+    "tenant_crash",
+    "tenant_bad_output",
+    "tenant_resource_exceeded",
+    "platform_error",
+]
+#: Every ledger column: ``ok`` plus the failure causes.
+LedgerCause = Literal[
+    "ok",
+    "tenant_timeout",
+    "tenant_crash",
+    "tenant_bad_output",
+    "tenant_resource_exceeded",
+    "platform_error",
+]
+
+
+class _Reward(EventBase):
+    TOPIC: ClassVar[str] = "runwatch.rewards"
+
+
+class RewardBatchScored(_Reward):
+    """A batch scored and passed the schema gate. Scores are summarized, not copied."""
+
+    type: Literal["RewardBatchScored"] = "RewardBatchScored"
+    batch_id: str
+    tier: str = "function"
+    n: int
+    score_mean: float
+    score_std: float
+    score_min: float
+    score_max: float
+    duration_s: float
+    attempt: int = 1
+
+
+class RewardBatchFailed(_Reward):
+    """A batch attempt failed, booked to exactly one ``cause``. ``action`` is what the
+    failure policy did (retry, skip, pause); ``examples`` are a few offending inputs."""
+
+    type: Literal["RewardBatchFailed"] = "RewardBatchFailed"
+    batch_id: str
+    tier: str = "function"
+    n: int
+    cause: FailureCause
+    message: str
+    action: Literal["retry", "skip", "pause"] = "skip"
+    duration_s: float = 0.0
+    attempt: int = 1
+    examples: tuple[str, ...] = ()
+
+
+class CanaryProbeScored(_Reward):
+    """Held-out canary probes scored by the tenant's code; ``expected_mean`` is the
+    platform's reference. Inflation = mean above expected."""
+
+    type: Literal["CanaryProbeScored"] = "CanaryProbeScored"
+    n: int
+    score_mean: float
+    expected_mean: float

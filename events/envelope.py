@@ -1,0 +1,146 @@
+"""The envelope every runwatch event carries, and the helpers that build envelopes.
+
+Every event is a frozen pydantic model subclassing :class:`EventBase`. The envelope
+fields are the same for all events:
+
+- ``event_id`` (UUID): the idempotency key. Producers use uuid4; derived events use
+  :func:`derived_id` (uuid5 of their inputs) so a replay emits byte-identical outputs.
+- ``type``: the discriminator tag, a past-tense name such as ``"TrainerStepCompleted"``.
+- ``schema_version``: version of this type's payload. A changed payload is a new version
+  plus an upcaster in :mod:`events.upcasting`, never an edit of an old version.
+- ``tenant_id`` / ``run_id``: identity; ``run_id`` is the partition key.
+- ``step``: training step where it applies, else ``None``.
+- ``ts``: unix seconds as the *producer* saw them. Folds read time only from here.
+- ``producer``: who wrote it (e.g. ``"trainer/run-7"``); ``seq``: that producer's
+  monotonic counter, so gaps are visible.
+
+Assumptions: NaN and infinities are legal metric values (a NaN is a fact worth reporting),
+so they are serialized as the JSON constants ``NaN``/``Infinity`` which the codec reads back.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Mapping
+from typing import Annotated, Any, ClassVar
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, PlainSerializer, model_validator
+
+#: Namespace of every derived event id; never change it (ids would change on replay).
+RUNWATCH_NAMESPACE = uuid.UUID("6f1c3c52-6a63-4f1e-9b7e-2f4d8f0b7a11")
+
+Scalar = str | int | float | bool | None
+
+
+def _to_pairs(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return tuple(sorted((str(k), v) for k, v in value.items()))
+    return value
+
+
+def _to_dict(pairs: tuple[tuple[str, Scalar], ...]) -> dict[str, Scalar]:
+    return dict(pairs)
+
+
+#: A frozen str -> scalar mapping: held as sorted pairs, written as a JSON object.
+Attributes = Annotated[
+    tuple[tuple[str, Scalar], ...],
+    BeforeValidator(_to_pairs),
+    PlainSerializer(_to_dict, return_type=dict),
+]
+
+
+class EventBase(BaseModel):
+    """Envelope fields shared by all events. Subclasses add ``type`` and payload fields."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", ser_json_inf_nan="constants")
+
+    #: Topic the event type lives on (a name from :mod:`events.topics`).
+    TOPIC: ClassVar[str]
+    #: Current payload version of the type; older versions are upcast on decode.
+    SCHEMA_VERSION: ClassVar[int] = 1
+
+    event_id: uuid.UUID
+    type: str
+    schema_version: int = 1
+    tenant_id: str
+    run_id: str
+    step: int | None = None
+    ts: float
+    producer: str
+    seq: int
+
+    _registry: ClassVar[dict[str, type[EventBase]]] = {}
+
+    @classmethod
+    def __pydantic_init_subclass__(cls, **kwargs: Any) -> None:
+        super().__pydantic_init_subclass__(**kwargs)
+        field = cls.model_fields.get("type")
+        tag = getattr(field, "default", None) if field else None
+        if isinstance(tag, str) and not tag.startswith("_"):
+            if tag in EventBase._registry and EventBase._registry[tag] is not cls:
+                raise TypeError(f"event type {tag!r} registered twice")
+            EventBase._registry[tag] = cls
+
+    @model_validator(mode="after")
+    def _current_version(self) -> EventBase:
+        if self.schema_version != self.SCHEMA_VERSION:
+            raise ValueError(
+                f"{self.type} schema_version {self.schema_version} is not the current "
+                f"version {self.SCHEMA_VERSION}; decode through events.codec to upcast"
+            )
+        return self
+
+    def key(self) -> bytes:
+        """The partition key: the run id, so one run's events stay ordered."""
+        return self.run_id.encode()
+
+
+def event_classes() -> dict[str, type[EventBase]]:
+    """Every registered event class by its ``type`` tag (catalog modules must be imported)."""
+    return dict(EventBase._registry)
+
+
+def derived_id(*parts: object) -> uuid.UUID:
+    """Deterministic id of a derived event: uuid5 over its inputs' identities.
+
+    Pass the deriving processor's name and whatever makes the output unique (input
+    event ids, a window, a detector). The same inputs always give the same id.
+    """
+    return uuid.uuid5(RUNWATCH_NAMESPACE, "|".join(str(p) for p in parts))
+
+
+def derive_envelope(source: EventBase, producer: str, *parts: object) -> dict[str, Any]:
+    """Envelope fields of an event derived from ``source``: same tenant/run/step/ts,
+    a deterministic id, and ``seq`` 0 (derived streams are ordered by their input)."""
+    return {
+        "event_id": derived_id(producer, source.event_id, *parts),
+        "tenant_id": source.tenant_id,
+        "run_id": source.run_id,
+        "step": source.step,
+        "ts": source.ts,
+        "producer": producer,
+        "seq": 0,
+    }
+
+
+def new_envelope(
+    *,
+    tenant_id: str,
+    run_id: str,
+    producer: str,
+    seq: int,
+    step: int | None = None,
+    ts: float | None = None,
+) -> dict[str, Any]:
+    """Envelope fields of a new primary fact: a random id, and now if ``ts`` is not given."""
+    return {
+        "event_id": uuid.uuid4(),
+        "tenant_id": tenant_id,
+        "run_id": run_id,
+        "step": step,
+        "ts": time.time() if ts is None else ts,
+        "producer": producer,
+        "seq": seq,
+    }

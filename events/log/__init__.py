@@ -1,0 +1,1 @@
+"""Log backends behind one interface."""

@@ -1,0 +1,408 @@
+"""The Kafka log backend (aiokafka 0.14), the production engine.
+
+Producing: one idempotent producer (``enable_idempotence=True``, hence ``acks=all``)
+per backend. Records are keyed by the ``key`` bytes the caller passes (``run_id``) and
+partitioned with Kafka's default partitioner (murmur2 of the key, as the Java client and
+faust do), so one run's records stay ordered on one partition. :meth:`append_many`
+builds record batches per partition itself and hands whole batches to the producer —
+no await per record — then awaits every batch once. Idempotence makes retries safe: a
+batch re-sent after a broker restart is stored once (the broker deduplicates by
+producer id and sequence number), and an idempotent producer retries until it succeeds.
+
+Topics: :meth:`start` creates every topic of :data:`events.topics.TOPICS` (partitions
+and retention class from the registry) plus any ``extra_topics``; an existing topic is
+fine. :meth:`create_topics` adds ad-hoc topics (tests, benchmarks).
+
+Consuming: :meth:`consumer` is a group member (``enable_auto_commit=False``,
+``auto_offset_reset="earliest"``) that commits exactly the positions just past the
+records it returned. :meth:`read` reads one partition from an offset without a group.
+
+Time semantics: ``Record.timestamp_ms`` is Kafka's CreateTime (set by this producer);
+folds never read it. Timeouts are wall-clock seconds.
+
+Assumptions: partition counts of existing topics are not changed here; a topic created
+earlier with other settings keeps them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+import random
+from collections.abc import AsyncIterator, Iterable, Sequence
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.errors import (
+    CommitFailedError,
+    IllegalStateError,
+    KafkaTimeoutError,
+    RebalanceInProgressError,
+    TopicAlreadyExistsError,
+    for_code,
+)
+from aiokafka.partitioner import murmur2
+
+from events.log.base import Appended, LogBackend, LogConsumer, Record
+from events.topics import RETENTION_MS, TOPICS, Retention, TopicSpec
+
+log = logging.getLogger(__name__)
+
+#: Producer settings: throughput with durability. Batches up to 512 KiB, a short linger
+#: so single appends still travel together, idempotence (acks=all) for exactly-once
+#: storage of retried batches.
+PRODUCER_DEFAULTS: dict[str, Any] = {
+    "enable_idempotence": True,
+    "acks": "all",
+    "linger_ms": 5,
+    "max_batch_size": 512 * 1024,
+    "max_request_size": 4 * 1024 * 1024,
+    "request_timeout_ms": 30_000,
+    "retry_backoff_ms": 200,
+}
+CONSUMER_DEFAULTS: dict[str, Any] = {
+    "enable_auto_commit": False,
+    "auto_offset_reset": "earliest",
+    "fetch_max_bytes": 16 * 1024 * 1024,
+    "max_partition_fetch_bytes": 4 * 1024 * 1024,
+    "session_timeout_ms": 10_000,
+    "heartbeat_interval_ms": 1_000,
+}
+
+
+def topic_configs(retention: Retention) -> dict[str, str]:
+    """Kafka topic configs of a registry retention class."""
+    if retention == "compacted":
+        return {"cleanup.policy": "compact"}
+    ms = RETENTION_MS[retention]
+    return {"cleanup.policy": "delete", "retention.ms": str(ms)}
+
+
+@functools.lru_cache(maxsize=65536)
+def partition_for(key: bytes, n_partitions: int) -> int:
+    """Kafka's default partition of a key (murmur2, as the Java client and faust)."""
+    return (murmur2(key) & 0x7FFFFFFF) % n_partitions
+
+
+class KafkaLog(LogBackend):
+    """:class:`~events.log.base.LogBackend` on a Kafka cluster at ``bootstrap``."""
+
+    def __init__(
+        self,
+        bootstrap: str,
+        *,
+        extra_topics: Iterable[TopicSpec] = (),
+        create_registry_topics: bool = True,
+        replication_factor: int = 1,
+        client_id: str = "runwatch",
+        delivery_timeout_s: float = 300.0,
+        producer_config: dict[str, Any] | None = None,
+        consumer_config: dict[str, Any] | None = None,
+    ) -> None:
+        self.bootstrap = bootstrap
+        self.extra_topics = tuple(extra_topics)
+        self.create_registry_topics = create_registry_topics
+        self.replication_factor = replication_factor
+        self.client_id = client_id
+        self.delivery_timeout_s = delivery_timeout_s
+        self.producer_config = {**PRODUCER_DEFAULTS, **(producer_config or {})}
+        self.consumer_config = {**CONSUMER_DEFAULTS, **(consumer_config or {})}
+        self._producer: AIOKafkaProducer | None = None
+        self._partitions: dict[str, list[int]] = {}
+        self._consumers: set[KafkaLogConsumer] = set()
+
+    # ------------------------------------------------------------------ lifecycle
+    async def start(self) -> None:
+        specs = [*(TOPICS.values() if self.create_registry_topics else ()), *self.extra_topics]
+        if specs:
+            await self.create_topics(specs)
+        self._producer = AIOKafkaProducer(
+            bootstrap_servers=self.bootstrap,
+            client_id=f"{self.client_id}-producer",
+            **self.producer_config,
+        )
+        await self._producer.start()
+
+    async def close(self) -> None:
+        for consumer in list(self._consumers):
+            await consumer.close()
+        if self._producer is not None:
+            producer, self._producer = self._producer, None
+            await producer.stop()  # flushes pending batches
+
+    async def create_topics(self, specs: Iterable[TopicSpec]) -> list[str]:
+        """Create the topics that do not exist yet; returns the names created."""
+        specs = list(specs)
+        admin = AIOKafkaAdminClient(
+            bootstrap_servers=self.bootstrap, client_id=f"{self.client_id}-admin"
+        )
+        await admin.start()
+        created: list[str] = []
+        try:
+            existing = set(await admin.list_topics())
+            todo = [s for s in specs if s.name not in existing]
+            if not todo:
+                return created
+            response = await admin.create_topics(
+                [
+                    NewTopic(
+                        s.name,
+                        s.partitions,
+                        self.replication_factor,
+                        topic_configs=topic_configs(s.retention),
+                    )
+                    for s in todo
+                ]
+            )
+            for name, code, *rest in response.topic_errors:
+                error = for_code(code)
+                if code == 0:
+                    created.append(name)
+                elif error is not TopicAlreadyExistsError:  # a concurrent creator won: fine
+                    message = rest[0] if rest else ""
+                    raise error(f"cannot create topic {name!r}: {message}")
+        finally:
+            await admin.close()
+        if created:
+            await self._wait_topics_visible(created)
+        return created
+
+    async def create_topic(
+        self, name: str, partitions: int = 1, retention: Retention = "short"
+    ) -> TopicSpec:
+        """An ad-hoc topic (not in the registry), created if missing."""
+        spec = TopicSpec(name, partitions, retention, "ad-hoc")
+        await self.create_topics([spec])
+        return spec
+
+    async def _wait_topics_visible(self, names: Sequence[str], timeout_s: float = 30.0) -> None:
+        """Block until a metadata request shows every partition of ``names`` with a leader."""
+        deadline = asyncio.get_running_loop().time() + timeout_s
+        probe = AIOKafkaConsumer(bootstrap_servers=self.bootstrap, client_id="runwatch-probe")
+        await probe.start()
+        try:
+            while True:
+                await probe._client.force_metadata_update()
+                if all(probe.partitions_for_topic(n) for n in names):
+                    return
+                if asyncio.get_running_loop().time() > deadline:
+                    raise KafkaTimeoutError(f"topics not visible after {timeout_s}s: {names}")
+                await asyncio.sleep(0.1)
+        finally:
+            await probe.stop()
+
+    # ------------------------------------------------------------------ producing
+    @property
+    def producer(self) -> AIOKafkaProducer:
+        if self._producer is None:
+            raise RuntimeError("KafkaLog is not started (use `async with KafkaLog(...)`)")
+        return self._producer
+
+    async def partitions(self, topic: str) -> list[int]:
+        cached = self._partitions.get(topic)
+        if cached is None:
+            cached = sorted(await self.producer.partitions_for(topic))
+            self._partitions[topic] = cached
+        return cached
+
+    async def _partition(self, topic: str, key: bytes | None) -> int:
+        parts = await self.partitions(topic)
+        if key is None:
+            return random.choice(parts)
+        return parts[partition_for(key, len(parts))]
+
+    async def append(self, topic: str, key: bytes | None, value: bytes) -> Appended:
+        partition = await self._partition(topic, key)
+        fut = await self._retry_enqueue(
+            lambda: self.producer.send(topic, value, key=key, partition=partition)
+        )
+        meta = await fut
+        return Appended(topic, meta.partition, meta.offset)
+
+    async def append_many(
+        self, topic: str, records: Sequence[tuple[bytes | None, bytes]]
+    ) -> list[Appended]:
+        if not records:
+            return []
+        producer = self.producer
+        parts = await self.partitions(topic)
+        n = len(parts)
+        sticky = random.choice(parts)  # records without a key share one partition per call
+        open_batches: dict[int, Any] = {}
+        # per record: (index of its batch in `sent`, offset within that batch)
+        where: list[tuple[int, int]] = []
+        sent: list[tuple[int, asyncio.Future[Any]]] = []  # (partition, delivery future)
+        batch_index: dict[int, int] = {}
+        counts: dict[int, int] = {}
+
+        async def submit(partition: int) -> None:
+            batch = open_batches.pop(partition)
+            fut = await self._retry_enqueue(
+                lambda: producer.send_batch(batch, topic, partition=partition)
+            )
+            sent[batch_index.pop(partition)] = (partition, fut)
+
+        for key, value in records:
+            partition = sticky if key is None else parts[partition_for(key, n)]
+            batch = open_batches.get(partition)
+            if batch is None:
+                batch = open_batches[partition] = producer.create_batch()
+                batch_index[partition] = len(sent)
+                sent.append((partition, None))  # type: ignore[arg-type]
+                counts[partition] = 0
+            if batch.append(key=key, value=value, timestamp=None) is None:
+                if counts[partition] == 0:
+                    raise ValueError(f"record of {len(value)} bytes exceeds the batch size")
+                await submit(partition)
+                batch = open_batches[partition] = producer.create_batch()
+                batch_index[partition] = len(sent)
+                sent.append((partition, None))  # type: ignore[arg-type]
+                counts[partition] = 0
+                batch.append(key=key, value=value, timestamp=None)
+            where.append((batch_index[partition], counts[partition]))
+            counts[partition] += 1
+        for partition in list(open_batches):
+            await submit(partition)
+        base_offsets = await asyncio.gather(*(fut for _, fut in sent))
+        return [Appended(topic, sent[b][0], base_offsets[b].offset + rel) for b, rel in where]
+
+    async def _retry_enqueue(self, enqueue: Any) -> asyncio.Future[Any]:
+        """Hand a record or batch to the producer, waiting out a broker that is away
+        (enqueueing times out only when nothing was queued, so retrying adds no copy)."""
+        deadline = asyncio.get_running_loop().time() + self.delivery_timeout_s
+        while True:
+            try:
+                return await enqueue()
+            except KafkaTimeoutError:
+                if asyncio.get_running_loop().time() > deadline:
+                    raise
+                log.warning("Kafka producer queue full (broker away?); retrying enqueue")
+
+    async def flush(self) -> None:
+        await self.producer.flush()
+
+    # ------------------------------------------------------------------ reading
+    async def end_offset(self, topic: str, partition: int) -> int:
+        consumer = self._plain_consumer()
+        await consumer.start()
+        try:
+            tp = TopicPartition(topic, partition)
+            return int((await consumer.end_offsets([tp]))[tp])
+        finally:
+            await consumer.stop()
+
+    def _plain_consumer(self) -> AIOKafkaConsumer:
+        config = {k: v for k, v in self.consumer_config.items() if "commit" not in k}
+        return AIOKafkaConsumer(
+            bootstrap_servers=self.bootstrap,
+            client_id=f"{self.client_id}-reader",
+            group_id=None,
+            **{**config, "enable_auto_commit": False},
+        )
+
+    async def read(
+        self, topic: str, partition: int = 0, from_offset: int = 0, until_end: bool = True
+    ) -> AsyncIterator[Record]:
+        consumer = self._plain_consumer()
+        await consumer.start()
+        try:
+            tp = TopicPartition(topic, partition)
+            consumer.assign([tp])
+            end = int((await consumer.end_offsets([tp]))[tp]) if until_end else None
+            start = max(from_offset, int((await consumer.beginning_offsets([tp]))[tp]))
+            if end is not None and start >= end:
+                return
+            consumer.seek(tp, start)
+            while True:
+                batches = await consumer.getmany(tp, timeout_ms=1000, max_records=5000)
+                for msg in batches.get(tp, ()):
+                    if end is not None and msg.offset >= end:
+                        return
+                    yield _record(msg)
+                if end is not None and await consumer.position(tp) >= end:
+                    return
+        finally:
+            await consumer.stop()
+
+    async def consumer(self, group_id: str, topics: Sequence[str]) -> KafkaLogConsumer:
+        member = KafkaLogConsumer(self, group_id, topics)
+        await member.start()
+        self._consumers.add(member)
+        return member
+
+
+def _record(msg: Any) -> Record:
+    return Record(msg.topic, msg.partition, msg.offset, msg.key, msg.value, msg.timestamp)
+
+
+class _DropRevoked(ConsumerRebalanceListener):
+    """On revocation, forget uncommitted positions of the partitions this member loses:
+    their records are delivered again to the new owner (at-least-once)."""
+
+    def __init__(self, member: KafkaLogConsumer) -> None:
+        self.member = member
+
+    async def on_partitions_revoked(self, revoked: Any) -> None:
+        for tp in revoked:
+            self.member._pending.pop(tp, None)
+
+    async def on_partitions_assigned(self, assigned: Any) -> None:
+        return None
+
+
+class KafkaLogConsumer(LogConsumer):
+    """A consumer-group member: returns records, commits exactly what it returned."""
+
+    def __init__(self, backend: KafkaLog, group_id: str, topics: Sequence[str]) -> None:
+        self.backend = backend
+        self.group_id = group_id
+        self.topics = tuple(topics)
+        self._consumer = AIOKafkaConsumer(
+            bootstrap_servers=backend.bootstrap,
+            group_id=group_id,
+            client_id=f"{backend.client_id}-{group_id}",
+            **backend.consumer_config,
+        )
+        self._pending: dict[TopicPartition, int] = {}
+        self._closed = False
+
+    async def start(self) -> None:
+        self._consumer.subscribe(list(self.topics), listener=_DropRevoked(self))
+        await self._consumer.start()
+
+    async def poll(self, max_records: int = 500, timeout_s: float = 1.0) -> list[Record]:
+        batches = await self._consumer.getmany(
+            timeout_ms=int(timeout_s * 1000), max_records=max_records
+        )
+        out: list[Record] = []
+        for tp, msgs in batches.items():
+            if not msgs:
+                continue
+            out.extend(map(_record, msgs))
+            self._pending[tp] = msgs[-1].offset + 1
+        return out
+
+    async def commit(self) -> None:
+        if not self._pending:
+            return
+        offsets, self._pending = self._pending, {}
+        assigned = self._consumer.assignment()
+        offsets = {tp: off for tp, off in offsets.items() if tp in assigned}
+        if not offsets:
+            return
+        try:
+            await self._consumer.commit(offsets)
+        except (CommitFailedError, RebalanceInProgressError, IllegalStateError) as exc:
+            # the group moved on: these records come again to whoever owns them now
+            log.warning("commit of %s failed (%s); records will be redelivered", offsets, exc)
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self.backend._consumers.discard(self)
+        with contextlib.suppress(Exception):
+            await self._consumer.stop()

@@ -1,0 +1,321 @@
+"""The embedded log's on-disk format: one topic's append-only segment files.
+
+Layout of a topic directory::
+
+    <root>/<topic>/00000000000000000000.seg   records from offset 0
+    <root>/<topic>/00000000000000131072.seg   the next segment, named by its base offset
+    <root>/<topic>/LOCK                       writers hold an exclusive flock while appending
+    <root>/<topic>/quarantine/                bytes cut off a corrupt tail (kept, never read)
+
+One record::
+
+    body_len u32 | crc32 u32 | timestamp_ns i64 | key_len u16 (0xFFFF: no key) | key | value
+
+``body_len`` counts key and value; ``crc32`` covers everything after itself. Offsets
+are dense: a record's offset is its segment's base offset plus its index in the segment.
+
+Assumptions and guarantees:
+
+- One append is one ``write`` of whole records under the topic's flock, flushed (and
+  fsync'd when ``sync``) before the call returns. A crash can therefore leave only a
+  torn *tail*: :meth:`TopicLog.recover` (run when a writer opens the topic) finds the
+  first record that is short or fails its checksum, moves every byte from there on into
+  ``quarantine/`` and truncates — never a misread, never a crash, every earlier record
+  kept. The same check catches a flipped byte anywhere.
+- Readers verify each record's checksum too and stop at the first bad or incomplete one,
+  treating it as the current end (a concurrent writer may be mid-``write``).
+- ``timestamp_ns`` is the appender's wall clock, made strictly increasing per process;
+  merges across topics order by it (see :class:`events.log.embedded.EmbeddedLog`).
+"""
+
+from __future__ import annotations
+
+import bisect
+import fcntl
+import os
+import struct
+import time
+import zlib
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+HEADER = struct.Struct("<IIqH")
+CRC_PART = struct.Struct("<qH")
+NO_KEY = 0xFFFF
+SEGMENT_SUFFIX = ".seg"
+#: Roll to a new segment file once the active one is this big.
+DEFAULT_SEGMENT_BYTES = 64 * 1024 * 1024
+#: One sparse-index entry every this many records.
+INDEX_EVERY = 1024
+#: Bytes read per file read while iterating records.
+READ_CHUNK = 1 << 20
+
+_last_ns = 0
+
+
+def monotonic_ns() -> int:
+    """Wall-clock ns, strictly increasing within this process."""
+    global _last_ns
+    now = time.time_ns()
+    _last_ns = now if now > _last_ns else _last_ns + 1
+    return _last_ns
+
+
+def frame(key: bytes | None, value: bytes, timestamp_ns: int) -> bytes:
+    """The bytes of one record."""
+    key_bytes = b"" if key is None else key
+    key_len = NO_KEY if key is None else len(key_bytes)
+    if key is not None and len(key_bytes) >= NO_KEY:
+        raise ValueError(f"key too long ({len(key_bytes)} bytes)")
+    tail = CRC_PART.pack(timestamp_ns, key_len) + key_bytes + value
+    crc = zlib.crc32(tail)
+    return struct.pack("<II", len(key_bytes) + len(value), crc) + tail
+
+
+@dataclass(slots=True)
+class RawRecord:
+    offset: int
+    key: bytes | None
+    value: bytes
+    timestamp_ns: int
+
+
+def parse(buf: bytes | memoryview, pos: int) -> tuple[RawRecord | None, int, str | None]:
+    """Parse the record at ``pos``: (record without offset, next pos, problem).
+
+    ``problem`` is ``None`` for a good record, ``"short"`` when the buffer ends inside
+    the record, ``"checksum"`` when the bytes do not match their crc.
+    """
+    end = len(buf)
+    if pos + HEADER.size > end:
+        return None, pos, "short"
+    body_len, crc, ts_ns, key_len = HEADER.unpack_from(buf, pos)
+    rec_end = pos + HEADER.size + body_len
+    if rec_end > end:
+        return None, pos, "short"
+    if zlib.crc32(buf[pos + 8 : rec_end]) != crc:
+        return None, pos, "checksum"
+    kstart = pos + HEADER.size
+    if key_len == NO_KEY:
+        key, vstart = None, kstart
+    else:
+        if key_len > body_len:
+            return None, pos, "checksum"
+        key, vstart = bytes(buf[kstart : kstart + key_len]), kstart + key_len
+    return RawRecord(-1, key, bytes(buf[vstart:rec_end]), ts_ns), rec_end, None
+
+
+@dataclass(slots=True)
+class _Segment:
+    base: int
+    path: Path
+    count: int = 0
+    size: int = 0
+    #: sparse index: (offset, byte position) every INDEX_EVERY records
+    index: list[tuple[int, int]] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class Recovery:
+    """What :meth:`TopicLog.recover` found: where the log was cut and why."""
+
+    topic: str
+    segment: str
+    position: int
+    problem: str
+    quarantined_bytes: int
+    quarantine_file: str
+
+
+class TopicLog:
+    """One topic of the embedded log (a single partition)."""
+
+    def __init__(
+        self, directory: Path, *, sync: bool = True, segment_bytes: int = DEFAULT_SEGMENT_BYTES
+    ):
+        self.dir = directory
+        self.name = directory.name
+        self.sync = sync
+        self.segment_bytes = segment_bytes
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self._segments: list[_Segment] = []
+        self._lock_path = self.dir / "LOCK"
+        self.refresh()
+
+    # -- reading the files -------------------------------------------------------------
+
+    def _segment_files(self) -> list[Path]:
+        return sorted(self.dir.glob("*" + SEGMENT_SUFFIX))
+
+    def refresh(self) -> None:
+        """Catch up with records other processes appended (index only what is new)."""
+        files = self._segment_files()
+        known = {s.path for s in self._segments}
+        for path in files:
+            if path not in known:
+                self._segments.append(_Segment(base=int(path.stem), path=path))
+        if not self._segments and not files:
+            return
+        for seg in self._segments:
+            self._scan(seg)
+
+    def _scan(self, seg: _Segment) -> tuple[int, str | None]:
+        """Index records appended to ``seg`` since the last scan; (stop pos, problem)."""
+        try:
+            size = seg.path.stat().st_size
+        except FileNotFoundError:
+            return seg.size, None
+        if size == seg.size:
+            return seg.size, None
+        with open(seg.path, "rb") as f:
+            f.seek(seg.size)
+            buf = f.read(size - seg.size)
+        pos, problem = 0, None
+        view = memoryview(buf)
+        while pos < len(buf):
+            if seg.count % INDEX_EVERY == 0:
+                seg.index.append((seg.base + seg.count, seg.size + pos))
+            _rec, nxt, problem = parse(view, pos)
+            if problem is not None:
+                if seg.count % INDEX_EVERY == 0:
+                    seg.index.pop()
+                break
+            seg.count += 1
+            pos = nxt
+        seg.size += pos
+        return seg.size, problem
+
+    @property
+    def end_offset(self) -> int:
+        if not self._segments:
+            return 0
+        last = self._segments[-1]
+        return last.base + last.count
+
+    def read(self, from_offset: int = 0, max_records: int | None = None) -> Iterator[RawRecord]:
+        """Records from ``from_offset`` to the currently known end (call :meth:`refresh`
+        first to see other processes' appends). Reads in chunks of ``READ_CHUNK`` bytes."""
+        if from_offset < 0:
+            raise ValueError("offset must be >= 0")
+        remaining = max_records if max_records is not None else -1
+        for seg in list(self._segments):
+            seg_end = seg.base + seg.count
+            if seg_end <= from_offset or seg.count == 0:
+                continue
+            offset, file_pos = self._locate(seg, max(from_offset, seg.base))
+            limit = seg.size
+            with open(seg.path, "rb") as f:
+                f.seek(file_pos)
+                buf, view, pos = b"", memoryview(b""), 0
+                while offset < seg_end:
+                    rec, nxt, problem = parse(view, pos)
+                    if problem == "short":
+                        if file_pos >= limit:
+                            return
+                        want = min(max(READ_CHUNK, 2 * (len(buf) - pos)), limit - file_pos)
+                        buf = buf[pos:] + f.read(want)
+                        view, pos, file_pos = memoryview(buf), 0, file_pos + want
+                        continue
+                    if rec is None:
+                        return  # a bad record is the end: never misread past it
+                    if offset >= from_offset:
+                        rec.offset = offset
+                        yield rec
+                        remaining -= 1
+                        if remaining == 0:
+                            return
+                    pos, offset = nxt, offset + 1
+
+    def _locate(self, seg: _Segment, offset: int) -> tuple[int, int]:
+        i = bisect.bisect_right(seg.index, (offset, float("inf"))) - 1
+        if i < 0:
+            return seg.base, 0
+        return seg.index[i]
+
+    # -- writing -----------------------------------------------------------------------
+
+    @contextmanager
+    def _locked(self) -> Iterator[None]:
+        fd = os.open(self._lock_path, os.O_CREAT | os.O_RDWR, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            os.close(fd)
+
+    def recover(self) -> list[Recovery]:
+        """Verify every record; cut a torn or corrupt tail into ``quarantine/``."""
+        with self._locked():
+            self._segments = []
+            self.refresh()
+            return self._cut_bad_tail()
+
+    def _cut_bad_tail(self) -> list[Recovery]:
+        found: list[Recovery] = []
+        for i, seg in enumerate(self._segments):
+            actual = seg.path.stat().st_size
+            if seg.size == actual:
+                continue
+            with open(seg.path, "rb") as f:
+                f.seek(seg.size)
+                problem = parse(f.read(min(actual - seg.size, 1 << 30)), 0)[2]
+            qdir = self.dir / "quarantine"
+            qdir.mkdir(exist_ok=True)
+            qfile = qdir / f"{seg.path.stem}-at-{seg.size}-{time.time_ns()}.bin"
+            moved = 0
+            with open(qfile, "wb") as q:
+                for later in self._segments[i:]:
+                    with open(later.path, "rb") as f:
+                        f.seek(seg.size if later is seg else 0)
+                        chunk = f.read()
+                    q.write(chunk)
+                    moved += len(chunk)
+                q.flush()
+                os.fsync(q.fileno())
+            with open(seg.path, "r+b") as f:
+                f.truncate(seg.size)
+                f.flush()
+                os.fsync(f.fileno())
+            for later in self._segments[i + 1 :]:
+                later.path.unlink()
+            self._segments = self._segments[: i + 1]
+            found.append(
+                Recovery(self.name, seg.path.name, seg.size, problem or "short", moved, str(qfile))
+            )
+            break
+        return found
+
+    def append(self, records: Sequence[tuple[bytes | None, bytes]]) -> list[int]:
+        """Append records in one write under the lock; their offsets once durable."""
+        if not records:
+            return []
+        with self._locked():
+            self.refresh()
+            self._cut_bad_tail()  # only a crashed writer leaves one; we hold the lock
+            if not self._segments or self._segments[-1].size >= self.segment_bytes:
+                base = self.end_offset
+                path = self.dir / f"{base:020d}{SEGMENT_SUFFIX}"
+                path.touch()
+                self._segments.append(_Segment(base=base, path=path))
+            seg = self._segments[-1]
+            first = seg.base + seg.count
+            parts, index, size, count = [], [], seg.size, seg.count
+            for key, value in records:
+                if count % INDEX_EVERY == 0:
+                    index.append((seg.base + count, size))
+                data = frame(key, value, monotonic_ns())
+                parts.append(data)
+                size += len(data)
+                count += 1
+            with open(seg.path, "ab") as f:
+                f.write(b"".join(parts))
+                f.flush()
+                if self.sync:
+                    os.fsync(f.fileno())
+            # only now, with the bytes on disk, does the in-memory view move
+            seg.index.extend(index)
+            seg.size, seg.count = size, count
+            return list(range(first, first + len(records)))

@@ -1,0 +1,97 @@
+"""Where an :class:`~producers.emitter.Emitter` writes: the embedded log, Kafka, or memory.
+
+Sinks are synchronous because producers (a torch training loop, a rollout worker) are
+mostly synchronous code. ``write`` returns only once the events are durable.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+from collections.abc import Sequence
+from typing import Protocol
+
+from events.codec import encode
+from events.envelope import EventBase
+from events.log.base import LogBackend
+from events.log.embedded import EmbeddedLog
+
+
+class EventSink(Protocol):
+    def write(self, events: Sequence[EventBase]) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class MemorySink:
+    """Keeps events in a list: for unit tests and in-process composition."""
+
+    def __init__(self) -> None:
+        self.events: list[EventBase] = []
+
+    def write(self, events: Sequence[EventBase]) -> None:
+        self.events.extend(events)
+
+    def close(self) -> None:
+        return None
+
+
+class EmbeddedSink:
+    """Appends to an embedded log directory (opened, and recovered, on construction)."""
+
+    def __init__(self, log_dir: str | os.PathLike[str] | EmbeddedLog, *, sync: bool = True):
+        if isinstance(log_dir, EmbeddedLog):
+            self.log = log_dir
+        else:
+            self.log = EmbeddedLog(log_dir, sync=sync)
+            self.log.open_sync()
+
+    def write(self, events: Sequence[EventBase]) -> None:
+        self.log.append_events_sync(events)
+
+    def close(self) -> None:
+        return None
+
+
+class BackendSink:
+    """A sync facade over any async :class:`LogBackend` (Kafka): its own event loop runs
+    on a daemon thread; ``write`` blocks until the backend acknowledged every record."""
+
+    def __init__(self, backend: LogBackend) -> None:
+        self.backend = backend
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
+        self._thread.start()
+        self._call(backend.start())
+
+    def _call(self, coro):  # type: ignore[no-untyped-def]
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+
+    def write(self, events: Sequence[EventBase]) -> None:
+        by_topic: dict[str, list[tuple[bytes | None, bytes]]] = {}
+        for ev in events:
+            by_topic.setdefault(type(ev).TOPIC, []).append((ev.key(), encode(ev)))
+
+        async def _write() -> None:
+            await asyncio.gather(
+                *(self.backend.append_many(t, recs) for t, recs in by_topic.items())
+            )
+
+        self._call(_write())
+
+    def close(self) -> None:
+        try:
+            self._call(self.backend.close())
+        finally:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(timeout=5)
+
+
+class KafkaSink(BackendSink):
+    """A sink appending to Kafka at ``bootstrap`` (idempotent producer, acks=all)."""
+
+    def __init__(self, bootstrap: str) -> None:
+        from events.log.kafka import KafkaLog  # imported lazily: aiokafka only when used
+
+        super().__init__(KafkaLog(bootstrap))
