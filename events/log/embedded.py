@@ -144,9 +144,7 @@ class EmbeddedLog(LogBackend):
                 continue
             tlog = self._topic(name)
             tlog.refresh()
-            streams.append(
-                (r.timestamp_ns, name, r.offset, r) for r in tlog.read(starts.get(name, 0))
-            )
+            streams.append(_keyed(name, tlog.read(starts.get(name, 0))))
         for _ts, name, _off, raw in heapq.merge(*streams, key=lambda t: t[:3]):
             yield _record(name, raw)
 
@@ -219,6 +217,11 @@ class EmbeddedLog(LogBackend):
 
     async def consumer(self, group_id: str, topics: Sequence[str]) -> LogConsumer:
         return EmbeddedConsumer(self, group_id, topics)
+
+
+def _keyed(name: str, raws: Iterator[RawRecord]) -> Iterator[tuple[int, str, int, RawRecord]]:
+    for raw in raws:
+        yield raw.timestamp_ns, name, raw.offset, raw
 
 
 def _record(topic: str, raw: RawRecord) -> Record:

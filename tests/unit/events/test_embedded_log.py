@@ -169,3 +169,12 @@ def test_readonly_log_refuses_writes(tmp_path):
     with pytest.raises(FileNotFoundError):
         EmbeddedLog(tmp_path / "missing", readonly=True).open_sync()
     assert os.listdir(tmp_path) == []
+
+
+def test_merged_records_carry_their_own_topic(tmp_path):
+    log = EmbeddedLog(tmp_path)
+    log.open_sync()
+    events = all_samples()
+    log.append_events_sync(events)
+    for rec in log.iter_records():
+        assert rec.topic == type(decode(rec.value)).TOPIC

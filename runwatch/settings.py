@@ -1,0 +1,34 @@
+"""Where things are, resolved once: the log directory and the Kafka bootstrap address.
+
+Resolution order for Kafka: an explicit ``--kafka`` value, then ``$KAFKA_BOOTSTRAP_SERVERS``,
+then the broker started by ``runwatch kafka up`` (its state file). The embedded log lives
+in ``$RUNWATCH_LOG_DIR`` or ``./runwatch-data/log``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+DEFAULT_LOG_DIR = Path("runwatch-data") / "log"
+
+
+def log_dir(explicit: str | os.PathLike[str] | None = None) -> Path:
+    if explicit:
+        return Path(explicit)
+    return Path(os.environ.get("RUNWATCH_LOG_DIR", DEFAULT_LOG_DIR))
+
+
+def kafka_bootstrap(explicit: str | None = None) -> str | None:
+    """The bootstrap address to use, or ``None`` when no broker is configured."""
+    if explicit:
+        return explicit
+    env = os.environ.get("KAFKA_BOOTSTRAP_SERVERS")
+    if env:
+        return env
+    state = Path.home() / ".cache" / "runwatch" / "kafka-broker" / "state.json"
+    try:
+        return str(json.loads(state.read_text())["bootstrap"])
+    except (OSError, ValueError, KeyError):
+        return None
