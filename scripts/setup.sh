@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Idempotent set-up for a fresh machine of this kind: the Python environment (cached
+# outside the clone, created when missing), Debian packages the sandbox and the promtool
+# checks need, and nothing else. The Kafka broker's jars are fetched on first use by
+# runwatch's own broker tooling (cached under ~/.cache/runwatch).
+#
+#   RUNWATCH_VENV   where the virtualenv lives (default ~/.cache/runwatch/venv)
+set -euo pipefail
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+venv="${RUNWATCH_VENV:-$HOME/.cache/runwatch/venv}"
+py="${PYTHON:-python3}"
+
+if [ ! -x "$venv/bin/python" ]; then
+  echo "setup: creating the Python environment at $venv (first run: torch is large)"
+  mkdir -p "$(dirname "$venv")"
+  "$py" -m venv "$venv"
+  "$venv/bin/pip" install -q --upgrade pip
+fi
+# Re-install only when the dependency list changed (a stamp keyed on pyproject.toml).
+stamp="$venv/.runwatch-deps-$(sha256sum "$here/pyproject.toml" | cut -c1-16)"
+if [ ! -f "$stamp" ] || ! "$venv/bin/python" -c "import runwatch, events" 2>/dev/null; then
+  echo "setup: installing runwatch and its dependencies into $venv"
+  "$venv/bin/pip" install -q -e "$here[dev,torch]"
+  rm -f "$venv"/.runwatch-deps-*
+  touch "$stamp"
+fi
+
+# Debian packages for the sandbox (bubblewrap, seccomp) and promtool, when the scripts exist.
+for extra in setup-sandbox.sh setup-prometheus.sh; do
+  if [ -f "$here/scripts/$extra" ]; then
+    bash "$here/scripts/$extra"
+  fi
+done
+echo "setup: ready ($venv)"
