@@ -41,6 +41,10 @@ class RewardBatchScored(_Reward):
     score_max: float
     duration_s: float
     attempt: int = 1
+    #: every batch of the last window had constant scores (a dead gradient signal)
+    degenerate: bool = False
+    #: sha256 of the tenant artifact that produced the scores ("" when unknown)
+    artifact_digest: str = ""
 
 
 class RewardBatchFailed(_Reward):
@@ -57,6 +61,7 @@ class RewardBatchFailed(_Reward):
     duration_s: float = 0.0
     attempt: int = 1
     examples: tuple[str, ...] = ()
+    artifact_digest: str = ""
 
 
 class CanaryProbeScored(_Reward):
@@ -67,3 +72,8 @@ class CanaryProbeScored(_Reward):
     n: int
     score_mean: float
     expected_mean: float
+    #: the batch the probes were mixed into, the tier, and the verdict (mean above
+    #: expected by more than the canary set's tolerance)
+    batch_id: str = ""
+    tier: str = "function"
+    inflated: bool = False

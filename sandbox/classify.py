@@ -1,0 +1,182 @@
+"""Classify a tenant reward artifact and pick its tier — a pure function of its bytes.
+
+Tenant code is never imported on the host: a Python artifact is *parsed* (``ast``), never
+executed. The four kinds (seed 002, step 1), each widening the surface:
+
+- ``function``: a module defining ``reward(batch)`` that only computes over text.
+- ``verifier``: a module defining ``reward(batch)`` that runs further code — it imports or
+  calls process/exec/loader machinery (``subprocess``, ``os.system``/``exec*``/``spawn*``/
+  ``fork``, ``multiprocessing``, ``ctypes``, ``importlib``, ``exec``/``eval``/``compile``/
+  ``__import__``), or declares ``ARTIFACT_KIND = "verifier"``.
+- ``reward_model``: weights (``.safetensors``, ``.pt``, ``.bin``, ``.onnx``, ``.gguf``, or a
+  directory holding them) — tier declared, not built here.
+- ``environment``: a module with a class defining both ``reset`` and ``step`` (stateful,
+  multi-step) and no module-level ``reward`` — tier declared, not built here.
+
+A declared ``ARTIFACT_KIND`` can only move an artifact *up* the ladder, never down. The
+classification picks recycling cadence and failure policy; it is not the security boundary
+(a determined author can hide an ``exec``), which is why the function tier runs inside the
+same namespace/seccomp stack as the verifier tier wherever the kernel allows it.
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+
+from sandbox.types import ArtifactKind, Tier
+
+WEIGHT_SUFFIXES = (".safetensors", ".pt", ".pth", ".bin", ".onnx", ".gguf", ".ckpt")
+CODE_RUNNING_MODULES = frozenset(
+    {"subprocess", "multiprocessing", "ctypes", "cffi", "importlib", "runpy", "pty", "concurrent"}
+)
+CODE_RUNNING_OS_ATTRS = frozenset(
+    {"system", "popen", "fork", "forkpty", "posix_spawn", "posix_spawnp"}
+    | {f"exec{s}" for s in ("l", "le", "lp", "lpe", "v", "ve", "vp", "vpe")}
+    | {f"spawn{s}" for s in ("l", "le", "lp", "lpe", "v", "ve", "vp", "vpe")}
+)
+CODE_RUNNING_BUILTINS = frozenset({"exec", "eval", "compile", "__import__"})
+_ORDER = {
+    ArtifactKind.FUNCTION: 0,
+    ArtifactKind.VERIFIER: 1,
+    ArtifactKind.ENVIRONMENT: 2,
+    ArtifactKind.REWARD_MODEL: 3,
+}
+TIER_OF: dict[ArtifactKind, Tier] = {
+    ArtifactKind.FUNCTION: "function",
+    ArtifactKind.VERIFIER: "verifier",
+    ArtifactKind.REWARD_MODEL: "reward_model",
+    ArtifactKind.ENVIRONMENT: "environment",
+}
+
+
+@dataclass(frozen=True)
+class Classification:
+    """The kind of an artifact, its tier (None when invalid) and why."""
+
+    kind: ArtifactKind
+    tier: Tier | None
+    digest: str
+    reasons: tuple[str, ...]
+
+
+def classify_path(path: Path) -> Classification:
+    """Classify a file or directory on disk (reads it; never executes it)."""
+    path = Path(path)
+    if path.is_dir():
+        weights = sorted(p.name for p in path.iterdir() if p.suffix in WEIGHT_SUFFIXES)
+        digest = hashlib.sha256("|".join(weights).encode()).hexdigest()
+        if weights:
+            return Classification(
+                ArtifactKind.REWARD_MODEL,
+                "reward_model",
+                "sha256:" + digest,
+                (f"directory with weights: {', '.join(weights[:3])}",),
+            )
+        return Classification(
+            ArtifactKind.INVALID,
+            None,
+            "sha256:" + digest,
+            ("directory without weights or reward.py",),
+        )
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        return Classification(ArtifactKind.INVALID, None, "", (f"cannot read {path}: {exc}",))
+    return classify_bytes(path.name, data)
+
+
+def classify_bytes(name: str, data: bytes) -> Classification:
+    """Classify an artifact from its file name and content. Pure."""
+    digest = "sha256:" + hashlib.sha256(data).hexdigest()
+    if name.endswith(WEIGHT_SUFFIXES):
+        return Classification(
+            ArtifactKind.REWARD_MODEL,
+            "reward_model",
+            digest,
+            (f"weights file ({Path(name).suffix})",),
+        )
+    if not name.endswith(".py"):
+        return Classification(
+            ArtifactKind.INVALID, None, digest, ("not a .py reward module or a weights file",)
+        )
+    try:
+        tree = ast.parse(data, filename=name)
+    except (SyntaxError, ValueError) as exc:
+        return Classification(ArtifactKind.INVALID, None, digest, (f"does not parse: {exc}",))
+    return _classify_module(tree, digest)
+
+
+def _classify_module(tree: ast.Module, digest: str) -> Classification:
+    reasons: list[str] = []
+    has_reward = False
+    declared: ArtifactKind | None = None
+    env_classes: list[str] = []
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == "reward":
+            has_reward = True
+            if isinstance(node, ast.AsyncFunctionDef):
+                reasons.append("reward is async: must be a plain function")
+                has_reward = False
+        if isinstance(node, ast.ClassDef):
+            methods = {n.name for n in node.body if isinstance(n, ast.FunctionDef)}
+            if {"reset", "step"} <= methods:
+                env_classes.append(node.name)
+        if (
+            isinstance(node, ast.Assign)
+            and any(isinstance(t, ast.Name) and t.id == "ARTIFACT_KIND" for t in node.targets)
+            and isinstance(node.value, ast.Constant)
+            and isinstance(node.value.value, str)
+        ):
+            try:
+                declared = ArtifactKind(node.value.value)
+            except ValueError:
+                reasons.append(f"unknown ARTIFACT_KIND {node.value.value!r} ignored")
+    runs_code = sorted(_code_running_uses(tree))
+    if env_classes and not has_reward:
+        kind = ArtifactKind.ENVIRONMENT
+        reasons.append(f"stateful environment class(es): {', '.join(env_classes)}")
+    elif not has_reward:
+        return Classification(
+            ArtifactKind.INVALID,
+            None,
+            digest,
+            (*tuple(reasons), "no module-level def reward(batch)"),
+        )
+    elif runs_code:
+        kind = ArtifactKind.VERIFIER
+        reasons.append(f"runs further code: {', '.join(runs_code[:5])}")
+    else:
+        kind = ArtifactKind.FUNCTION
+        reasons.append("pure function over text")
+    if declared is not None and declared in _ORDER and _ORDER[declared] > _ORDER[kind]:
+        reasons.append(f"declared ARTIFACT_KIND={declared.value}")
+        kind = declared
+    return Classification(kind, TIER_OF[kind], digest, tuple(reasons))
+
+
+def _code_running_uses(tree: ast.Module) -> set[str]:
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.split(".")[0] in CODE_RUNNING_MODULES:
+                    found.add(f"import {alias.name}")
+        elif isinstance(node, ast.ImportFrom):
+            mod = (node.module or "").split(".")[0]
+            if mod in CODE_RUNNING_MODULES:
+                found.add(f"from {node.module} import")
+            if mod == "os" and any(a.name in CODE_RUNNING_OS_ATTRS for a in node.names):
+                found.add("from os import exec/spawn/system")
+        elif isinstance(node, ast.Attribute):
+            if (
+                isinstance(node.value, ast.Name)
+                and node.value.id == "os"
+                and node.attr in CODE_RUNNING_OS_ATTRS
+            ):
+                found.add(f"os.{node.attr}")
+        elif isinstance(node, ast.Name) and node.id in CODE_RUNNING_BUILTINS:
+            found.add(f"{node.id}()")
+    return found

@@ -1,0 +1,509 @@
+"""The trainer's one door to tenant reward code: a typed client over warm sandbox pools.
+
+API (everything the trainer needs; nothing here raises for tenant or kernel trouble)::
+
+    from sandbox.client import RewardClient, FailurePolicy, OutcomeStatus
+
+    client = RewardClient(
+        "reward.py",                 # tenant artifact defining reward(batch) -> list[float]
+        tenant_id="acme",
+        run_id="run-7",              # envelope of the events it builds
+        tier=None,                   # None: classify the artifact (function | verifier)
+        policy=None,                 # None: tier default; or FailurePolicy("skip"),
+                                     #   FailurePolicy("pause"), FailurePolicy("retry",
+                                     #   retries=2, then="skip")
+        config=None,                 # SandboxConfig: limits, score range, warm workers, layers
+        canaries=None,               # CanarySet: held-out probes mixed into every k-th batch
+    )
+    outcome = client.score(batch, step=812)   # batch: [{"prompt": str, "completion": str, ...}]
+    outcome.status      # OutcomeStatus.OK | SKIPPED | PAUSED | REFUSED
+    outcome.scores      # tuple[float, ...] (len(batch), finite, in range) if OK, else None
+    outcome.cause       # Cause: ok | tenant_timeout | tenant_crash | tenant_bad_output
+                        #        | tenant_resource_exceeded | platform_error (last attempt)
+    outcome.duration_s, outcome.message, outcome.attempt, outcome.attempts (per attempt)
+    events = client.outcome_events(outcome)   # RewardBatchScored / RewardBatchFailed (one per
+                                              # attempt) / CanaryProbeScored: append to the log
+    client.ledger.as_dict()                   # per-cause counters of this client
+    client.paused / client.resume()           # policy "pause" stops scoring until resume()
+    client.close()                            # or: with RewardClient(...) as client: ...
+
+Semantics:
+
+- Tenant code runs only in sandbox workers (see :mod:`sandbox.worker`), never in the
+  caller's process; batches cross a length-prefixed JSON boundary.
+- A batch's scores are either exactly the tenant's gated scores or ``None``. No constant
+  is ever substituted: on failure the policy decides — ``retry`` (up to ``retries`` more
+  attempts, then ``then``: skip or pause), ``skip`` (exclude the batch), ``pause`` (stop the
+  run for tenant action; later calls return PAUSED without running tenant code).
+- ``REFUSED``: this host cannot run the tier safely (a missing isolation layer for a hostile
+  tier, or a tier not built). Booked ``platform_error``; logged as an error.
+- Defaults per tier: function -> retry 2 then skip, recycle every 50 batches;
+  verifier -> skip, fresh sandbox per batch.
+- Thread-safe: concurrent ``score`` calls run in parallel up to the tenant's cap.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import statistics
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Literal
+
+from sandbox.classify import classify_path
+from sandbox.features import KernelFeatures, probe, tier_gate
+from sandbox.integrity import (
+    CanarySet,
+    CanaryVerdict,
+    DegenerateState,
+    apply_degenerate,
+    judge_canaries,
+    mix_canaries,
+    split_canaries,
+)
+from sandbox.isolation import stage_artifact
+from sandbox.ledger import Ledger
+from sandbox.pool import WarmPool, tenant_slot
+from sandbox.types import (
+    BUILT_TIERS,
+    AttemptResult,
+    Cause,
+    OutcomeStatus,
+    PolicyName,
+    SandboxConfig,
+    Tier,
+)
+from sandbox.worker import validate_batch
+
+log = logging.getLogger("runwatch.sandbox")
+
+__all__ = [
+    "AttemptRecord",
+    "Cause",
+    "FailurePolicy",
+    "OutcomeStatus",
+    "RewardClient",
+    "ScoreOutcome",
+    "default_policy",
+]
+
+
+@dataclass(frozen=True)
+class FailurePolicy:
+    """What to do when an attempt fails. ``then`` applies once retries are exhausted."""
+
+    name: PolicyName
+    retries: int = 2
+    then: Literal["skip", "pause"] = "skip"
+
+    def attempts(self) -> int:
+        return 1 + max(0, self.retries) if self.name == "retry" else 1
+
+    def final_action(self) -> Literal["skip", "pause"]:
+        if self.name == "pause":
+            return "pause"
+        if self.name == "skip":
+            return "skip"
+        return self.then
+
+
+def default_policy(tier: str) -> FailurePolicy:
+    return FailurePolicy("retry", retries=2) if tier == "function" else FailurePolicy("skip")
+
+
+@dataclass(frozen=True)
+class AttemptRecord:
+    attempt: int
+    cause: Cause
+    duration_s: float
+    message: str
+    action: Literal["ok", "retry", "skip", "pause"]
+    examples: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class ScoreOutcome:
+    """The result of one ``score`` call. See the module docstring."""
+
+    status: OutcomeStatus
+    scores: tuple[float, ...] | None
+    cause: Cause
+    duration_s: float
+    message: str
+    attempt: int
+    batch_id: str
+    tier: str
+    n: int
+    step: int | None = None
+    attempts: tuple[AttemptRecord, ...] = ()
+    degenerate: bool = False
+    constant_rate: float = 0.0
+    canary: CanaryVerdict | None = None
+    missing_layers: tuple[str, ...] = ()
+    ts: float = field(default_factory=time.time)
+
+    @property
+    def ok(self) -> bool:
+        return self.status is OutcomeStatus.OK
+
+    def ledger_entry(self) -> dict[str, Any]:
+        return {
+            "status": self.status.value,
+            "cause": self.cause.value,
+            "duration_s": round(self.duration_s, 6),
+            "message": self.message,
+            "attempt": self.attempt,
+            "attempts": [
+                {
+                    "attempt": a.attempt,
+                    "cause": a.cause.value,
+                    "action": a.action,
+                    "duration_s": round(a.duration_s, 6),
+                    "message": a.message,
+                }
+                for a in self.attempts
+            ],
+        }
+
+
+class RewardClient:
+    """Scores batches with one tenant artifact in its own warm sandbox pool."""
+
+    def __init__(
+        self,
+        artifact_path: str | Path,
+        tenant_id: str,
+        *,
+        run_id: str = "",
+        tier: Tier | None = None,
+        policy: FailurePolicy | None = None,
+        config: SandboxConfig | None = None,
+        canaries: CanarySet | None = None,
+        features: KernelFeatures | None = None,
+        producer: str = "sandbox",
+        rng: random.Random | None = None,
+        prewarm: bool = True,
+    ) -> None:
+        self.artifact_path = Path(artifact_path)
+        self.tenant_id = tenant_id
+        self.run_id = run_id
+        self.producer = producer
+        self.classification = classify_path(self.artifact_path)
+        chosen: str | None = tier or self.classification.tier
+        self.config = replace(config or SandboxConfig(), tier=chosen or "function")
+        self.tier: str = chosen or "invalid"
+        self.policy = policy or default_policy(self.tier)
+        self.canaries = canaries
+        self.ledger = Ledger()
+        self._rng = rng or random.Random()
+        self._lock = threading.Lock()
+        self._seq = 0
+        self._batches = 0
+        self._degenerate = DegenerateState()
+        self._paused: AttemptRecord | None = None
+        self._pool: WarmPool | None = None
+        self._refusal = ""
+        self.missing_layers: tuple[str, ...] = ()
+        self.artifact_digest = self.classification.digest
+        try:
+            self._open(features, prewarm)
+        except Exception as exc:
+            self._refusal = f"sandbox could not start: {exc!r}"
+            log.error("%s", self._refusal)
+
+    def _open(self, features: KernelFeatures | None, prewarm: bool) -> None:
+        if self.classification.tier is None and self.tier == "invalid":
+            self._refusal = "invalid artifact: " + "; ".join(self.classification.reasons)
+            return
+        if self.tier not in BUILT_TIERS:
+            self._refusal = f"tier {self.tier!r} is not built yet (function and verifier are)"
+            return
+        if self.tier == "function" and self.classification.tier == "verifier":
+            log.warning("artifact classified verifier but run in the function tier as asked")
+        feats = features or probe()
+        gate = tier_gate(feats, self.tier, self.config.layers)
+        self.missing_layers = gate.missing
+        if not gate.allowed:
+            self._refusal = gate.message
+            log.error("SANDBOX REFUSED: %s", gate.message)
+            return
+        if gate.message:
+            log.warning("SANDBOX DEGRADED: %s", gate.message)
+        bundle = stage_artifact(self.artifact_path)
+        self.artifact_digest = bundle.digest
+        self._pool = WarmPool(bundle, self.config, self.tenant_id, feats, prewarm=prewarm)
+
+    # -- scoring ------------------------------------------------------------------------
+
+    @property
+    def paused(self) -> bool:
+        return self._paused is not None
+
+    @property
+    def refused(self) -> str:
+        """Why this client refuses to run tenant code ("" when it runs)."""
+        return self._refusal
+
+    def resume(self) -> None:
+        """Lift a policy pause (after the tenant fixed their artifact, say)."""
+        self._paused = None
+
+    def score(
+        self, batch: list[dict[str, Any]], *, batch_id: str | None = None, step: int | None = None
+    ) -> ScoreOutcome:
+        """Score one batch. Never raises; see :class:`ScoreOutcome`."""
+        started = time.monotonic()
+        batch_id = batch_id or uuid.uuid4().hex
+        n = len(batch) if isinstance(batch, list) else 0
+        base = dict(
+            batch_id=batch_id, tier=self.tier, n=n, step=step, missing_layers=self.missing_layers
+        )
+        try:
+            return self._score(batch, started, base)
+        except Exception as exc:
+            self.ledger.book(Cause.PLATFORM_ERROR)
+            rec = AttemptRecord(
+                1, Cause.PLATFORM_ERROR, time.monotonic() - started, f"sandbox bug: {exc!r}", "skip"
+            )
+            return ScoreOutcome(
+                OutcomeStatus.SKIPPED,
+                None,
+                Cause.PLATFORM_ERROR,
+                time.monotonic() - started,
+                rec.message,
+                1,
+                attempts=(rec,),
+                **base,
+            )
+
+    def _score(self, batch: Any, started: float, base: dict[str, Any]) -> ScoreOutcome:
+        if self._refusal or self._pool is None:
+            self.ledger.book(Cause.PLATFORM_ERROR)
+            msg = self._refusal or "sandbox closed"
+            rec = AttemptRecord(1, Cause.PLATFORM_ERROR, 0.0, msg, "skip")
+            return ScoreOutcome(
+                OutcomeStatus.REFUSED,
+                None,
+                Cause.PLATFORM_ERROR,
+                time.monotonic() - started,
+                msg,
+                0,
+                attempts=(rec,),
+                **base,
+            )
+        if self._paused is not None:
+            p = self._paused
+            msg = f"run paused by the failure policy after {p.cause.value}: {p.message}"
+            return ScoreOutcome(
+                OutcomeStatus.PAUSED,
+                None,
+                p.cause,
+                time.monotonic() - started,
+                msg[:2000],
+                0,
+                **base,
+            )
+        bad = validate_batch(batch)
+        if bad:
+            self.ledger.book(Cause.PLATFORM_ERROR)
+            rec = AttemptRecord(1, Cause.PLATFORM_ERROR, 0.0, f"invalid batch: {bad}", "skip")
+            return ScoreOutcome(
+                OutcomeStatus.SKIPPED,
+                None,
+                Cause.PLATFORM_ERROR,
+                time.monotonic() - started,
+                rec.message,
+                1,
+                attempts=(rec,),
+                **base,
+            )
+        with self._lock:
+            self._batches += 1
+            use_canaries = (
+                self.canaries is not None
+                and self.canaries.probes
+                and self._batches % max(1, self.canaries.every) == 0
+            )
+            positions: tuple[int, ...] = ()
+            sent = batch
+            if use_canaries:
+                assert self.canaries is not None
+                sent, positions = mix_canaries(batch, self.canaries.probes, self._rng)
+
+        records: list[AttemptRecord] = []
+        result: AttemptResult | None = None
+        max_attempts = self.policy.attempts()
+        with tenant_slot(self.tenant_id, self.config.tenant_concurrency):
+            for attempt in range(1, max_attempts + 1):
+                result = self._attempt(sent)
+                self.ledger.book(result.cause)
+                if result.ok:
+                    records.append(AttemptRecord(attempt, Cause.OK, result.duration_s, "", "ok"))
+                    break
+                action: Literal["retry", "skip", "pause"] = (
+                    "retry" if attempt < max_attempts else self.policy.final_action()
+                )
+                records.append(
+                    AttemptRecord(
+                        attempt,
+                        result.cause,
+                        result.duration_s,
+                        result.message,
+                        action,
+                        result.examples,
+                    )
+                )
+        assert result is not None
+        duration = time.monotonic() - started
+        last = records[-1]
+        if not result.ok or result.scores is None:
+            status = OutcomeStatus.PAUSED if last.action == "pause" else OutcomeStatus.SKIPPED
+            if status is OutcomeStatus.PAUSED:
+                self._paused = last
+            return ScoreOutcome(
+                status,
+                None,
+                last.cause,
+                duration,
+                last.message,
+                last.attempt,
+                attempts=tuple(records),
+                **base,
+            )
+        scores = result.scores
+        verdict: CanaryVerdict | None = None
+        if positions:
+            assert self.canaries is not None
+            scores, probe_scores = split_canaries(scores, positions)
+            verdict = judge_canaries(self.canaries, probe_scores)
+        with self._lock:
+            self._degenerate, report = apply_degenerate(self._degenerate, scores)
+        if report.flagged:
+            log.warning(
+                "tenant %s: degenerate rewards (constant for %d batches)",
+                self.tenant_id,
+                self._degenerate.window,
+            )
+        return ScoreOutcome(
+            OutcomeStatus.OK,
+            scores,
+            Cause.OK,
+            duration,
+            "",
+            last.attempt,
+            attempts=tuple(records),
+            degenerate=report.flagged,
+            constant_rate=report.constant_rate,
+            canary=verdict,
+            **base,
+        )
+
+    def _attempt(self, batch: list[dict[str, Any]]) -> AttemptResult:
+        assert self._pool is not None
+        worker, failure = self._pool.acquire()
+        if worker is None:
+            assert failure is not None
+            return failure
+        result = worker.score(batch)
+        self._pool.release(worker, result.ok)
+        return result
+
+    # -- publishing ---------------------------------------------------------------------
+
+    def outcome_events(
+        self, outcome: ScoreOutcome, *, run_id: str | None = None, step: int | None = None
+    ) -> list[Any]:
+        """The reward events of one outcome, in order: one ``RewardBatchFailed`` per failed
+        attempt (cause + the action taken), then ``RewardBatchScored`` if it succeeded, then
+        ``CanaryProbeScored`` if probes rode along. The caller appends them to the log."""
+        from events.catalog.reward import (
+            CanaryProbeScored,
+            RewardBatchFailed,
+            RewardBatchScored,
+        )
+        from events.envelope import new_envelope
+
+        run = self.run_id if run_id is None else run_id
+        st = outcome.step if step is None else step
+
+        def env() -> dict[str, Any]:
+            with self._lock:
+                self._seq += 1
+                seq = self._seq
+            return new_envelope(
+                tenant_id=self.tenant_id,
+                run_id=run,
+                producer=self.producer,
+                seq=seq,
+                step=st,
+                ts=outcome.ts,
+            )
+
+        out: list[Any] = []
+        for rec in outcome.attempts:
+            if rec.cause is Cause.OK:
+                continue
+            out.append(
+                RewardBatchFailed(
+                    **env(),
+                    batch_id=outcome.batch_id,
+                    tier=outcome.tier,
+                    n=outcome.n,
+                    cause=rec.cause.value,
+                    message=rec.message[:2000],
+                    action="skip" if rec.action == "ok" else rec.action,
+                    duration_s=rec.duration_s,
+                    attempt=rec.attempt,
+                    examples=rec.examples,
+                    artifact_digest=self.artifact_digest,
+                )
+            )
+        if outcome.ok and outcome.scores is not None:
+            s = outcome.scores
+            out.append(
+                RewardBatchScored(
+                    **env(),
+                    batch_id=outcome.batch_id,
+                    tier=outcome.tier,
+                    n=len(s),
+                    score_mean=statistics.fmean(s),
+                    score_std=statistics.pstdev(s),
+                    score_min=min(s),
+                    score_max=max(s),
+                    duration_s=outcome.duration_s,
+                    attempt=outcome.attempt,
+                    degenerate=outcome.degenerate,
+                    artifact_digest=self.artifact_digest,
+                )
+            )
+        if outcome.canary is not None:
+            c = outcome.canary
+            out.append(
+                CanaryProbeScored(
+                    **env(),
+                    n=c.n,
+                    score_mean=c.score_mean,
+                    expected_mean=c.expected_mean,
+                    batch_id=outcome.batch_id,
+                    tier=outcome.tier,
+                    inflated=c.inflated,
+                )
+            )
+        return out
+
+    # -- life cycle ---------------------------------------------------------------------
+
+    def close(self) -> None:
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.close()
+
+    def __enter__(self) -> RewardClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,347 @@
+"""Per-worker isolation resources, each acquired by one helper and released in ``finally``.
+
+One worker owns: an unprivileged uid/gid (its own, so RLIMIT_NPROC counts only its tree), a
+pids cgroup and a memory cgroup (v1, when writable), a private scratch directory (a
+size-capped tmpfs when root may mount one) and the bubblewrap command line that stacks the
+namespaces, read-only minimal filesystem view, empty environment and seccomp filter.
+
+Host layout (never visible inside any sandbox)::
+
+    <base>/pool-<pid>-<id>/artifact/reward.py     tenant artifact, read-only, root-owned
+    <base>/pool-<pid>-<id>/runtime/worker_main.py the in-sandbox loop, read-only copy
+    <base>/w-<pid>-<n>/scratch                    one worker's scratch (tmpfs), its uid's
+
+``<pid>`` is the host process that made it, so :func:`reap_stale` can clean up after a
+host process that was killed before its ``finally`` blocks ran.
+
+Inside a sandbox the filesystem is only: /usr (ro) and its /bin, /lib* links, /etc/ld.so.cache
+(ro), a fresh /proc of the sandbox's pid namespace, a read-only minimal /dev, /runtime and
+/artifact (ro) and /scratch (rw, private, emptied after every batch).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import shlex
+import shutil
+import signal
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from sandbox.features import (
+    CGROUP_PARENT,
+    CGROUP_V1_ROOT,
+    KernelFeatures,
+    _root_symlinks,
+    mount_tmpfs,
+    umount,
+)
+from sandbox.types import ResourceLimits
+
+RUNTIME_SOURCE = Path(__file__).with_name("runtime") / "worker_main.py"
+UID_BASE = 200_000
+UID_SLOTS = 256
+
+
+def base_dir() -> Path:
+    """Where pool and worker directories live: /run when root, else the temp dir."""
+    for cand in ("/run/runwatch-sandbox", os.path.join(tempfile.gettempdir(), "runwatch-sandbox")):
+        try:
+            os.makedirs(cand, mode=0o711, exist_ok=True)
+            os.chmod(cand, 0o711)
+            return Path(cand)
+        except OSError:
+            continue
+    return Path(tempfile.mkdtemp(prefix="runwatch-sandbox-"))
+
+
+class UidAllocator:
+    """Hands out per-worker uids from a range derived from this host process's pid."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._used: set[int] = set()
+        self._base = UID_BASE + (os.getpid() % 1000) * UID_SLOTS
+
+    def acquire(self) -> int | None:
+        with self._lock:
+            for slot in range(UID_SLOTS):
+                if slot not in self._used:
+                    self._used.add(slot)
+                    return self._base + slot
+        return None
+
+    def release(self, uid: int) -> None:
+        with self._lock:
+            self._used.discard(uid - self._base)
+
+
+UIDS = UidAllocator()
+
+
+@dataclass(frozen=True)
+class ArtifactBundle:
+    """A tenant artifact staged read-only for workers, with its digest."""
+
+    root: Path
+    artifact_dir: Path
+    runtime_dir: Path
+    digest: str
+
+
+def stage_artifact(source: Path) -> ArtifactBundle:
+    """Copy ``source`` and the worker runtime into a fresh root-owned read-only directory."""
+    data = Path(source).read_bytes()
+    digest = "sha256:" + hashlib.sha256(data).hexdigest()
+    root = base_dir() / f"pool-{os.getpid()}-{uuid.uuid4().hex[:12]}"
+    (root / "artifact").mkdir(parents=True, mode=0o755)
+    (root / "runtime").mkdir(mode=0o755)
+    os.chmod(root, 0o755)
+    (root / "artifact" / "reward.py").write_bytes(data)
+    shutil.copyfile(RUNTIME_SOURCE, root / "runtime" / "worker_main.py")
+    for f in (root / "artifact" / "reward.py", root / "runtime" / "worker_main.py"):
+        os.chmod(f, 0o444)
+    return ArtifactBundle(root, root / "artifact", root / "runtime", digest)
+
+
+def unstage_artifact(bundle: ArtifactBundle) -> None:
+    shutil.rmtree(bundle.root, ignore_errors=True)
+
+
+class Cgroup:
+    """One v1 cgroup directory of one controller, with a limit; ``close`` kills and removes."""
+
+    def __init__(self, controller: str, name: str) -> None:
+        self.controller = controller
+        self.path = Path(CGROUP_V1_ROOT) / controller / CGROUP_PARENT / name
+
+    def create(self, limits: dict[str, str]) -> None:
+        self.path.mkdir(parents=True, exist_ok=True)
+        for fname, value in limits.items():
+            try:
+                (self.path / fname).write_text(value)
+            except OSError:
+                if not fname.startswith("memory.memsw"):  # no swap accounting: fine
+                    raise
+
+    def procs(self) -> set[int]:
+        try:
+            return {int(x) for x in (self.path / "cgroup.procs").read_text().split()}
+        except (OSError, ValueError):
+            return set()
+
+    def read_counter(self, fname: str, key: str) -> int:
+        """A ``key value`` line of a flat-keyed file (pids.events, memory.oom_control)."""
+        try:
+            for line in (self.path / fname).read_text().splitlines():
+                parts = line.split()
+                if len(parts) == 2 and parts[0] == key:
+                    return int(parts[1])
+        except (OSError, ValueError):
+            pass
+        return 0
+
+    def read_int(self, fname: str) -> int:
+        try:
+            return int((self.path / fname).read_text().strip())
+        except (OSError, ValueError):
+            return 0
+
+    def kill_all(self, keep: set[int] | None = None, rounds: int = 50) -> None:
+        keep = keep or set()
+        for _ in range(rounds):
+            victims = self.procs() - keep
+            if not victims:
+                return
+            for pid in victims:
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGKILL)
+            time.sleep(0.002)
+
+    def close(self) -> None:
+        try:
+            self.kill_all()
+        finally:
+            self._rmdir()
+
+    def _rmdir(self) -> None:
+        for _ in range(100):
+            try:
+                self.path.rmdir()
+                return
+            except FileNotFoundError:
+                return
+            except OSError:
+                time.sleep(0.005)
+
+
+@contextlib.contextmanager
+def worker_cgroups(
+    name: str, limits: ResourceLimits, features: KernelFeatures, layers: frozenset[str]
+) -> Iterator[dict[str, Cgroup]]:
+    """The pids and memory cgroups of one worker (those usable and requested)."""
+    groups: dict[str, Cgroup] = {}
+    try:
+        if "cgroup_pids" in layers and features.usable.get("cgroup_pids"):
+            cg = Cgroup("pids", name)
+            groups["pids"] = cg
+            cg.create({"pids.max": str(limits.pids)})
+        if "cgroup_memory" in layers and features.usable.get("cgroup_memory"):
+            cg = Cgroup("memory", name)
+            groups["memory"] = cg
+            cg.create(
+                {
+                    "memory.limit_in_bytes": str(limits.memory_bytes),
+                    "memory.memsw.limit_in_bytes": str(limits.memory_bytes),
+                }
+            )
+        yield groups
+    finally:
+        for cg in groups.values():
+            with contextlib.suppress(Exception):
+                cg.close()
+
+
+@contextlib.contextmanager
+def scratch_dir(
+    name: str, uid: int, limits: ResourceLimits, features: KernelFeatures, layers: frozenset[str]
+) -> Iterator[Path]:
+    """A private scratch directory owned by ``uid``; a size-capped tmpfs when possible."""
+    root = base_dir() / f"w-{name}"
+    scratch = root / "scratch"
+    mounted = False
+    try:
+        root.mkdir(mode=0o700)
+        scratch.mkdir(mode=0o700)
+        if "scratch_tmpfs" in layers and features.usable.get("scratch_tmpfs"):
+            err = mount_tmpfs(
+                str(scratch), f"size={limits.scratch_bytes},mode=0700,uid={uid},gid={uid}"
+            )
+            mounted = err is None
+        if not mounted and os.geteuid() == 0:
+            os.chown(scratch, uid, uid)
+        os.chmod(root, 0o711)
+        yield scratch
+    finally:
+        if mounted:
+            umount(str(scratch))
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True
+
+
+def reap_stale() -> int:
+    """Remove scratch mounts and cgroups left by host processes that died without their
+    ``finally`` (SIGKILL, power loss). Names carry the creating pid: ``w-<pid>-<n>``,
+    ``<pid>-<n>``. Returns how many were reaped. Never raises."""
+    reaped = 0
+    try:
+        root = base_dir()
+        for entry in os.scandir(root):
+            parts = entry.name.split("-")
+            stale = (
+                entry.name.startswith(("w-", "pool-")) and len(parts) == 3 and parts[1].isdigit()
+            )
+            if stale and not _pid_alive(int(parts[1])):
+                umount(os.path.join(entry.path, "scratch"))
+                shutil.rmtree(entry.path, ignore_errors=True)
+                reaped += 1
+        for controller in ("pids", "memory"):
+            parent = Path(CGROUP_V1_ROOT) / controller / CGROUP_PARENT
+            if not parent.is_dir():
+                continue
+            for entry in os.scandir(parent):
+                parts = entry.name.split("-")
+                stale = entry.is_dir() and len(parts) == 2 and parts[0].isdigit()
+                if stale and not _pid_alive(int(parts[0])):
+                    Cgroup(controller, entry.name).close()
+                    reaped += 1
+    except Exception:
+        pass
+    return reaped
+
+
+def empty_dir(path: Path) -> None:
+    """Remove everything inside ``path`` without following symlinks (host side, as root)."""
+    try:
+        entries = list(os.scandir(path))
+    except OSError:
+        return
+    for entry in entries:
+        try:
+            if entry.is_dir(follow_symlinks=False):
+                shutil.rmtree(entry.path, ignore_errors=True)
+            else:
+                os.unlink(entry.path)
+        except OSError:
+            continue
+
+
+def bwrap_argv(
+    *,
+    features: KernelFeatures,
+    layers: frozenset[str],
+    bundle: ArtifactBundle,
+    scratch: Path,
+    python: str,
+    fd: int,
+    seccomp_fd: int | None,
+    limits_json: str,
+) -> list[str]:
+    """The bubblewrap command line of one worker (namespaces + minimal read-only view)."""
+    assert features.bwrap is not None
+    argv = [features.bwrap, "--unshare-user", "--unshare-ipc", "--unshare-uts"]
+    argv += ["--unshare-cgroup-try", "--die-with-parent", "--new-session", "--clearenv"]
+    if "net_ns" in layers:
+        argv.append("--unshare-net")
+    if "pid_ns" in layers:
+        argv.append("--unshare-pid")
+    argv += ["--hostname", "sandbox", "--ro-bind", "/usr", "/usr", *_root_symlinks()]
+    if os.path.exists("/etc/ld.so.cache"):
+        argv += ["--ro-bind", "/etc/ld.so.cache", "/etc/ld.so.cache"]
+    py_real = os.path.realpath(python)
+    if not py_real.startswith("/usr/"):
+        prefix = str(Path(py_real).parent.parent)
+        argv += ["--ro-bind", prefix, prefix]
+    argv += ["--proc", "/proc", "--dev", "/dev", "--remount-ro", "/dev"]
+    argv += ["--ro-bind", str(bundle.runtime_dir), "/runtime"]
+    argv += ["--ro-bind", str(bundle.artifact_dir), "/artifact"]
+    argv += ["--bind", str(scratch), "/scratch", "--remount-ro", "/", "--chdir", "/scratch"]
+    if seccomp_fd is not None:
+        argv += ["--seccomp", str(seccomp_fd)]
+    argv += ["--", python, "-I", "-S", "-B", "/runtime/worker_main.py", str(fd), limits_json]
+    return argv
+
+
+def launch_argv(
+    *, uid: int | None, setpriv: str | None, cgroups: dict[str, Cgroup], inner: list[str]
+) -> list[str]:
+    """Wrap ``inner``: join the cgroups as root, then drop to ``uid`` and exec.
+
+    The shell joins its own pid to each cgroup before anything else runs, so every process
+    of the sandbox starts inside them (no race with an early fork).
+    """
+    script = "".join(
+        f"echo $$ > {shlex.quote(str(cg.path / 'cgroup.procs'))} || exit 97; "
+        for cg in cgroups.values()
+    )
+    script += 'exec "$@"'
+    dropped = inner
+    if uid is not None and setpriv:
+        dropped = [setpriv, f"--reuid={uid}", f"--regid={uid}", "--clear-groups", *inner]
+    return ["/bin/sh", "-c", script, "sandbox-launch", *dropped]

@@ -1,0 +1,242 @@
+"""Warm pools of sandbox workers, one pool per (tenant, artifact); never shared.
+
+A pool keeps ``config.warm_workers`` handshaken workers ready (a background thread
+pre-spawns them) so a batch pays only the RPC round trip. Recycling:
+
+- verifier tier (hostile): a worker serves exactly one batch, then the whole sandbox —
+  processes, scratch tmpfs, cgroups — is destroyed; the next batch takes a fresh one.
+- function tier: a worker serves up to ``config.recycle_every`` batches; between batches
+  the host kills any process the tenant left behind and empties scratch.
+- any failed attempt retires its worker.
+
+Teardown runs on a reaper thread so it is off the batch's critical path. Per-tenant
+concurrency: :func:`tenant_slot` is a process-wide semaphore per tenant (cap taken from the
+first config that names the tenant, or set with :func:`set_tenant_cap`); a batch waits for
+a slot, so one tenant cannot occupy more than its cap of workers at once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+import queue
+import threading
+import time
+from collections.abc import Iterator
+
+from sandbox.features import KernelFeatures
+from sandbox.isolation import ArtifactBundle, reap_stale, unstage_artifact
+from sandbox.types import AttemptResult, SandboxConfig
+from sandbox.worker import SandboxWorker
+
+log = logging.getLogger("runwatch.sandbox")
+
+_TENANT_LOCK = threading.Lock()
+_TENANT_SLOTS: dict[str, threading.BoundedSemaphore] = {}
+
+
+def set_tenant_cap(tenant_id: str, cap: int) -> None:
+    """(Re)define a tenant's concurrency cap; batches already running keep their slots."""
+    with _TENANT_LOCK:
+        _TENANT_SLOTS[tenant_id] = threading.BoundedSemaphore(max(1, cap))
+
+
+@contextlib.contextmanager
+def tenant_slot(tenant_id: str, cap: int) -> Iterator[None]:
+    with _TENANT_LOCK:
+        sem = _TENANT_SLOTS.get(tenant_id)
+        if sem is None:
+            sem = _TENANT_SLOTS[tenant_id] = threading.BoundedSemaphore(max(1, cap))
+    sem.acquire()
+    try:
+        yield
+    finally:
+        sem.release()
+
+
+class _Reaper:
+    """One daemon thread closing retired workers off the critical path."""
+
+    def __init__(self) -> None:
+        self._q: queue.SimpleQueue[SandboxWorker | None] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+        self._pending = 0
+
+    def submit(self, worker: SandboxWorker) -> None:
+        with self._lock:
+            self._pending += 1
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(
+                    target=self._run, name="sandbox-reaper", daemon=True
+                )
+                self._thread.start()
+        self._q.put(worker)
+
+    def _run(self) -> None:
+        while True:
+            w = self._q.get()
+            if w is None:
+                return
+            try:
+                w.close()
+            finally:
+                with self._lock:
+                    self._pending -= 1
+
+    def drain(self, timeout: float = 10.0) -> None:
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            with self._lock:
+                if self._pending == 0:
+                    return
+            time.sleep(0.005)
+
+
+REAPER = _Reaper()
+
+
+@functools.lru_cache(maxsize=1)
+def _reap_once() -> int:
+    return reap_stale()
+
+
+class WarmPool:
+    """Ready workers for one tenant artifact. Methods never raise."""
+
+    def __init__(
+        self,
+        bundle: ArtifactBundle,
+        config: SandboxConfig,
+        tenant_id: str,
+        features: KernelFeatures,
+        *,
+        prewarm: bool = True,
+    ) -> None:
+        self.bundle = bundle
+        self.config = config
+        self.tenant_id = tenant_id
+        self.features = features
+        self.prewarm = prewarm and config.warm_workers > 0
+        self._ready: list[SandboxWorker] = []
+        self._spawning = 0
+        # busy workers expected back after their batch (function tier): they count
+        # towards the warm target, so a reusable worker is not shadowed by a spare one
+        self._returning: dict[int, SandboxWorker] = {}
+        self._cond = threading.Condition()
+        self._closed = False
+        self._backoff_until = 0.0
+        self._thread: threading.Thread | None = None
+        self.spawned = 0
+        _reap_once()
+        if self.prewarm:
+            self._thread = threading.Thread(
+                target=self._refill, name=f"sandbox-pool-{tenant_id}", daemon=True
+            )
+            self._thread.start()
+
+    def _spawn(self) -> tuple[SandboxWorker | None, AttemptResult | None]:
+        self.spawned += 1
+        return SandboxWorker.spawn(self.config, self.tenant_id, self.bundle, self.features)
+
+    def _refill(self) -> None:
+        while True:
+            with self._cond:
+                while not self._closed and (
+                    len(self._ready) + self._spawning + self._returning_fresh()
+                    >= self.config.warm_workers
+                    or time.monotonic() < self._backoff_until
+                ):
+                    wait = max(0.0, self._backoff_until - time.monotonic()) or None
+                    self._cond.wait(timeout=wait)
+                if self._closed:
+                    return
+                self._spawning += 1
+            worker, failure = self._spawn()
+            with self._cond:
+                self._spawning -= 1
+                if worker is not None and not self._closed:
+                    self._ready.append(worker)
+                    self._backoff_until = 0.0
+                    worker = None
+                elif failure is not None:
+                    # e.g. the artifact crashes at import: stop pre-spawning for a while;
+                    # acquire() spawns inline and reports the failure to the caller.
+                    self._backoff_until = time.monotonic() + 5.0
+                self._cond.notify_all()
+            if worker is not None:
+                REAPER.submit(worker)
+
+    def _returning_fresh(self) -> int:
+        """Busy workers that will come back with more than half their batches left: a
+        worker past half-life no longer counts, so its successor is spawned ahead of time
+        and a recycle never stalls a batch."""
+        half = self.config.batches_per_worker() // 2
+        return sum(
+            1
+            for w in self._returning.values()
+            if self.config.batches_per_worker() - w.batches > half
+        )
+
+    def _take(self) -> SandboxWorker:
+        """Pop a ready worker (lock held) and note whether it will come back."""
+        w = self._ready.pop(0)
+        if w.batches + 1 < self.config.batches_per_worker():
+            self._returning[id(w)] = w
+        self._cond.notify_all()
+        return w
+
+    def acquire(self) -> tuple[SandboxWorker | None, AttemptResult | None]:
+        """A ready worker, else one spawned inline (its failure is returned, never raised)."""
+        with self._cond:
+            if self._ready:
+                return self._take(), None
+            if self._spawning and self.prewarm:
+                # a warm worker is on its way: waiting for it beats a second spawn
+                end = time.monotonic() + self.config.limits.startup_s
+                while not self._ready and self._spawning and time.monotonic() < end:
+                    self._cond.wait(timeout=end - time.monotonic())
+                if self._ready:
+                    return self._take(), None
+        worker, failure = self._spawn()
+        if worker is not None and worker.batches + 1 < self.config.batches_per_worker():
+            with self._cond:
+                self._returning[id(worker)] = worker
+        return worker, failure
+
+    def release(self, worker: SandboxWorker, healthy: bool) -> None:
+        """Return a worker after a batch: recycle, keep, or retire it."""
+        with self._cond:
+            self._returning.pop(id(worker), None)
+        keep = (
+            healthy
+            and not self._closed
+            and worker.batches < self.config.batches_per_worker()
+            and worker.reset_between_batches()
+        )
+        if keep:
+            with self._cond:
+                # front: the oldest worker serves first; one spare may wait behind it
+                if not self._closed and len(self._ready) <= max(1, self.config.warm_workers):
+                    self._ready.insert(0, worker)
+                    self._cond.notify_all()
+                    return
+        REAPER.submit(worker)
+        with self._cond:
+            self._cond.notify_all()
+
+    def close(self) -> None:
+        """Stop pre-spawning, destroy every worker, remove the staged artifact."""
+        with self._cond:
+            self._closed = True
+            ready, self._ready = self._ready, []
+            self._cond.notify_all()
+        try:
+            if self._thread is not None:
+                self._thread.join(timeout=self.config.limits.startup_s + 1)
+            for w in ready:
+                w.close()
+            REAPER.drain()
+        finally:
+            unstage_artifact(self.bundle)

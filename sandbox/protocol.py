@@ -1,0 +1,122 @@
+"""The typed RPC boundary between the host and a sandbox worker (host side).
+
+Wire format: frames over a UNIX stream socketpair, each a 4-byte big-endian length then that
+many bytes of UTF-8 JSON (one object). JSON, never pickle: nothing the tenant sends can make
+the host execute code. The worker's side of this format lives in
+``sandbox/runtime/worker_main.py`` (stdlib only, since it runs inside the sandbox).
+
+Messages (``op`` field):
+
+=========== ======== =============================================================
+op          dir      fields
+=========== ======== =============================================================
+hello       w -> h   (none) — interpreter up, limits applied, tenant code not loaded
+go          h -> w   (none) — host has recorded the worker's process baseline
+ready       w -> h   (none) — tenant artifact imported, ``reward`` is callable
+load_error  w -> h   kind ("crash" | "resource" | "bad_output"), message
+score       h -> w   id (int), batch (list of {prompt, completion, ...})
+result      w -> h   id, scores (whatever the tenant returned; judged by the gate)
+error       w -> h   id, kind ("crash" | "resource" | "bad_output"), message
+=========== ======== =============================================================
+
+Everything received from a worker is tenant-controlled: :func:`recv_frame` bounds the size
+before reading, :func:`parse_reply` validates the shape, and anything else is a
+``tenant_bad_output``. Time: ``deadline`` arguments are absolute ``time.monotonic()`` values.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import socket
+import struct
+import time
+from dataclasses import dataclass
+from typing import Any
+
+HEADER = struct.Struct(">I")
+
+
+class RecvError(enum.StrEnum):
+    TIMEOUT = "timeout"
+    EOF = "eof"
+    OVERSIZE = "oversize"
+    MALFORMED = "malformed"
+
+
+@dataclass(frozen=True, slots=True)
+class Frame:
+    """A received message, or the reason none arrived."""
+
+    message: dict[str, Any] | None
+    error: RecvError | None = None
+    detail: str = ""
+
+
+def encode_frame(message: dict[str, Any]) -> bytes:
+    body = json.dumps(message, separators=(",", ":"), allow_nan=False).encode()
+    return HEADER.pack(len(body)) + body
+
+
+def send_frame(sock: socket.socket, message: dict[str, Any], deadline: float) -> str | None:
+    """Send one frame; returns None or the error text (never raises)."""
+    try:
+        sock.settimeout(max(0.001, deadline - time.monotonic()))
+        sock.sendall(encode_frame(message))
+        return None
+    except (OSError, ValueError, TypeError) as exc:
+        return f"{type(exc).__name__}: {exc}"
+
+
+def _recv_exact(sock: socket.socket, n: int, deadline: float) -> bytes | RecvError:
+    buf = bytearray(n)
+    view = memoryview(buf)
+    got = 0
+    while got < n:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            return RecvError.TIMEOUT
+        sock.settimeout(remaining)
+        try:
+            k = sock.recv_into(view[got:], n - got)
+        except TimeoutError:
+            return RecvError.TIMEOUT
+        except OSError:
+            return RecvError.EOF
+        if k == 0:
+            return RecvError.EOF
+        got += k
+    return bytes(buf)
+
+
+def recv_frame(sock: socket.socket, deadline: float, max_bytes: int) -> Frame:
+    """Receive one frame before ``deadline``, refusing bodies over ``max_bytes`` unread."""
+    head = _recv_exact(sock, HEADER.size, deadline)
+    if isinstance(head, RecvError):
+        return Frame(None, head)
+    (length,) = HEADER.unpack(head)
+    if length > max_bytes:
+        return Frame(None, RecvError.OVERSIZE, f"reply of {length} bytes > cap {max_bytes}")
+    body = _recv_exact(sock, length, deadline)
+    if isinstance(body, RecvError):
+        return Frame(None, body)
+    try:
+        msg = json.loads(body.decode("utf-8"))  # NaN/Infinity parse; the gate rejects them
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        return Frame(None, RecvError.MALFORMED, f"reply is not JSON: {exc}"[:300])
+    if not isinstance(msg, dict) or not isinstance(msg.get("op"), str):
+        return Frame(None, RecvError.MALFORMED, "reply is not an object with an 'op'")
+    return Frame(msg)
+
+
+ERROR_KINDS = frozenset({"crash", "resource", "bad_output"})
+
+
+def error_kind(msg: dict[str, Any]) -> str:
+    kind = msg.get("kind")
+    return kind if isinstance(kind, str) and kind in ERROR_KINDS else "crash"
+
+
+def error_message(msg: dict[str, Any], limit: int = 2000) -> str:
+    text = msg.get("message")
+    return text[:limit] if isinstance(text, str) else ""

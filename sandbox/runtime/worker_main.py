@@ -1,0 +1,160 @@
+"""The sandbox worker: runs INSIDE the sandbox, stdlib only, copied in read-only.
+
+Invoked as ``python3 -I -S -B /runtime/worker_main.py FD LIMITS_JSON``. Order matters:
+1. apply rlimits to itself (inherited by everything it or the tenant starts; an unprivileged
+   process can never raise a hard limit back),
+2. clear the environment, point stdio at /dev/null,
+3. say ``hello`` and wait for ``go`` (the host records the process baseline meanwhile),
+4. import the tenant artifact ``/artifact/reward.py`` (tenant code runs from here on),
+5. serve ``score`` requests until EOF or ``shutdown``.
+
+Framing and messages: see ``sandbox/protocol.py`` (this file must stay import-free of the
+project: the project tree is not visible in the sandbox).
+"""
+
+import errno
+import json
+import os
+import resource
+import struct
+import sys
+import traceback
+
+HEADER = struct.Struct(">I")
+RESOURCE_ERRNOS = {
+    errno.EAGAIN,
+    errno.ENOMEM,
+    errno.EFBIG,
+    errno.EMFILE,
+    errno.ENFILE,
+    errno.ENOSPC,
+    errno.EDQUOT,
+}
+
+
+def send(fd, message):
+    try:
+        body = json.dumps(message, separators=(",", ":"), allow_nan=True).encode()
+    except (TypeError, ValueError, RecursionError, OverflowError) as exc:
+        body = json.dumps(
+            {
+                "op": "error",
+                "id": message.get("id"),
+                "kind": "bad_output",
+                "message": f"scores are not JSON-serializable: {exc}",
+            }
+        ).encode()
+    data = HEADER.pack(len(body)) + body
+    view = memoryview(data)
+    while view:
+        n = os.write(fd, view)
+        view = view[n:]
+
+
+def recv(fd):
+    head = _read_exact(fd, HEADER.size)
+    if head is None:
+        return None
+    (length,) = HEADER.unpack(head)
+    body = _read_exact(fd, length)
+    return None if body is None else json.loads(body)
+
+
+def _read_exact(fd, n):
+    chunks = []
+    while n:
+        b = os.read(fd, min(n, 1 << 20))
+        if not b:
+            return None
+        chunks.append(b)
+        n -= len(b)
+    return b"".join(chunks)
+
+
+def apply_limits(limits):
+    pairs = (
+        (resource.RLIMIT_AS, limits["memory_bytes"]),
+        (resource.RLIMIT_CPU, limits["cpu_seconds"]),
+        (resource.RLIMIT_NOFILE, limits["open_files"]),
+        (resource.RLIMIT_FSIZE, limits["file_size_bytes"]),
+        (resource.RLIMIT_CORE, 0),
+        (resource.RLIMIT_NPROC, limits["nproc"]),
+    )
+    for which, value in pairs:
+        if value is None or value < 0:
+            continue
+        resource.setrlimit(which, (value, value))
+
+
+def classify(exc):
+    if isinstance(exc, MemoryError):
+        return "resource"
+    if isinstance(exc, OSError) and exc.errno in RESOURCE_ERRNOS:
+        return "resource"
+    return "crash"
+
+
+def describe(exc):
+    tb = traceback.format_exception(type(exc), exc, exc.__traceback__)
+    return "".join(tb[-6:])[-2000:]
+
+
+def main():
+    fd = int(sys.argv[1])
+    limits = json.loads(sys.argv[2])
+    apply_limits(limits)
+    os.environ.clear()
+    for k in list(os.environ):
+        os.unsetenv(k)
+    devnull = os.open("/dev/null", os.O_RDWR)
+    for target in (0, 1, 2):
+        os.dup2(devnull, target)
+    os.close(devnull)
+    send(fd, {"op": "hello"})
+    msg = recv(fd)
+    if not msg or msg.get("op") != "go":
+        return 0
+    try:
+        import importlib.util
+
+        spec = importlib.util.spec_from_file_location("reward_artifact", "/artifact/reward.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["reward_artifact"] = module
+        spec.loader.exec_module(module)
+        fn = getattr(module, "reward", None)
+        if not callable(fn):
+            send(
+                fd,
+                {
+                    "op": "load_error",
+                    "kind": "bad_output",
+                    "message": "artifact defines no callable reward(batch)",
+                },
+            )
+            return 0
+    except BaseException as exc:
+        send(fd, {"op": "load_error", "kind": classify(exc), "message": describe(exc)})
+        return 0
+    send(fd, {"op": "ready"})
+    while True:
+        msg = recv(fd)
+        if msg is None or msg.get("op") == "shutdown":
+            return 0
+        if msg.get("op") != "score":
+            continue
+        rid = msg.get("id")
+        try:
+            scores = fn(msg.get("batch"))
+            if isinstance(scores, tuple):
+                scores = list(scores)
+            send(fd, {"op": "result", "id": rid, "scores": scores})
+        except BaseException as exc:
+            send(fd, {"op": "error", "id": rid, "kind": classify(exc), "message": describe(exc)})
+
+
+if __name__ == "__main__":
+    try:
+        code = main()
+    except BaseException:
+        code = 70
+    os._exit(code or 0)

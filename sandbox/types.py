@@ -1,0 +1,160 @@
+"""Typed vocabulary of the reward sandbox: tiers, causes, limits, config and results.
+
+Everything that crosses the sandbox's public surface is one of these frozen types. The
+sandbox never raises to its caller: every path ends in a result carrying a status enum
+(:class:`OutcomeStatus` for a scored batch, :class:`AttemptStatus` for one attempt in a
+worker) and, on failure, exactly one :class:`Cause`.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Literal
+
+
+class ArtifactKind(enum.StrEnum):
+    """What a tenant submitted; each step down widens the attack surface."""
+
+    FUNCTION = "function"  # pure function over (prompt, completion) text
+    VERIFIER = "verifier"  # runs further code: tests, compilers, checkers
+    REWARD_MODEL = "reward_model"  # tenant-uploaded weights
+    ENVIRONMENT = "environment"  # stateful, multi-step
+    INVALID = "invalid"  # not a reward artifact at all
+
+
+#: The sandbox tier an artifact kind runs in. ``function`` and ``verifier`` are built;
+#: ``reward_model`` (own inference pool, digest pinning) and ``environment`` (per-run
+#: isolation with reset/teardown in the contract) are declared so the boundary fits them.
+Tier = Literal["function", "verifier", "reward_model", "environment"]
+BUILT_TIERS: tuple[Tier, ...] = ("function", "verifier")
+#: Tiers that run hostile code: every isolation layer is mandatory, no degraded mode.
+HOSTILE_TIERS: frozenset[str] = frozenset({"verifier", "environment"})
+
+
+class Cause(enum.StrEnum):
+    """The ledger columns. Every attempt is booked to exactly one of them."""
+
+    OK = "ok"
+    TENANT_TIMEOUT = "tenant_timeout"
+    TENANT_CRASH = "tenant_crash"
+    TENANT_BAD_OUTPUT = "tenant_bad_output"
+    TENANT_RESOURCE_EXCEEDED = "tenant_resource_exceeded"
+    PLATFORM_ERROR = "platform_error"
+
+
+class AttemptStatus(enum.StrEnum):
+    """How one attempt in a worker ended (the SandboxFusion-style status)."""
+
+    FINISHED = "finished"  # scores came back and passed the gate
+    FAILED = "failed"  # booked to a tenant or platform cause
+
+
+class OutcomeStatus(enum.StrEnum):
+    """What the caller does with a batch after the failure policy ran."""
+
+    OK = "ok"  # use ``scores``
+    FAILED = "failed"  # retries exhausted: no scores; the caller must not train on it
+    SKIPPED = "skipped"  # policy ``skip``: exclude the batch from the update
+    PAUSED = "paused"  # policy ``pause``: stop the run for tenant action
+    REFUSED = "refused"  # the platform cannot run this tier here (missing kernel feature)
+
+
+#: Failure policies (seed 002, step 2): never a substituted constant.
+PolicyName = Literal["retry", "skip", "pause"]
+
+#: Isolation layers the sandbox stacks; the feature probe reports which are usable.
+Layer = Literal[
+    "unprivileged_uid",
+    "empty_env",
+    "user_ns",
+    "mount_ns",
+    "net_ns",
+    "pid_ns",
+    "seccomp",
+    "rlimits",
+    "cgroup_pids",
+    "cgroup_memory",
+    "scratch_tmpfs",
+]
+ALL_LAYERS: tuple[Layer, ...] = (
+    "unprivileged_uid",
+    "empty_env",
+    "user_ns",
+    "mount_ns",
+    "net_ns",
+    "pid_ns",
+    "seccomp",
+    "rlimits",
+    "cgroup_pids",
+    "cgroup_memory",
+    "scratch_tmpfs",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class ResourceLimits:
+    """The resource contract of one worker. Memory caps apply per worker (process tree).
+
+    ``cpu_seconds`` is RLIMIT_CPU for the worker's whole life (a recycled function-tier
+    worker accumulates CPU across its batches); the per-batch bound is ``deadline_s``,
+    wall clock, measured on the host.
+    """
+
+    deadline_s: float = 10.0
+    memory_bytes: int = 512 * 1024 * 1024  # RLIMIT_AS and the memory cgroup
+    cpu_seconds: int = 120
+    open_files: int = 64
+    file_size_bytes: int = 16 * 1024 * 1024
+    pids: int = 32  # cgroup pids.max, else RLIMIT_NPROC under the worker's own uid
+    scratch_bytes: int = 64 * 1024 * 1024  # tmpfs size of the private scratch
+    max_output_bytes: int = 1024 * 1024  # largest reply frame accepted from the worker
+    startup_s: float = 10.0  # spawn + handshake + tenant import
+
+
+@dataclass(frozen=True, slots=True)
+class ScoreRange:
+    """Declared range of valid scores (inclusive)."""
+
+    lo: float = -1e6
+    hi: float = 1e6
+
+
+@dataclass(frozen=True, slots=True)
+class SandboxConfig:
+    """How workers for one tenant artifact are built and recycled.
+
+    ``layers`` lists the isolation layers to apply; the default is all of them. A hostile
+    tier refuses to start unless every layer in :data:`ALL_LAYERS` is both requested and
+    usable on this kernel (see :mod:`sandbox.features`). Dropping a layer is for proofs
+    that one layer alone holds (tests) and for the function tier on a weaker kernel,
+    where each batch outcome names the missing layers.
+    """
+
+    tier: Tier = "function"
+    limits: ResourceLimits = field(default_factory=ResourceLimits)
+    score_range: ScoreRange = field(default_factory=ScoreRange)
+    layers: frozenset[str] = frozenset(ALL_LAYERS)
+    warm_workers: int = 1  # ready workers kept per pool
+    recycle_every: int = 50  # function tier: batches per worker (verifier tier: always 1)
+    tenant_concurrency: int = 2  # concurrent batches per tenant, process-wide
+    worker_python: str = ""  # interpreter inside the sandbox; "" = auto (/usr/bin/python3)
+
+    def batches_per_worker(self) -> int:
+        return 1 if self.tier in HOSTILE_TIERS else max(1, self.recycle_every)
+
+
+@dataclass(frozen=True, slots=True)
+class AttemptResult:
+    """One attempt to score one batch in one worker. Never an exception."""
+
+    status: AttemptStatus
+    cause: Cause
+    scores: tuple[float, ...] | None
+    duration_s: float
+    message: str = ""
+    examples: tuple[str, ...] = ()
+
+    @property
+    def ok(self) -> bool:
+        return self.status is AttemptStatus.FINISHED

@@ -1,0 +1,346 @@
+"""One live sandbox worker, seen from the host. No public method raises.
+
+Life: :meth:`SandboxWorker.spawn` acquires the worker's resources (uid, cgroups, scratch,
+socketpair, seccomp program) on one :class:`contextlib.ExitStack`, launches
+``sh (join cgroups) -> setpriv (drop uid) -> bwrap (namespaces, fs view, seccomp) -> python
+worker_main.py``, and does the hello/go/ready handshake. :meth:`score` runs one batch under
+the wall-clock deadline. :meth:`close` unwinds the stack: kill the process tree, close the
+socket, unmount and delete scratch, kill-and-remove the cgroups, release the uid.
+
+Cause attribution (host-side evidence wins over what the worker says, and nothing the
+tenant sends can put a failure in the platform's column):
+
+- no reply before the deadline -> ``tenant_timeout`` (the sandbox is killed);
+- the pids cgroup refused a fork, the memory cgroup OOM-killed, or the process died of
+  SIGXCPU/SIGXFSZ, or the worker reports MemoryError/EAGAIN/EFBIG... ->
+  ``tenant_resource_exceeded``;
+- the worker reports an exception, or the process dies -> ``tenant_crash``;
+- an oversized, malformed or off-contract reply -> ``tenant_bad_output``;
+- failures before tenant code ran (spawn, handshake up to ``hello``) -> ``platform_error``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import json
+import os
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from sandbox.features import KernelFeatures, default_worker_python
+from sandbox.gate import check_scores
+from sandbox.isolation import (
+    UIDS,
+    ArtifactBundle,
+    Cgroup,
+    bwrap_argv,
+    empty_dir,
+    launch_argv,
+    scratch_dir,
+    worker_cgroups,
+)
+from sandbox.protocol import (
+    Frame,
+    RecvError,
+    error_kind,
+    error_message,
+    recv_frame,
+    send_frame,
+)
+from sandbox.seccomp_policy import compiled_filter
+from sandbox.types import AttemptResult, AttemptStatus, Cause, SandboxConfig
+
+_COUNTER = itertools.count()
+
+KIND_TO_CAUSE = {
+    "crash": Cause.TENANT_CRASH,
+    "resource": Cause.TENANT_RESOURCE_EXCEEDED,
+    "bad_output": Cause.TENANT_BAD_OUTPUT,
+}
+
+
+def _failed(
+    cause: Cause, started: float, message: str, examples: tuple[str, ...] = ()
+) -> AttemptResult:
+    return AttemptResult(
+        AttemptStatus.FAILED, cause, None, time.monotonic() - started, message[:2000], examples
+    )
+
+
+def validate_batch(batch: Any) -> str:
+    """The host-side input contract: a list of JSON-able dicts with str prompt/completion."""
+    if not isinstance(batch, list) or not batch:
+        return "batch must be a non-empty list of dicts"
+    for i, item in enumerate(batch):
+        if not isinstance(item, dict):
+            return f"batch[{i}] is not a dict"
+        for key in ("prompt", "completion"):
+            if not isinstance(item.get(key), str):
+                return f"batch[{i}].{key} missing or not a string"
+    return ""
+
+
+class SandboxWorker:
+    """A spawned, handshaken sandbox running one tenant artifact."""
+
+    def __init__(self, config: SandboxConfig, tenant_id: str, bundle: ArtifactBundle) -> None:
+        self.config = config
+        self.tenant_id = tenant_id
+        self.bundle = bundle
+        self.name = f"{os.getpid()}-{next(_COUNTER)}"
+        self.uid: int | None = None
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.sock: socket.socket | None = None
+        self.scratch: Path | None = None
+        self.cgroups: dict[str, Cgroup] = {}
+        self.baseline: set[int] = set()
+        self.batches = 0
+        self.alive = False
+        self._stack = contextlib.ExitStack()
+        self._ids = itertools.count(1)
+        self._stderr: Any = None
+
+    # -- life cycle ---------------------------------------------------------------------
+
+    @classmethod
+    def spawn(
+        cls,
+        config: SandboxConfig,
+        tenant_id: str,
+        bundle: ArtifactBundle,
+        features: KernelFeatures,
+    ) -> tuple[SandboxWorker | None, AttemptResult | None]:
+        """Start a worker; returns (worker, None) or (None, failed attempt)."""
+        started = time.monotonic()
+        worker = cls(config, tenant_id, bundle)
+        try:
+            failure = worker._start(features, started)
+        except Exception as exc:
+            failure = _failed(Cause.PLATFORM_ERROR, started, f"spawn failed: {exc!r}")
+        if failure is not None:
+            worker.close()
+            return None, failure
+        return worker, None
+
+    def _start(self, features: KernelFeatures, started: float) -> AttemptResult | None:
+        cfg, limits, layers = self.config, self.config.limits, self.config.layers
+        st = self._stack
+        uid = UIDS.acquire() if "unprivileged_uid" in layers and features.is_root else None
+        if uid is not None:
+            self.uid = uid
+            st.callback(UIDS.release, uid)
+        elif "unprivileged_uid" in layers and features.is_root:
+            return _failed(Cause.PLATFORM_ERROR, started, "no free sandbox uid")
+        self.cgroups = st.enter_context(worker_cgroups(self.name, limits, features, layers))
+        self.scratch = st.enter_context(
+            scratch_dir(
+                self.name, uid if uid is not None else os.getuid(), limits, features, layers
+            )
+        )
+        host_sock, child_sock = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock = host_sock
+        st.callback(host_sock.close)
+        seccomp_fd = None
+        if "seccomp" in layers and features.usable.get("seccomp"):
+            seccomp_fd = os.memfd_create("rw-seccomp", 0)
+            os.write(seccomp_fd, compiled_filter())
+            os.lseek(seccomp_fd, 0, os.SEEK_SET)
+        nproc = -1 if "cgroup_pids" in self.cgroups else limits.pids
+        if uid is None:
+            nproc = -1  # not our own uid: RLIMIT_NPROC would count the host's processes
+        worker_limits = {**asdict(limits), "nproc": nproc}
+        inner = bwrap_argv(
+            features=features,
+            layers=layers,
+            bundle=self.bundle,
+            scratch=self.scratch,
+            python=cfg.worker_python or default_worker_python(),
+            fd=child_sock.fileno(),
+            seccomp_fd=seccomp_fd,
+            limits_json=json.dumps(worker_limits),
+        )
+        argv = launch_argv(uid=uid, setpriv=features.setpriv, cgroups=self.cgroups, inner=inner)
+        self._stderr = st.enter_context(tempfile.TemporaryFile())  # noqa: SIM115
+        try:
+            pass_fds = (child_sock.fileno(),) + ((seccomp_fd,) if seccomp_fd is not None else ())
+            self.proc = subprocess.Popen(
+                argv,
+                env={},
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=self._stderr,
+                pass_fds=pass_fds,
+                close_fds=True,
+                start_new_session=True,
+            )
+        finally:
+            child_sock.close()
+            if seccomp_fd is not None:
+                os.close(seccomp_fd)
+        st.callback(self._kill)
+        deadline = started + limits.startup_s
+        hello = recv_frame(host_sock, deadline, 4096)
+        if hello.message is None or hello.message.get("op") != "hello":
+            return _failed(
+                Cause.PLATFORM_ERROR, started, f"worker did not start: {self._stderr_tail()}"
+            )
+        self.baseline = self._procs()
+        err = send_frame(host_sock, {"op": "go"}, deadline)
+        if err:
+            return _failed(Cause.PLATFORM_ERROR, started, f"handshake failed: {err}")
+        ready = recv_frame(host_sock, deadline, limits.max_output_bytes)
+        msg = ready.message
+        if msg is not None and msg.get("op") == "ready":
+            self.alive = True
+            return None
+        if msg is not None and msg.get("op") == "load_error":
+            cause = KIND_TO_CAUSE[error_kind(msg)]
+            return _failed(
+                self._resource_evidence(cause),
+                started,
+                "loading the artifact failed: " + error_message(msg),
+            )
+        return self._frame_failure(ready, started, "loading the artifact")
+
+    def close(self) -> None:
+        """Tear everything down (idempotent; every step runs even if another fails)."""
+        self.alive = False
+        with contextlib.suppress(Exception):
+            self._stack.close()
+
+    def _kill(self) -> None:
+        proc = self.proc
+        if proc is None:
+            return
+        try:
+            for cg in self.cgroups.values():
+                cg.kill_all()
+            if proc.poll() is None:
+                with contextlib.suppress(OSError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                with contextlib.suppress(OSError):
+                    proc.kill()
+        finally:
+            with contextlib.suppress(Exception):
+                proc.wait(timeout=5)
+
+    # -- one batch ----------------------------------------------------------------------
+
+    def score(self, batch: list[dict[str, Any]]) -> AttemptResult:
+        """Score one batch under the deadline; the worker is retired on any failure."""
+        started = time.monotonic()
+        if not self.alive or self.sock is None:
+            return _failed(Cause.PLATFORM_ERROR, started, "worker is not alive")
+        self.batches += 1
+        self._counters_before = self._resource_counters()
+        deadline = started + self.config.limits.deadline_s
+        rid = next(self._ids)
+        err = send_frame(self.sock, {"op": "score", "id": rid, "batch": batch}, deadline)
+        if err:
+            self.alive = False
+            return _failed(self._death_cause(), started, f"worker gone before the batch: {err}")
+        frame = recv_frame(self.sock, deadline, self.config.limits.max_output_bytes)
+        msg = frame.message
+        if msg is None:
+            self.alive = False
+            return self._frame_failure(frame, started, "scoring")
+        op = msg.get("op")
+        if op == "error" and msg.get("id") == rid:
+            self.alive = False
+            cause = self._resource_evidence(KIND_TO_CAUSE[error_kind(msg)])
+            return _failed(cause, started, error_message(msg))
+        if op != "result" or msg.get("id") != rid:
+            self.alive = False
+            return _failed(Cause.TENANT_BAD_OUTPUT, started, f"off-contract reply op={op!r}")
+        gate = check_scores(msg.get("scores"), len(batch), self.config.score_range)
+        if not gate.ok:
+            self.alive = False
+            cause = self._resource_evidence(Cause.TENANT_BAD_OUTPUT)
+            return _failed(cause, started, gate.message, gate.examples)
+        return AttemptResult(
+            AttemptStatus.FINISHED, Cause.OK, gate.scores, time.monotonic() - started
+        )
+
+    def reset_between_batches(self) -> bool:
+        """Kill processes the tenant left behind and empty scratch. False: retire worker."""
+        if not self.alive:
+            return False
+        try:
+            pids = self.cgroups.get("pids")
+            if pids is not None:
+                pids.kill_all(keep=self.baseline)
+            if self.scratch is not None:
+                empty_dir(self.scratch)
+            return self.proc is not None and self.proc.poll() is None
+        except Exception:
+            return False
+
+    # -- evidence -----------------------------------------------------------------------
+
+    def _procs(self) -> set[int]:
+        for key in ("pids", "memory"):
+            if key in self.cgroups:
+                return self.cgroups[key].procs()
+        return set()
+
+    def _resource_counters(self) -> tuple[int, int]:
+        pids = self.cgroups.get("pids")
+        mem = self.cgroups.get("memory")
+        return (
+            pids.read_counter("pids.events", "max") if pids else 0,
+            mem.read_counter("memory.oom_control", "oom_kill") if mem else 0,
+        )
+
+    def _resource_evidence(self, cause: Cause) -> Cause:
+        """Upgrade a tenant failure to resource_exceeded when a cgroup limit fired."""
+        if cause is Cause.PLATFORM_ERROR:
+            return cause
+        before = getattr(self, "_counters_before", (0, 0))
+        now = self._resource_counters()
+        if now[0] > before[0] or now[1] > before[1]:
+            return Cause.TENANT_RESOURCE_EXCEEDED
+        return cause
+
+    def _death_cause(self) -> Cause:
+        rc = None
+        if self.proc is not None:
+            try:
+                rc = self.proc.wait(timeout=1.0)
+            except subprocess.TimeoutExpired:
+                rc = None
+        if rc is not None and rc in (128 + signal.SIGXCPU, 128 + signal.SIGXFSZ):
+            return Cause.TENANT_RESOURCE_EXCEEDED
+        return self._resource_evidence(Cause.TENANT_CRASH)
+
+    def _frame_failure(self, frame: Frame, started: float, what: str) -> AttemptResult:
+        if frame.error is RecvError.TIMEOUT:
+            self._kill()
+            cause = self._resource_evidence(Cause.TENANT_TIMEOUT)
+            return _failed(cause, started, f"{what}: no reply within the deadline")
+        if frame.error is RecvError.EOF:
+            cause = self._death_cause()
+            rc = self.proc.returncode if self.proc is not None else None
+            return _failed(cause, started, f"{what}: worker died (exit {rc})")
+        cause = self._resource_evidence(Cause.TENANT_BAD_OUTPUT)
+        return _failed(
+            cause,
+            started,
+            f"{what}: {frame.error.value if frame.error else ''} {frame.detail}".strip(),
+        )
+
+    def _stderr_tail(self) -> str:
+        try:
+            if self.proc is not None:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    self.proc.wait(timeout=1.0)
+            self._stderr.seek(0)
+            return self._stderr.read()[-1000:].decode(errors="replace").strip() or "no output"
+        except Exception:
+            return "no output"

@@ -1,0 +1,77 @@
+"""Artifact classification: pure, AST-only (tenant code is never executed on the host)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from sandbox.classify import classify_bytes, classify_path
+from sandbox.types import ArtifactKind
+
+
+def kind(src: str, name: str = "reward.py") -> ArtifactKind:
+    return classify_bytes(name, src.encode()).kind
+
+
+def test_pure_function() -> None:
+    c = classify_bytes("r.py", b"def reward(batch):\n    return [0.0 for _ in batch]\n")
+    assert c.kind is ArtifactKind.FUNCTION and c.tier == "function"
+    assert c.digest.startswith("sha256:")
+
+
+@pytest.mark.parametrize(
+    "src",
+    [
+        "import subprocess\ndef reward(b): return []",
+        "from subprocess import run\ndef reward(b): return []",
+        "import os\ndef reward(b):\n    os.system('x')\n    return []",
+        "from os import execv\ndef reward(b): return []",
+        "def reward(b):\n    exec('1')\n    return []",
+        "def reward(b):\n    return [eval(x['completion']) for x in b]",
+        "import ctypes\ndef reward(b): return []",
+        "import multiprocessing.pool\ndef reward(b): return []",
+        "ARTIFACT_KIND = 'verifier'\ndef reward(b): return []",
+    ],
+)
+def test_verifier_when_it_runs_further_code(src: str) -> None:
+    assert kind(src) is ArtifactKind.VERIFIER
+
+
+def test_declaration_cannot_downgrade() -> None:
+    src = "ARTIFACT_KIND = 'function'\nimport subprocess\ndef reward(b): return []"
+    assert kind(src) is ArtifactKind.VERIFIER
+
+
+def test_environment_and_reward_model() -> None:
+    env = "class Env:\n    def reset(self): ...\n    def step(self, a): ..."
+    c = classify_bytes("env.py", env.encode())
+    assert c.kind is ArtifactKind.ENVIRONMENT and c.tier == "environment"
+    assert kind("", "model.safetensors") is ArtifactKind.REWARD_MODEL
+
+
+def test_reward_model_directory(tmp_path: Path) -> None:
+    (tmp_path / "model.safetensors").write_bytes(b"\0" * 8)
+    assert classify_path(tmp_path).kind is ArtifactKind.REWARD_MODEL
+
+
+@pytest.mark.parametrize(
+    ("src", "name"),
+    [
+        ("def score(b): return []", "r.py"),
+        ("def reward(:", "r.py"),
+        ("async def reward(b): return []", "r.py"),
+        ("def reward(b): return []", "r.txt"),
+    ],
+)
+def test_invalid(src: str, name: str) -> None:
+    c = classify_bytes(name, src.encode())
+    assert c.kind is ArtifactKind.INVALID and c.tier is None and c.reasons
+
+
+def test_classification_never_executes(tmp_path: Path) -> None:
+    marker = tmp_path / "executed"
+    src = f"open({str(marker)!r}, 'w').write('x')\ndef reward(b): return []\n"
+    (tmp_path / "r.py").write_text(src)
+    assert classify_path(tmp_path / "r.py").kind is ArtifactKind.FUNCTION
+    assert not marker.exists()
