@@ -26,7 +26,7 @@ if [ ! -f "$stamp" ] || ! "$venv/bin/python" -c "import runwatch, events" 2>/dev
 fi
 
 # Debian packages for the sandbox (bubblewrap, seccomp) and promtool, when the scripts exist.
-for extra in setup-sandbox.sh setup-prometheus.sh; do
+for extra in setup-sandbox.sh setup-prometheus.sh setup-browser.sh; do
   if [ -f "$here/scripts/$extra" ]; then
     bash "$here/scripts/$extra"
   fi
