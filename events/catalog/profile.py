@@ -34,7 +34,8 @@ class StepProfiled(_Profile):
       request-scoped event end); ``barrier_wait_total_s`` is what the slowest worker
       imposes on the others: the sum over workers of ``slowest - own``.
     - ``event_seconds`` / ``event_share``: summed ``duration_s`` per event name and its
-      share of the step's summed durations (nested events count in full each).
+      share of the step's summed durations; enclosing events (a worker's whole rollout)
+      appear in seconds but not in shares, so the shares of leaf events sum to 1.
     - turns: ``turn_histogram`` (#turns -> requests), ``engine_s_by_turn`` (turn index ->
       mean engine seconds in that turn), ``request_s_by_turns`` (#turns -> mean request
       span).

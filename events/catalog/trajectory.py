@@ -1,4 +1,22 @@
-"""Trajectory-buffer facts (seed 004): scored groups in, batches out."""
+"""Trajectory-buffer facts (seed 004): the Atropos-compatible experience buffer as events.
+
+Two topics:
+
+- ``runwatch.trajectories`` holds what the HTTP API *accepted* for a run: trainer and
+  environment registrations, scored groups, batch requests, delivery commits, API
+  (re)starts and resets. Every record is keyed by ``run_id``, so one run's buffer is one
+  totally ordered partition; the batching fold is a pure function of that sequence, and
+  every API instance that folds it reaches the same state (that is how several instances
+  share one buffer).
+- ``runwatch.batches`` holds what the batching fold *derived*: batches served, requests
+  that found no batch, groups rejected (can never fit, stale), batches requeued after a
+  crash. Detectors and dashboards read rollout quality from here.
+
+``request_id`` ties a request (``TrajectoryBatchRequested``, ``TrajectoryEnvRegistered``)
+to its answer. Envelope ``step`` of a scored group is the trainer step the accepting
+API instance saw (the policy version it was generated under, at the latest); of a
+served batch, the trainer step it is.
+"""
 
 from __future__ import annotations
 
@@ -6,12 +24,18 @@ from typing import ClassVar, Literal
 
 from events.envelope import EventBase
 
+TRAJECTORIES_TOPIC = "runwatch.trajectories"
+BATCHES_TOPIC = "runwatch.batches"
+
+RejectReason = Literal["too_large", "empty", "stale", "unbatchable", "size_mismatch"]
+UnavailableReason = Literal["not_registered", "not_enough_data"]
+
 
 class ScoredDataGroupAccepted(EventBase):
-    """One scored group accepted by the trajectory API. ``payload`` is the group exactly as
-    the client sent it (JSON text), so ``/batch`` can return every field unchanged."""
+    """One scored group accepted by the trajectory API. ``payload`` is the group as
+    ``/batch`` returns it (JSON text, every field present, null where absent)."""
 
-    TOPIC: ClassVar[str] = "runwatch.trajectories"
+    TOPIC: ClassVar[str] = TRAJECTORIES_TOPIC
     type: Literal["ScoredDataGroupAccepted"] = "ScoredDataGroupAccepted"
     group_id: str
     env_id: int | None = None
@@ -20,11 +44,137 @@ class ScoredDataGroupAccepted(EventBase):
     payload: str
 
 
-class TrajectoryBatchServed(EventBase):
-    """A batch formed and handed to a trainer: the groups in it, in order."""
+class TrajectoryTrainerRegistered(EventBase):
+    """``POST /register``: a trainer announced its run parameters. Only the first
+    registration after a reset configures the buffer (as the reference server does);
+    later ones just get a requester id. ``max_off_policy_steps`` is the server default
+    staleness bound (None: unbounded)."""
 
-    TOPIC: ClassVar[str] = "runwatch.batches"
+    TOPIC: ClassVar[str] = TRAJECTORIES_TOPIC
+    type: Literal["TrajectoryTrainerRegistered"] = "TrajectoryTrainerRegistered"
+    requester_uuid: str
+    wandb_group: str
+    wandb_project: str
+    batch_size: int
+    max_token_len: int
+    checkpoint_dir: str
+    save_checkpoint_interval: int
+    starting_step: int
+    num_steps: int
+    max_off_policy_steps: int | None = None
+
+
+class TrajectoryEnvRegistered(EventBase):
+    """``POST /register-env``: a rollout handler joined. Its ``env_id`` is its ordinal
+    among registrations since the last reset (so every folder assigns the same id)."""
+
+    TOPIC: ClassVar[str] = TRAJECTORIES_TOPIC
+    type: Literal["TrajectoryEnvRegistered"] = "TrajectoryEnvRegistered"
+    request_id: str
+    max_token_length: int
+    desired_name: str
+    weight: float
+    group_size: int
+    min_batch_allocation: float | None = None
+    max_off_policy_steps: int | None = None
+
+
+class TrajectoryEnvDisconnected(EventBase):
+    """``POST /disconnect-env``: a rollout handler left (its queued groups stay)."""
+
+    TOPIC: ClassVar[str] = TRAJECTORIES_TOPIC
+    type: Literal["TrajectoryEnvDisconnected"] = "TrajectoryEnvDisconnected"
+    env_id: int
+
+
+class TrajectoryDataReset(EventBase):
+    """``GET /reset_data``: forget registration, environments, queue and step."""
+
+    TOPIC: ClassVar[str] = TRAJECTORIES_TOPIC
+    type: Literal["TrajectoryDataReset"] = "TrajectoryDataReset"
+
+
+class TrajectoryBatchRequested(EventBase):
+    """``GET /batch``: a trainer asked for a batch. The answer is decided where this
+    record sits in the run's order, by the batching fold."""
+
+    TOPIC: ClassVar[str] = TRAJECTORIES_TOPIC
+    type: Literal["TrajectoryBatchRequested"] = "TrajectoryBatchRequested"
+    request_id: str
+
+
+class TrajectoryBatchDelivered(EventBase):
+    """The API instance that answered ``request_id`` committed the delivery, right before
+    writing the response. A served batch without this commit is requeued when its
+    instance (same ``producer``) starts again."""
+
+    TOPIC: ClassVar[str] = TRAJECTORIES_TOPIC
+    type: Literal["TrajectoryBatchDelivered"] = "TrajectoryBatchDelivered"
+    request_id: str
+
+
+class TrajectoryBatchReleased(EventBase):
+    """The API instance that asked for ``request_id`` could not deliver the batch (client
+    gone, timeout): its groups go back to the queue."""
+
+    TOPIC: ClassVar[str] = TRAJECTORIES_TOPIC
+    type: Literal["TrajectoryBatchReleased"] = "TrajectoryBatchReleased"
+    request_id: str
+
+
+class TrajectoryApiStarted(EventBase):
+    """An API instance (``producer``) started: whatever its previous incarnation served
+    but never delivered goes back to the queue."""
+
+    TOPIC: ClassVar[str] = TRAJECTORIES_TOPIC
+    type: Literal["TrajectoryApiStarted"] = "TrajectoryApiStarted"
+    incarnation: str
+
+
+class TrajectoryBatchServed(EventBase):
+    """A batch formed for a request: the groups in it, in arrival order; envelope
+    ``step`` is the trainer step it is."""
+
+    TOPIC: ClassVar[str] = BATCHES_TOPIC
     type: Literal["TrajectoryBatchServed"] = "TrajectoryBatchServed"
     batch_id: str
     group_ids: tuple[str, ...]
     num_sequences: int
+    request_id: str = ""
+    env_ids: tuple[int | None, ...] = ()
+    mean_score: float | None = None
+    max_staleness: int | None = None
+
+
+class TrajectoryBatchUnavailable(EventBase):
+    """A request found no batch (the client gets ``{"batch": null}``)."""
+
+    TOPIC: ClassVar[str] = BATCHES_TOPIC
+    type: Literal["TrajectoryBatchUnavailable"] = "TrajectoryBatchUnavailable"
+    request_id: str
+    reason: UnavailableReason
+    queued_groups: int = 0
+    queued_sequences: int = 0
+
+
+class TrajectoryGroupRejected(EventBase):
+    """A queued group will never be served: larger than a batch, empty, staler than its
+    environment allows, or unbatchable. Reported instead of stalling the queue."""
+
+    TOPIC: ClassVar[str] = BATCHES_TOPIC
+    type: Literal["TrajectoryGroupRejected"] = "TrajectoryGroupRejected"
+    group_id: str
+    env_id: int | None = None
+    num_sequences: int
+    reason: RejectReason
+    detail: str = ""
+
+
+class TrajectoryBatchRequeued(EventBase):
+    """A served batch was never delivered (released, or its instance restarted): its
+    groups are back in the queue at their original arrival positions."""
+
+    TOPIC: ClassVar[str] = BATCHES_TOPIC
+    type: Literal["TrajectoryBatchRequeued"] = "TrajectoryBatchRequeued"
+    batch_id: str
+    group_ids: tuple[str, ...]

@@ -5,9 +5,11 @@ per backend. Records are keyed by the ``key`` bytes the caller passes (``run_id`
 partitioned with Kafka's default partitioner (murmur2 of the key, as the Java client and
 faust do), so one run's records stay ordered on one partition. :meth:`append_many`
 builds record batches per partition itself and hands whole batches to the producer —
-no await per record — then awaits every batch once. Idempotence makes retries safe: a
-batch re-sent after a broker restart is stored once (the broker deduplicates by
-producer id and sequence number), and an idempotent producer retries until it succeeds.
+no await per record — then awaits every batch once; :meth:`KafkaLog.send_many` returns
+as soon as the batches are queued, so a caller can encode the next chunk meanwhile.
+Idempotence makes retries safe: a batch re-sent after a broker restart is stored once
+(the broker deduplicates by producer id and sequence number), and an idempotent
+producer retries until it succeeds.
 
 Topics: :meth:`start` creates every topic of :data:`events.topics.TOPICS` (partitions
 and retention class from the registry) plus any ``extra_topics``; an existing topic is
@@ -21,7 +23,9 @@ Time semantics: ``Record.timestamp_ms`` is Kafka's CreateTime (set by this produ
 folds never read it. Timeouts are wall-clock seconds.
 
 Assumptions: partition counts of existing topics are not changed here; a topic created
-earlier with other settings keeps them.
+earlier with other settings keeps them. Topics get ``replication_factor`` replicas (1 by
+default, for the single-node brokers of tests and ``runwatch kafka up``; pass 3 on a
+real cluster).
 """
 
 from __future__ import annotations
@@ -31,11 +35,12 @@ import contextlib
 import functools
 import logging
 import random
-from collections.abc import AsyncIterator, Iterable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Iterable, Sequence
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.client import AIOKafkaClient
 from aiokafka.errors import (
     CommitFailedError,
     IllegalStateError,
@@ -179,20 +184,21 @@ class KafkaLog(LogBackend):
         return spec
 
     async def _wait_topics_visible(self, names: Sequence[str], timeout_s: float = 30.0) -> None:
-        """Block until a metadata request shows every partition of ``names`` with a leader."""
-        deadline = asyncio.get_running_loop().time() + timeout_s
-        probe = AIOKafkaConsumer(bootstrap_servers=self.bootstrap, client_id="runwatch-probe")
-        await probe.start()
+        """Block until the cluster metadata shows every partition of ``names`` with a leader."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        client = AIOKafkaClient(bootstrap_servers=self.bootstrap, client_id="runwatch-probe")
+        await client.bootstrap()
         try:
             while True:
-                await probe._client.force_metadata_update()
-                if all(probe.partitions_for_topic(n) for n in names):
+                cluster = await client.fetch_all_metadata()
+                if all(_has_leaders(cluster, name) for name in names):
                     return
-                if asyncio.get_running_loop().time() > deadline:
+                if loop.time() > deadline:
                     raise KafkaTimeoutError(f"topics not visible after {timeout_s}s: {names}")
                 await asyncio.sleep(0.1)
         finally:
-            await probe.stop()
+            await client.close()
 
     # ------------------------------------------------------------------ producing
     @property
@@ -225,49 +231,64 @@ class KafkaLog(LogBackend):
     async def append_many(
         self, topic: str, records: Sequence[tuple[bytes | None, bytes]]
     ) -> list[Appended]:
+        return await (await self.send_many(topic, records))
+
+    async def send_many(
+        self, topic: str, records: Sequence[tuple[bytes | None, bytes]]
+    ) -> Awaitable[list[Appended]]:
+        """Hand ``records`` to the producer as whole batches, in order, and return an
+        awaitable of their acknowledgements (what :meth:`append_many` awaits at once).
+
+        Returning once everything is *queued* lets a caller prepare the next chunk while
+        the broker acknowledges this one; calls made one after another keep their order
+        per partition. (Concurrent calls for the same topic may interleave their
+        batches, as concurrent ``send`` calls would: sequence them for per-run order.)
+        """
         if not records:
-            return []
+            return _done([])
         producer = self.producer
         parts = await self.partitions(topic)
         n = len(parts)
         sticky = random.choice(parts)  # records without a key share one partition per call
         open_batches: dict[int, Any] = {}
-        # per record: (index of its batch in `sent`, offset within that batch)
-        where: list[tuple[int, int]] = []
-        sent: list[tuple[int, asyncio.Future[Any]]] = []  # (partition, delivery future)
-        batch_index: dict[int, int] = {}
-        counts: dict[int, int] = {}
+        open_index: dict[int, int] = {}  # partition -> index of its open batch in `sent`
+        counts: dict[int, int] = {}  # records in the open batch of each partition
+        sent: list[tuple[int, Any]] = []  # (partition, delivery future) per batch
+        where: list[tuple[int, int]] = []  # per record: (batch index, offset in batch)
+
+        def open_batch(partition: int) -> Any:
+            batch = open_batches[partition] = producer.create_batch()
+            open_index[partition] = len(sent)
+            sent.append((partition, None))
+            counts[partition] = 0
+            return batch
 
         async def submit(partition: int) -> None:
             batch = open_batches.pop(partition)
             fut = await self._retry_enqueue(
                 lambda: producer.send_batch(batch, topic, partition=partition)
             )
-            sent[batch_index.pop(partition)] = (partition, fut)
+            sent[open_index.pop(partition)] = (partition, fut)
 
         for key, value in records:
             partition = sticky if key is None else parts[partition_for(key, n)]
-            batch = open_batches.get(partition)
-            if batch is None:
-                batch = open_batches[partition] = producer.create_batch()
-                batch_index[partition] = len(sent)
-                sent.append((partition, None))  # type: ignore[arg-type]
-                counts[partition] = 0
+            batch = open_batches.get(partition) or open_batch(partition)
             if batch.append(key=key, value=value, timestamp=None) is None:
                 if counts[partition] == 0:
-                    raise ValueError(f"record of {len(value)} bytes exceeds the batch size")
+                    raise ValueError(f"a record of {len(value)} bytes exceeds the batch size")
                 await submit(partition)
-                batch = open_batches[partition] = producer.create_batch()
-                batch_index[partition] = len(sent)
-                sent.append((partition, None))  # type: ignore[arg-type]
-                counts[partition] = 0
+                batch = open_batch(partition)
                 batch.append(key=key, value=value, timestamp=None)
-            where.append((batch_index[partition], counts[partition]))
+            where.append((open_index[partition], counts[partition]))
             counts[partition] += 1
         for partition in list(open_batches):
             await submit(partition)
-        base_offsets = await asyncio.gather(*(fut for _, fut in sent))
-        return [Appended(topic, sent[b][0], base_offsets[b].offset + rel) for b, rel in where]
+
+        async def acknowledged() -> list[Appended]:
+            metas = await asyncio.gather(*(fut for _, fut in sent))
+            return [Appended(topic, sent[b][0], metas[b].offset + rel) for b, rel in where]
+
+        return asyncio.ensure_future(acknowledged())
 
     async def _retry_enqueue(self, enqueue: Any) -> asyncio.Future[Any]:
         """Hand a record or batch to the producer, waiting out a broker that is away
@@ -338,6 +359,19 @@ def _record(msg: Any) -> Record:
     return Record(msg.topic, msg.partition, msg.offset, msg.key, msg.value, msg.timestamp)
 
 
+def _has_leaders(cluster: Any, topic: str) -> bool:
+    parts = cluster.partitions_for_topic(topic)
+    return bool(parts) and all(
+        cluster.leader_for_partition(TopicPartition(topic, p)) not in (None, -1) for p in parts
+    )
+
+
+def _done(value: Any) -> asyncio.Future[Any]:
+    fut = asyncio.get_running_loop().create_future()
+    fut.set_result(value)
+    return fut
+
+
 class _DropRevoked(ConsumerRebalanceListener):
     """On revocation, forget uncommitted positions of the partitions this member loses:
     their records are delivered again to the new owner (at-least-once)."""
@@ -381,7 +415,10 @@ class KafkaLogConsumer(LogConsumer):
         for tp, msgs in batches.items():
             if not msgs:
                 continue
-            out.extend(map(_record, msgs))
+            topic, partition = tp.topic, tp.partition
+            out.extend(
+                [Record(topic, partition, m.offset, m.key, m.value, m.timestamp) for m in msgs]
+            )
             self._pending[tp] = msgs[-1].offset + 1
         return out
 

@@ -1,0 +1,231 @@
+"""Trainer figures (issue 5): CPU steps/s, checkpoint digest overhead, resume-gate cost.
+
+    ~/.cache/runwatch/venv/bin/python benchmarks/trainer_bench.py [--steps 60] [--reps 30]
+
+1. Steps/s on the test config (trainer/configs/test.yaml): training only (events to a
+   MemorySink) and end to end (embedded log with fsync, checkpoints every 10 steps), with
+   the median phase breakdown and how much of the step wall-clock the phases cover.
+2. Checkpoint save time with and without sentinel digests (same state, ``--reps`` saves
+   each, interleaved), and the digest share of the save; goal <= 2 %.
+3. The resume gate: a run stopped after step 25 / 29 with its newest checkpoint at 20,
+   resumed; gate cost in replayed steps and seconds (read + verify + restore + replay),
+   next to the plain step time measured in the same run.
+
+Every figure is printed next to its anchor from the same process. ``--device cuda`` runs
+the same on a GPU where one is present.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import platform
+import shutil
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from events.catalog.trainer import StepPhaseTimed
+from producers.sinks import MemorySink
+from trainer import checkpoint as ckpt
+from trainer.config import load_config
+from trainer.loop import Trainer, train
+from trainer.publish import make_emitter
+from trainer.resume import resume
+
+CONFIG = Path(__file__).resolve().parents[1] / "trainer" / "configs" / "test.yaml"
+
+
+def bench_steps(tmp: Path, steps: int, device: str) -> dict[str, float]:
+    cfg = load_config(CONFIG, run_id="bench-mem", steps=steps, device=device)
+    tr = Trainer(cfg, tmp / "mem")
+    tr.train_step()  # warm-up, not counted
+    t0 = time.perf_counter()
+    for _ in range(steps - 1):
+        tr.train_step()
+    train_only = (steps - 1) / (time.perf_counter() - t0)
+
+    cfg = load_config(CONFIG, run_id="bench-e2e", steps=steps, device=device)
+    sink = MemorySink()
+    t0 = time.perf_counter()
+    train(cfg, tmp / "e2e-mem", make_emitter(cfg.run_id, cfg.tenant_id, sink=sink))
+    mem_s = time.perf_counter() - t0
+    log = tmp / "log"
+    t0 = time.perf_counter()
+    train(cfg, tmp / "e2e", make_emitter(cfg.run_id, cfg.tenant_id, log_dir=log))
+    e2e_s = time.perf_counter() - t0
+    phases = [e for e in sink.events if isinstance(e, StepPhaseTimed)][1:]
+
+    def med(f: str) -> float:
+        return statistics.median(getattr(p, f) for p in phases)
+
+    cover = [
+        (p.rollout_s + p.score_s + p.sync_s + p.optim_s + p.idle_s + p.other_s) / p.wall_s
+        for p in phases
+    ]
+    return {
+        "steps_per_s_train_only": train_only,
+        "steps_per_s_run_memory_sink": steps / mem_s,
+        "steps_per_s_run_embedded_log": steps / e2e_s,
+        "run_s_embedded_log": e2e_s,
+        "median_wall_s": med("wall_s"),
+        "median_rollout_s": med("rollout_s"),
+        "median_score_s": med("score_s"),
+        "median_optim_s": med("optim_s"),
+        "median_sync_s": med("sync_s"),
+        "median_other_s": med("other_s"),
+        "phase_coverage_median": statistics.median(cover),
+        "phase_coverage_min": min(cover),
+    }
+
+
+def bench_checkpoint(tmp: Path, reps: int, device: str) -> dict[str, float]:
+    cfg = load_config(CONFIG, run_id="bench-ckpt", steps=10, device=device)
+    tr = Trainer(cfg, tmp / "ckpt")
+    for _ in range(3):
+        tr.train_step()
+    on: list[float] = []
+    off: list[float] = []
+    digest_share: list[float] = []
+    size = 0
+    for i in range(reps):
+        order = ((True, on), (False, off)) if i % 2 else ((False, off), (True, on))
+        for digests, sink in order:
+            d = tmp / "saves" / f"{i}-{digests}"
+            res = ckpt.write_checkpoint(
+                d, step=3, run_id="b", state=tr.parts(), pins=tr.pins, digests=digests
+            )
+            sink.append(res.total_s)
+            if digests:
+                digest_share.append(res.digest_s / res.total_s)
+                size = res.info.size_bytes
+            shutil.rmtree(d)
+    t_on, t_off = statistics.median(on), statistics.median(off)
+    blobs = list(ckpt.serialize_parts(tr.parts()).values())
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        for b in blobs:
+            hashlib.sha256(b).hexdigest()
+    hash_cpu_s = (time.perf_counter() - t0) / reps
+    # verify-on-load cost, for the gate
+    d = tmp / "saves" / "verify"
+    ckpt.write_checkpoint(d, step=3, run_id="b", state=tr.parts(), pins=tr.pins)
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        ckpt.read_checkpoint(d)
+    read_s = (time.perf_counter() - t0) / reps
+    return {
+        "checkpoint_bytes": size,
+        "save_s_with_digests_median": t_on,
+        "save_s_without_digests_median": t_off,
+        "digest_overhead_pct_of_save_diff": 100 * (t_on - t_off) / t_on,
+        "digest_overhead_pct_of_save_measured": 100 * statistics.median(digest_share),
+        "read_and_verify_s": read_s,
+        "sha256_cpu_s_all_parts": hash_cpu_s,
+    }
+
+
+def bench_gate(tmp: Path, device: str, stops: tuple[int, ...] = (25, 29)) -> list[dict]:
+    out = []
+    for stop in stops:
+        base = tmp / f"gate-{stop}"
+        cfg = load_config(CONFIG, run_id="gate", steps=stop + 1, device=device)
+        log = base / "log"
+        tr = Trainer(cfg, base / "run", make_emitter("gate", cfg.tenant_id, log_dir=log))
+        tr.start()
+        t0 = time.perf_counter()
+        tr.run_until(stop)
+        step_s = (time.perf_counter() - t0) / stop
+        seen: list[str] = []
+        t0 = time.perf_counter()
+        result, _ = resume(log, "gate", progress=seen.append)
+        total = time.perf_counter() - t0
+        out.append(
+            {
+                "stopped_after": stop,
+                "checkpoint_step": result.checkpoint_step,
+                "replayed_steps": result.replay_steps,
+                "replay_s": result.replay_s,
+                "gate_s": result.gate_s,
+                "certified": result.certified,
+                "max_deviation": result.max_deviation,
+                "resume_total_s": total,
+                "mean_step_s_same_run": step_s,
+            }
+        )
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--steps", type=int, default=60)
+    ap.add_argument("--reps", type=int, default=50)
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+    tmp = Path(tempfile.mkdtemp(prefix="trainer-bench-"))
+    try:
+        env = {
+            "python": platform.python_version(),
+            "torch": torch.__version__,
+            "device": args.device,
+            "cpu_threads": 1,
+            "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+        }
+        steps = bench_steps(tmp, args.steps, args.device)
+        saves = bench_checkpoint(tmp, args.reps, args.device)
+        gate = bench_gate(tmp, args.device)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    report = {"env": env, "steps": steps, "checkpoint": saves, "resume_gate": gate}
+    if args.json:
+        print(json.dumps(report))
+        return
+    print(f"env: {env}")
+    s = steps
+    print(
+        f"steps/s, test config, {args.device}: training only {s['steps_per_s_train_only']:.1f}; "
+        f"whole run to MemorySink {s['steps_per_s_run_memory_sink']:.1f}; whole run to the "
+        f"embedded log (fsync) + checkpoints {s['steps_per_s_run_embedded_log']:.1f} "
+        f"({args.steps} steps in {s['run_s_embedded_log']:.1f}s)"
+    )
+    print(
+        f"  median step {1000 * s['median_wall_s']:.1f} ms = rollout "
+        f"{1000 * s['median_rollout_s']:.1f} + score {1000 * s['median_score_s']:.1f} + optim "
+        f"{1000 * s['median_optim_s']:.1f} + sync {1000 * s['median_sync_s']:.2f} + other "
+        f"{1000 * s['median_other_s']:.1f}; phases cover {100 * s['phase_coverage_median']:.1f}% "
+        f"of wall (min {100 * s['phase_coverage_min']:.1f}%)"
+    )
+    c = saves
+    print(
+        f"checkpoint ({c['checkpoint_bytes']} bytes, {args.reps} saves each, with fsync): "
+        f"save {1000 * c['save_s_with_digests_median']:.2f} ms with digests vs "
+        f"{1000 * c['save_s_without_digests_median']:.2f} ms without -> digest overhead "
+        f"{c['digest_overhead_pct_of_save_measured']:.2f}% of save time measured inside the "
+        f"save ({c['digest_overhead_pct_of_save_diff']:.2f}% by difference of medians); "
+        f"goal <= 2%"
+    )
+    print(
+        f"  sha256 of all parts, CPU (overlapped with the write+fsync on a helper thread): "
+        f"{1000 * c['sha256_cpu_s_all_parts']:.2f} ms = "
+        f"{100 * c['sha256_cpu_s_all_parts'] / c['save_s_with_digests_median']:.1f}% of the save "
+        f"if it were serial"
+    )
+    print(f"  read + verify every digest on load: {1000 * c['read_and_verify_s']:.2f} ms")
+    for g in gate:
+        print(
+            f"resume gate, stopped after step {g['stopped_after']}, checkpoint "
+            f"{g['checkpoint_step']}: replayed {g['replayed_steps']} steps in "
+            f"{g['replay_s']:.3f}s (certified={g['certified']}, max dev {g['max_deviation']}); "
+            f"whole gate (read+verify+restore+replay) {g['gate_s']:.3f}s; resume incl. finishing "
+            f"the run {g['resume_total_s']:.2f}s; a plain step "
+            f"in the same run {1000 * g['mean_step_s_same_run']:.1f} ms"
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,291 @@
+"""Trajectory API throughput: runwatch on Kafka vs the reference atroposlib server.
+
+What is measured, for each server in the same run on the same machine (same client,
+same pre-built request bodies):
+
+1. push: ``--groups`` scored groups (default 5,000) of ``--seqs`` sequences (8) x
+   ``--tokens`` tokens (512), as ``/scored_data_list`` requests of ``--per-request``
+   groups (25), ``--concurrency`` requests in flight (4). Figures: groups/s and MB/s of
+   request body (uncompressed JSON) over the wall-clock time from the first request to
+   the last 200.
+2. drain: a trainer registered with ``batch_size`` = ``--batch-groups`` x seqs (64)
+   calls ``GET /batch`` back to back (accepting gzip, as ``requests`` does) until every
+   group came back. Figures: /batch p50/p99 latency (request sent to body read) and
+   a check that every pushed group was served exactly once (by a marker score).
+3. server peak RSS: ``VmHWM`` of the server process at the end.
+
+runwatch runs as ``runwatch serve trajectories --kafka`` (every accepted group on Kafka,
+acks=all, before the 200; batches committed on the log). The reference runs as
+``uvicorn atroposlib.api:app`` from its own venv (``--atropos-python``; build it with
+``python -m venv ~/.cache/runwatch/atropos-venv && pip install --no-deps atroposlib
+fastapi uvicorn pydantic``). Goals: push >= 2x reference, /batch p99 <= 30 ms,
+RSS <= 300 MB.
+
+Usage: ``python benchmarks/trajectory_api.py [--bootstrap HOST:PORT] [--groups N]``
+(without ``--bootstrap`` a broker is provisioned as the tests do, and stopped after).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_ATROPOS_PY = Path.home() / ".cache" / "runwatch" / "atropos-venv" / "bin" / "python"
+
+
+@dataclass
+class Result:
+    name: str
+    push_s: float
+    push_bytes: int
+    groups: int
+    batch_ms: list[float]
+    served_groups: int
+    duplicates: int
+    rss_mb: float
+
+    def row(self) -> dict[str, object]:
+        lat = sorted(self.batch_ms)
+
+        def q(p: float) -> float:
+            return lat[min(len(lat) - 1, max(0, round(p * len(lat)) - 1))] if lat else 0.0
+
+        return {
+            "server": self.name,
+            "groups/s": round(self.groups / self.push_s, 1),
+            "MB/s": round(self.push_bytes / self.push_s / 1e6, 1),
+            "batch_p50_ms": round(q(0.50), 2),
+            "batch_p99_ms": round(q(0.99), 2),
+            "batch_max_ms": round(lat[-1], 2) if lat else 0.0,
+            "batches": len(lat),
+            "served_groups": self.served_groups,
+            "duplicates": self.duplicates,
+            "peak_rss_mb": round(self.rss_mb, 1),
+        }
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def build_bodies(groups: int, seqs: int, tokens: int, per_request: int) -> list[bytes]:
+    rnd = random.Random(7)
+    bodies = []
+    for start in range(0, groups, per_request):
+        items = []
+        for g in range(start, min(groups, start + per_request)):
+            toks = [[rnd.randrange(50_000) for _ in range(tokens)] for _ in range(seqs)]
+            items.append(
+                {
+                    "tokens": toks,
+                    "masks": [[-100] * (tokens // 4) + t[tokens // 4 :] for t in toks],
+                    "scores": [float(g)] + [rnd.random() for _ in range(seqs - 1)],
+                }
+            )
+        bodies.append(json.dumps(items).encode())
+    return bodies
+
+
+def peak_rss_mb(pid: int) -> float:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return float("nan")
+
+
+def wait_up(url: str, proc: subprocess.Popen[bytes], timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode}")
+        try:
+            if httpx.get(url + "/status", timeout=1.0).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    raise RuntimeError(f"server at {url} did not come up")
+
+
+async def push(url: str, bodies: list[bytes], concurrency: int) -> float:
+    queue: asyncio.Queue[bytes] = asyncio.Queue()
+    for b in bodies:
+        queue.put_nowait(b)
+    headers = {"Content-Type": "application/json"}
+
+    async def worker(client: httpx.AsyncClient) -> None:
+        while not queue.empty():
+            body = queue.get_nowait()
+            while True:
+                r = await client.post(url + "/scored_data_list", content=body, headers=headers)
+                if r.status_code == 503:
+                    await asyncio.sleep(float(r.headers.get("Retry-After", "1")))
+                    continue
+                r.raise_for_status()
+                break
+
+    async with httpx.AsyncClient(timeout=120.0) as client:
+        t0 = time.perf_counter()
+        await asyncio.gather(*(worker(client) for _ in range(concurrency)))
+        return time.perf_counter() - t0
+
+
+def drain(url: str, groups: int, seqs: int) -> tuple[list[float], int, int]:
+    latencies: list[float] = []
+    seen: set[int] = set()
+    duplicates = 0
+    empty_streak = 0
+    with httpx.Client(timeout=120.0, headers={"Accept-Encoding": "gzip"}) as client:
+        while len(seen) < groups and empty_streak < 50:
+            t0 = time.perf_counter()
+            r = client.get(url + "/batch")
+            raw = r.content  # body read (and inflated): the trainer has it now
+            latencies.append((time.perf_counter() - t0) * 1000)
+            r.raise_for_status()
+            batch = json.loads(raw)["batch"]
+            if not batch:
+                latencies.pop()
+                empty_streak += 1
+                time.sleep(0.05)
+                continue
+            empty_streak = 0
+            for item in batch:
+                assert len(item["tokens"]) == seqs
+                marker = int(item["scores"][0])
+                duplicates += marker in seen
+                seen.add(marker)
+    return latencies, len(seen), duplicates
+
+
+def register(url: str, batch_size: int) -> None:
+    body = {
+        "wandb_group": "bench",
+        "wandb_project": "bench",
+        "batch_size": batch_size,
+        "max_token_len": 4096,
+        "checkpoint_dir": "/tmp/bench",
+        "save_checkpoint_interval": 100,
+        "starting_step": 0,
+        "num_steps": 100_000,
+    }
+    httpx.post(url + "/register", json=body, timeout=30.0).raise_for_status()
+
+
+def run_server(
+    name: str, cmd: list[str], url: str, args: argparse.Namespace, bodies: list[bytes]
+) -> Result:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, start_new_session=True)
+    try:
+        wait_up(url, proc)
+        register(url, args.batch_groups * args.seqs)
+        push_s = asyncio.run(push(url, bodies, args.concurrency))
+        latencies, served, dups = drain(url, args.groups, args.seqs)
+        rss = peak_rss_mb(proc.pid)
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    return Result(name, push_s, sum(map(len, bodies)), args.groups, latencies, served, dups, rss)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--bootstrap", help="Kafka bootstrap (default: provision a broker)")
+    ap.add_argument("--groups", type=int, default=5000)
+    ap.add_argument("--seqs", type=int, default=8)
+    ap.add_argument("--tokens", type=int, default=512)
+    ap.add_argument("--per-request", type=int, default=25)
+    ap.add_argument("--concurrency", type=int, default=4)
+    ap.add_argument("--batch-groups", type=int, default=8)
+    ap.add_argument("--atropos-python", default=str(DEFAULT_ATROPOS_PY))
+    ap.add_argument("--only", choices=["runwatch", "reference"])
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+
+    broker = None
+    bootstrap = args.bootstrap
+    if bootstrap is None and args.only != "reference":
+        from runwatch.broker.provision import provision
+
+        broker = provision(log=lambda line: print(line, file=sys.stderr))
+        bootstrap = broker.bootstrap
+        print(f"broker: {broker.describe()}", file=sys.stderr)
+    bodies = build_bodies(args.groups, args.seqs, args.tokens, args.per_request)
+    print(
+        f"{args.groups} groups x {args.seqs} seqs x {args.tokens} tokens in {len(bodies)} "
+        f"requests, {sum(map(len, bodies)) / 1e6:.1f} MB of JSON",
+        file=sys.stderr,
+    )
+    results = []
+    try:
+        if args.only != "reference":
+            port = free_port()
+            payload_dir = tempfile.mkdtemp(prefix="rw-bench-payloads-")
+            cmd = [
+                sys.executable, "-m", "runwatch.cli.main", "serve", "trajectories",
+                "--port", str(port), "--kafka", bootstrap,
+                "--run-id", f"bench-{uuid.uuid4().hex[:8]}", "--payload-dir", payload_dir,
+            ]  # fmt: skip
+            results.append(
+                run_server(
+                    "runwatch (Kafka, durable)", cmd, f"http://127.0.0.1:{port}", args, bodies
+                )
+            )
+        if args.only != "runwatch":
+            port = free_port()
+            cmd = [
+                args.atropos_python, "-m", "uvicorn", "atroposlib.api:app",
+                "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning",
+                "--no-access-log",
+            ]  # fmt: skip
+            results.append(
+                run_server(
+                    "atroposlib 0.4.0 (in-memory)", cmd, f"http://127.0.0.1:{port}", args, bodies
+                )
+            )
+    finally:
+        if broker is not None:
+            broker.stop()
+    rows = [r.row() for r in results]
+    if args.json:
+        print(json.dumps(rows))
+    else:
+        cols = list(rows[0])
+        widths = [max(len(c), *(len(str(r[c])) for r in rows)) for c in cols]
+        print("  ".join(c.ljust(w) for c, w in zip(cols, widths)))
+        for r in rows:
+            print("  ".join(str(r[c]).ljust(w) for c, w in zip(cols, widths)))
+        if len(rows) == 2:
+            ratio = rows[0]["groups/s"] / rows[1]["groups/s"]
+            print(f"push ratio runwatch/reference: {ratio:.2f}x (goal >= 2x)")
+            print(f"runwatch /batch p99: {rows[0]['batch_p99_ms']} ms (goal <= 30 ms)")
+            print(f"runwatch peak RSS: {rows[0]['peak_rss_mb']} MB (goal <= 300 MB)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,323 @@
+"""Import a trainer's per-step metric history (verl or TRL keys, as they are) into the log.
+
+Formats (one row per step, detected from the content):
+
+- CSV with a header and a ``step`` column (``global_step`` / ``_step`` accepted);
+- JSONL, one object per line with a ``step`` key;
+- verl's file logger lines ``{"step": N, "data": {...metrics...}}``.
+
+Keys are read as the framework wrote them; nothing has to be renamed. Known keys fill the
+typed fields of :class:`~events.catalog.trainer.TrainerStepCompleted` (first present key
+wins, see :data:`FIELD_KEYS`); every other key is kept under its original name in
+``extra`` (strings, numbers; lists/objects as JSON text), so nothing reported is lost.
+Besides the step event, a row yields:
+
+- ``RolloutBatchCompleted`` when it has generation-length keys (verl
+  ``response_length/*``, TRL ``completions/*``): ``policy_version`` = the step (an
+  on-policy history), ``num_sequences`` 0 (not reported);
+- ``StepPhaseTimed`` from verl ``timing_s/*`` (idle is not reported: 0);
+- ``UsageRecorded`` (trainer pool) = ``timing_s/step`` x ``gpus`` when ``gpus`` is given;
+- ``EvalGateScored`` from held-out keys in the row (verl ``val-core/*/reward/mean@*`` or
+  ``val/test_score/*``, TRL ``eval_reward``; several are averaged) and from ``eval_file``
+  (same formats; score column ``score`` / ``eval`` / ``eval_score`` or those keys).
+
+One ``RunSubmitted`` (``algorithm``) opens the import. Ids are uuid5 of (run, step, kind),
+so importing a file twice yields the same events, which consumers deduplicate. ``ts`` is
+the row's ``timestamp``/``_timestamp``/``time`` when present, else the import's start time.
+Bad rows (not an object, no integer step, bad JSON) are reported with their line number
+and skipped; the import goes on.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from events.catalog.eval import EvalGateScored
+from events.catalog.lifecycle import RunSubmitted
+from events.catalog.rollout import RolloutBatchCompleted
+from events.catalog.trainer import StepPhaseTimed, TrainerStepCompleted
+from events.catalog.usage import UsageRecorded
+from events.envelope import EventBase, derived_id
+
+PRODUCER = "metrics-import"
+STEP_KEYS = ("step", "global_step", "_step", "train/global_step")
+TS_KEYS = ("timestamp", "_timestamp", "time")
+
+#: TrainerStepCompleted field -> source keys, verl first, then TRL.
+FIELD_KEYS: dict[str, tuple[str, ...]] = {
+    "reward_mean": ("critic/score/mean", "critic/rewards/mean", "reward", "train/reward"),
+    "reward_std": ("critic/score/std", "reward_std", "train/reward_std"),
+    "kl_to_ref": ("actor/kl_loss", "critic/kl", "kl", "train/kl"),
+    "entropy": ("actor/entropy", "entropy", "train/entropy"),
+    "grad_norm": ("actor/grad_norm", "grad_norm", "train/grad_norm"),
+    "clip_fraction": ("actor/pg_clipfrac", "clip_ratio/region_mean", "clip_ratio"),
+    "advantage_mean": ("critic/advantages/mean",),
+    "loss": ("actor/pg_loss", "loss", "train/loss"),
+    "lr": ("actor/lr", "learning_rate", "train/learning_rate"),
+    "tokens_trained": ("perf/total_num_tokens", "num_tokens"),
+}
+ROLLOUT_KEYS: dict[str, tuple[str, ...]] = {
+    "mean_length": ("response_length/mean", "completions/mean_length"),
+    "max_length": ("response_length/max", "completions/max_length"),
+    "truncation_rate": ("response_length/clip_ratio", "completions/clipped_ratio"),
+}
+PHASE_KEYS: dict[str, tuple[str, ...]] = {
+    "wall_s": ("timing_s/step",),
+    "rollout_s": ("timing_s/gen",),
+    "score_s": ("timing_s/reward",),
+    "sync_s": ("timing_s/update_weights", "timing_s/sync"),
+    "optim_s": ("timing_s/update_actor",),
+}
+EVAL_COLUMNS = ("score", "eval", "eval_score", "eval_reward")
+
+
+@dataclass
+class MetricsImportReport:
+    rows: int = 0
+    skipped: int = 0
+    events: dict[str, int] = field(default_factory=dict)
+    mapped: dict[str, str] = field(default_factory=dict)
+    extra_keys: set[str] = field(default_factory=set)
+    issues: list[str] = field(default_factory=list)
+    format: str = ""
+
+    def count(self, ev: EventBase) -> None:
+        self.events[ev.type] = self.events.get(ev.type, 0) + 1
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "format": self.format,
+            "rows": self.rows,
+            "skipped": self.skipped,
+            "events": dict(sorted(self.events.items())),
+            "mapped": dict(sorted(self.mapped.items())),
+            "extra_keys": sorted(self.extra_keys),
+            "issues": self.issues[:50],
+        }
+
+
+def _scalar(value: Any) -> Any:
+    """A CSV cell or JSON value as a scalar: numbers parsed, '' -> None, nested -> JSON."""
+    if isinstance(value, str):
+        text = value.strip()
+        if text == "":
+            return None
+        try:
+            number = float(text)
+        except ValueError:
+            return text
+        return (
+            int(number)
+            if number.is_integer() and "." not in text and "e" not in text.lower()
+            else number
+        )
+    if isinstance(value, list | dict):
+        return json.dumps(value, sort_keys=True)
+    return value
+
+
+def read_rows(path: Path, report: MetricsImportReport) -> Iterator[tuple[int, dict[str, Any]]]:
+    """(line number, row) of every good row; bad ones are reported and skipped."""
+    with open(path, newline="") as f:
+        head = f.read(4096)
+        f.seek(0)
+        if head.lstrip().startswith("{"):
+            report.format = "jsonl"
+            for n, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    obj = json.loads(line)
+                except json.JSONDecodeError as exc:
+                    _skip(report, f"{path.name}:{n}: not JSON: {exc.msg}")
+                    continue
+                if not isinstance(obj, dict):
+                    _skip(report, f"{path.name}:{n}: expected an object")
+                    continue
+                if isinstance(obj.get("data"), dict) and "step" in obj:
+                    report.format = "verl-file-logger"
+                    obj = {**obj["data"], "step": obj["step"]}
+                yield n, {str(k): _scalar(v) for k, v in obj.items()}
+        else:
+            report.format = "csv"
+            for n, row in enumerate(csv.DictReader(f), 2):
+                yield n, {str(k): _scalar(v) for k, v in row.items() if k is not None}
+
+
+def _skip(report: MetricsImportReport, issue: str) -> None:
+    report.skipped += 1
+    report.issues.append(issue)
+
+
+def _step_of(row: dict[str, Any]) -> int | None:
+    for key in STEP_KEYS:
+        value = row.get(key)
+        if (
+            isinstance(value, int | float)
+            and not isinstance(value, bool)
+            and math.isfinite(value)
+            and float(value).is_integer()
+        ):
+            return int(value)
+    return None
+
+
+def _pick(row: dict[str, Any], keys: tuple[str, ...]) -> tuple[str, Any] | None:
+    for key in keys:
+        value = row.get(key)
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            return key, value
+    return None
+
+
+def _eval_score(row: dict[str, Any]) -> float | None:
+    values = [
+        float(v)
+        for k, v in row.items()
+        if isinstance(v, int | float)
+        and not isinstance(v, bool)
+        and (
+            (k.startswith("val-core/") and "/reward/mean" in k)
+            or k.startswith("val/test_score/")
+            or k in EVAL_COLUMNS
+        )
+    ]
+    return sum(values) / len(values) if values else None
+
+
+def import_metrics(
+    path: str | Path,
+    *,
+    run_id: str,
+    tenant_id: str,
+    write: Callable[[Sequence[EventBase]], None],
+    algorithm: str = "grpo",
+    eval_file: str | Path | None = None,
+    gpus: float | None = None,
+    batch_size: int = 2000,
+    report: MetricsImportReport | None = None,
+) -> MetricsImportReport:
+    """Read ``path`` (and ``eval_file``) and ``write`` the events in batches."""
+    path = Path(path)
+    report = report or MetricsImportReport()
+    now = time.time()
+    evals: dict[int, list[float]] = {}
+    if eval_file is not None:
+        eval_report = MetricsImportReport()
+        for n, row in read_rows(Path(eval_file), eval_report):
+            step, score = _step_of(row), _eval_score(row)
+            if step is None or score is None:
+                _skip(eval_report, f"{Path(eval_file).name}:{n}: needs a step and a score")
+                continue
+            evals.setdefault(step, []).append(score)
+        report.issues.extend(eval_report.issues)
+        report.skipped += eval_report.skipped
+    batch: list[EventBase] = []
+
+    def emit(cls: type[EventBase], step: int | None, ts: float, kind: str, **payload: Any) -> None:
+        ev = cls(
+            event_id=derived_id(PRODUCER, tenant_id, run_id, kind, step),
+            tenant_id=tenant_id,
+            run_id=run_id,
+            step=step,
+            ts=ts,
+            producer=PRODUCER,
+            seq=len(batch) + sum(report.events.values()),
+            **payload,
+        )
+        report.count(ev)
+        batch.append(ev)
+        if len(batch) >= batch_size:
+            write(list(batch))
+            batch.clear()
+
+    emit(RunSubmitted, None, now, "submitted", algorithm=algorithm, config={"source": path.name})
+    pending_evals = sorted(evals)
+    for n, row in read_rows(path, report):
+        step = _step_of(row)
+        if step is None:
+            _skip(report, f"{path.name}:{n}: no integer 'step'")
+            continue
+        report.rows += 1
+        ts = next((float(row[k]) for k in TS_KEYS if isinstance(row.get(k), int | float)), now)
+        while pending_evals and pending_evals[0] < step:
+            s = pending_evals.pop(0)
+            for i, score in enumerate(evals[s]):
+                emit(EvalGateScored, s, ts, f"eval-file/{i}", score=score)
+        _emit_row(emit, row, step, ts, algorithm, gpus, report)
+        if pending_evals and pending_evals[0] == step:
+            for i, score in enumerate(evals[pending_evals.pop(0)]):
+                emit(EvalGateScored, step, ts, f"eval-file/{i}", score=score)
+    for s in pending_evals:
+        for i, score in enumerate(evals[s]):
+            emit(EvalGateScored, s, now, f"eval-file/{i}", score=score)
+    if batch:
+        write(list(batch))
+    return report
+
+
+def _emit_row(
+    emit: Callable[..., None],
+    row: dict[str, Any],
+    step: int,
+    ts: float,
+    algorithm: str,
+    gpus: float | None,
+    report: MetricsImportReport,
+) -> None:
+    fields: dict[str, Any] = {}
+    used = set(STEP_KEYS) | set(TS_KEYS)
+    for name, keys in FIELD_KEYS.items():
+        hit = _pick(row, keys)
+        if hit is None:
+            continue
+        key, value = hit
+        if name == "tokens_trained":
+            if not math.isfinite(value):
+                continue  # stays in extra, where the nan_metric detector sees it
+            value = int(value)
+        fields[name] = float(value) if name != "tokens_trained" else value
+        used.add(key)
+        report.mapped[name] = key
+    extra = {k: v for k, v in row.items() if k not in used and v is not None}
+    report.extra_keys.update(extra)
+    rollout = {name: hit for name, keys in ROLLOUT_KEYS.items() if (hit := _pick(row, keys))}
+    if "mean_length" in rollout:
+        max_len = rollout.get("max_length")
+        emit(
+            RolloutBatchCompleted,
+            step,
+            ts,
+            "rollout",
+            policy_version=step,
+            num_sequences=0,
+            mean_length=float(rollout["mean_length"][1]),
+            max_length=int(max_len[1]) if max_len and math.isfinite(max_len[1]) else None,
+            truncation_rate=float(rollout["truncation_rate"][1])
+            if "truncation_rate" in rollout
+            else 0.0,
+        )
+    emit(TrainerStepCompleted, step, ts, "step", algorithm=algorithm, extra=extra, **fields)
+    phases = {name: float(hit[1]) for name, keys in PHASE_KEYS.items() if (hit := _pick(row, keys))}
+    if "wall_s" in phases:
+        emit(StepPhaseTimed, step, ts, "phases", **phases)
+        if gpus:
+            emit(
+                UsageRecorded,
+                step,
+                ts,
+                "usage",
+                pool="trainer",
+                phase="step",
+                gpu_seconds=phases["wall_s"] * gpus,
+            )
+    score = _eval_score(row)
+    if score is not None:
+        emit(EvalGateScored, step, ts, "eval-inline", score=score)

@@ -1,0 +1,156 @@
+"""The wire contract of the Atropos trajectory API (seed 004), as its reference server
+(PyPI ``atroposlib`` 0.4, ``atroposlib/api/server.py``) de-facto accepts it.
+
+Request bodies are validated exactly like the reference: missing required fields are a
+422 with FastAPI's ``{"detail": [...]}`` shape; a message without ``role`` or ``content``
+is a 422; unknown extra fields are ignored. A group is stored as ``/batch`` returns it:
+every field of :class:`ScoredData`, in the reference's order, ``null`` where absent.
+
+Scored groups are the hot path (megabytes of token ids per request), so they are decoded
+and validated by :class:`ScoredGroup` (msgspec, lax like pydantic's default mode) and
+re-encoded with msgspec; only a body that fails is validated again by the pydantic
+:class:`ScoredData` to produce FastAPI's exact error list. Both describe one schema
+(a unit test holds them equal).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError, field_validator
+
+
+class Registration(BaseModel):
+    wandb_group: str
+    wandb_project: str
+    batch_size: int
+    max_token_len: int
+    checkpoint_dir: str
+    save_checkpoint_interval: int
+    starting_step: int
+    num_steps: int
+
+
+class RegisterEnv(BaseModel):
+    max_token_length: int
+    desired_name: str
+    weight: float
+    group_size: int
+    min_batch_allocation: float | None = None
+    #: runwatch extension (old clients omit it): staleness bound of this env's groups,
+    #: in trainer steps; None falls back to the server's default.
+    max_off_policy_steps: int | None = None
+
+
+class EnvIdentifier(BaseModel):
+    env_id: int
+
+
+class ScoredData(BaseModel):
+    """One scored group. Field order is the reference's ``_scored_data_to_dict`` order."""
+
+    model_config = ConfigDict(ser_json_inf_nan="constants")
+
+    tokens: list[list[int]]
+    masks: list[list[int]]
+    scores: list[float]
+    advantages: list[list[float]] | None = None
+    ref_logprobs: list[list[float]] | None = None
+    messages: list[list[dict[str, Any]]] | None = None
+    generation_params: dict[str, Any] | None = None
+    inference_logprobs: list[list[float]] | None = None
+    overrides: list[dict[str, Any]] | None = None
+    group_overrides: dict[str, Any] | None = None
+    images: Any | None = None
+    env_id: int | None = None
+    distill_token_ids: list[list[list[int]]] | None = None
+    distill_logprobs: list[list[list[float]]] | None = None
+
+    @field_validator("messages")
+    @classmethod
+    def _role_and_content(
+        cls, v: list[list[dict[str, Any]]] | None
+    ) -> list[list[dict[str, Any]]] | None:
+        if v is not None:
+            for conversation in v:
+                for msg in conversation:
+                    if "role" not in msg or "content" not in msg:
+                        raise ValueError("Message must have 'role' and 'content' fields")
+        return v
+
+
+SCORED_DATA = TypeAdapter(ScoredData)
+SCORED_DATA_LIST = TypeAdapter(list[ScoredData])
+
+
+class ScoredGroup(msgspec.Struct):
+    """The fast twin of :class:`ScoredData` (same fields, same order, same checks)."""
+
+    tokens: list[list[int]]
+    masks: list[list[int]]
+    scores: list[float]
+    advantages: list[list[float]] | None = None
+    ref_logprobs: list[list[float]] | None = None
+    messages: list[list[dict[str, Any]]] | None = None
+    generation_params: dict[str, Any] | None = None
+    inference_logprobs: list[list[float]] | None = None
+    overrides: list[dict[str, Any]] | None = None
+    group_overrides: dict[str, Any] | None = None
+    images: Any | None = None
+    env_id: int | None = None
+    distill_token_ids: list[list[list[int]]] | None = None
+    distill_logprobs: list[list[list[float]]] | None = None
+
+    def __post_init__(self) -> None:
+        if self.messages is not None:
+            for conversation in self.messages:
+                for msg in conversation:
+                    if "role" not in msg or "content" not in msg:
+                        raise ValueError("Message must have 'role' and 'content' fields")
+
+
+class InvalidBody(Exception):
+    """A body that does not validate; ``detail`` is FastAPI's 422 error list."""
+
+    def __init__(self, detail: list[dict[str, Any]]) -> None:
+        super().__init__(detail)
+        self.detail = detail
+
+
+_ONE = msgspec.json.Decoder(ScoredGroup, strict=False)
+_MANY = msgspec.json.Decoder(list[ScoredGroup], strict=False)
+_ENCODER = msgspec.json.Encoder()
+
+
+def parse_groups(body: bytes, many: bool) -> list[ScoredGroup]:
+    """The groups in a ``/scored_data`` (one) or ``/scored_data_list`` (many) body."""
+    try:
+        return _MANY.decode(body) if many else [_ONE.decode(body)]
+    except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+        fast_error = str(exc)
+    try:  # the slow path, for FastAPI's exact error list
+        (SCORED_DATA_LIST if many else SCORED_DATA).validate_json(body)
+    except ValidationError as exc:
+        raise InvalidBody(error_detail(exc)) from None
+    raise InvalidBody([{"type": "value_error", "loc": ["body"], "msg": fast_error}])
+
+
+def encode_group(group: ScoredGroup) -> bytes:
+    """The group as ``/batch`` returns it: every field, null where absent."""
+    return _ENCODER.encode(group)
+
+
+def error_detail(exc: ValidationError, prefix: tuple[str | int, ...] = ("body",)) -> list[Any]:
+    """FastAPI's 422 ``detail`` list for a pydantic error."""
+    detail = []
+    for err in exc.errors(include_url=False):
+        item: dict[str, Any] = {
+            "type": err["type"],
+            "loc": [*prefix, *err["loc"]],
+            "msg": err["msg"],
+        }
+        if "ctx" in err:
+            item["ctx"] = {k: str(v) for k, v in err["ctx"].items()}
+        detail.append(item)
+    return detail

@@ -1,0 +1,150 @@
+"""The ingress half of the trajectory API: every write endpoint appends events.
+
+``/register``, ``/register-env``, ``/disconnect-env``, ``/scored_data``,
+``/scored_data_list`` and ``/reset_data`` turn a request into events on the run's
+``runwatch.trajectories`` partition and answer only once the log acknowledged them
+(Kafka: acks=all), so a 200 means durable. Bodies and answers follow the reference
+server (see :mod:`producers.trajectory_api.models`); on top of it:
+
+- backpressure: when the run's queue holds ``max_queue_groups`` groups (plus what this
+  instance appended and has not folded yet), pushes get 503 with ``Retry-After`` and
+  nothing is appended (a list is all or nothing);
+- a server that is still catching up with the log answers 503 ``Retry-After`` where the
+  answer depends on the folded state (``/register-env``).
+
+The router knows the host only through :class:`IngressHost` (the composition root
+provides it); it never imports the batching processor or the view.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import uuid
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
+
+from events.catalog.trajectory import (
+    ScoredDataGroupAccepted,
+    TrajectoryDataReset,
+    TrajectoryEnvDisconnected,
+    TrajectoryEnvRegistered,
+    TrajectoryTrainerRegistered,
+)
+from events.envelope import EventBase
+from producers.trajectory_api.models import (
+    EnvIdentifier,
+    InvalidBody,
+    RegisterEnv,
+    Registration,
+    ScoredGroup,
+    encode_group,
+    parse_groups,
+)
+
+
+class IngressHost(Protocol):
+    """What the ingress needs: durable appends, envelopes, and the folded state."""
+
+    max_off_policy_steps: int | None
+    max_queue_groups: int
+    ready: bool
+    started: bool
+    step: int
+    env_count: int
+
+    def envelope(self) -> dict[str, Any]: ...
+
+    def backlog_groups(self) -> int: ...
+
+    def expect(self, request_id: str) -> asyncio.Future[Any]: ...
+
+    async def append(self, events: Sequence[EventBase], groups: int = 0) -> None: ...
+
+
+def unavailable(message: str, retry_after_s: int = 1) -> Response:
+    return JSONResponse(
+        {"detail": message}, status_code=503, headers={"Retry-After": str(retry_after_s)}
+    )
+
+
+def group_event(host: IngressHost, group: ScoredGroup) -> ScoredDataGroupAccepted:
+    finite = [s for s in group.scores if math.isfinite(s)]
+    return ScoredDataGroupAccepted(
+        **{**host.envelope(), "step": host.step},
+        group_id=uuid.uuid4().hex,
+        env_id=group.env_id,
+        num_sequences=len(group.tokens),
+        mean_score=sum(finite) / len(finite) if finite else None,
+        payload=encode_group(group).decode(),
+    )
+
+
+def build_router(host: IngressHost) -> APIRouter:
+    router = APIRouter()
+
+    async def push(request: Request, many: bool) -> Response | None:
+        try:
+            groups = parse_groups(await request.body(), many)
+        except InvalidBody as exc:
+            return JSONResponse({"detail": exc.detail}, status_code=422)
+        queued = host.backlog_groups()
+        if queued + len(groups) > host.max_queue_groups:
+            return unavailable(
+                f"trajectory queue full: {queued} groups queued, cap {host.max_queue_groups}; "
+                "retry later"
+            )
+        await host.append([group_event(host, g) for g in groups], groups=len(groups))
+        request.state.groups = len(groups)
+        return None
+
+    @router.post("/scored_data")
+    async def scored_data(request: Request) -> Any:
+        return await push(request, many=False) or {"status": "received"}
+
+    @router.post("/scored_data_list")
+    async def scored_data_list(request: Request) -> Any:
+        refused = await push(request, many=True)
+        return refused or {"status": "received", "groups_processed": request.state.groups}
+
+    @router.post("/register")
+    async def register(registration: Registration) -> Any:
+        requester = uuid.uuid4().int
+        event = TrajectoryTrainerRegistered(
+            **host.envelope(),
+            requester_uuid=str(requester),
+            max_off_policy_steps=host.max_off_policy_steps,
+            **registration.model_dump(),
+        )
+        await host.append([event])
+        return {"uuid": requester}
+
+    @router.post("/register-env")
+    async def register_env(body: RegisterEnv) -> Any:
+        if not host.ready:
+            return unavailable("trajectory API is catching up with the log")
+        if not host.started:
+            return {"status": "wait for trainer to start"}
+        request_id = uuid.uuid4().hex
+        answer = host.expect(request_id)
+        await host.append(
+            [TrajectoryEnvRegistered(**host.envelope(), request_id=request_id, **body.model_dump())]
+        )
+        return await answer
+
+    @router.post("/disconnect-env")
+    async def disconnect_env(body: EnvIdentifier) -> Any:
+        if not 0 <= body.env_id < host.env_count:
+            return {"status": "failure", "error": "list index out of range"}
+        await host.append([TrajectoryEnvDisconnected(**host.envelope(), env_id=body.env_id)])
+        return {"status": "success"}
+
+    @router.get("/reset_data")
+    async def reset_data() -> Any:
+        await host.append([TrajectoryDataReset(**host.envelope())])
+        return PlainTextResponse("Reset successful", status_code=200)
+
+    return router

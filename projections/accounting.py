@@ -1,0 +1,137 @@
+"""Tenant accounting as a pure fold: what one run has cost so far (seed 000 step 4).
+
+Input: the ``runwatch.telemetry`` topic only, so a run's metering facts are totally
+ordered on one partition and the output cannot depend on topic interleaving.
+
+- GPU-seconds come from :class:`~events.UsageRecorded`, split by pool (``rollout_fleet``
+  vs ``trainer``) and by phase; tokens generated/trained come from the same facts (the
+  metering source of truth; trainer and rollout metrics are not added again).
+- A *committed* optimizer step is a :class:`~events.TrainerStepCompleted` whose step is
+  beyond every step committed before; steps recomputed after a resume are progress
+  already paid for, so they add cost but not committed steps.
+- Spend = GPU-seconds x per-pool price + tokens x per-million price (``prices.yaml``).
+
+On every committed step the fold emits :class:`~events.TenantUsageUpdated` with the
+running totals (id: uuid5 of the step event). Per-tenant aggregates are sums over runs,
+computed by the read model.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, replace
+from typing import Any
+
+from events import TenantUsageUpdated, TrainerStepCompleted, UsageRecorded
+from events.envelope import EventBase, derive_envelope
+from projections.policy import Prices
+
+PRODUCER = "projections/accounting"
+POOLS = ("rollout_fleet", "trainer")
+
+
+@dataclass(frozen=True, slots=True)
+class RunUsage:
+    tenant_id: str = ""
+    run_id: str = ""
+    gpu_seconds_rollout_fleet: float = 0.0
+    gpu_seconds_trainer: float = 0.0
+    gpu_seconds_by_phase: tuple[tuple[str, float], ...] = ()
+    tokens_generated: int = 0
+    tokens_trained: int = 0
+    committed_steps: int = 0
+    last_committed_step: int = -1
+
+    def by_pool(self) -> tuple[tuple[str, float], ...]:
+        return (
+            ("rollout_fleet", self.gpu_seconds_rollout_fleet),
+            ("trainer", self.gpu_seconds_trainer),
+        )
+
+    def spend_usd(self, prices: Prices) -> float:
+        return (
+            self.gpu_seconds_rollout_fleet * prices.gpu_price("rollout_fleet")
+            + self.gpu_seconds_trainer * prices.gpu_price("trainer")
+            + self.tokens_generated * prices.usd_per_million_tokens_generated / 1e6
+            + self.tokens_trained * prices.usd_per_million_tokens_trained / 1e6
+        )
+
+
+def _add_phase(
+    phases: tuple[tuple[str, float], ...], phase: str, seconds: float
+) -> tuple[tuple[str, float], ...]:
+    for i, (name, total) in enumerate(phases):
+        if name == phase:
+            return (*phases[:i], (name, total + seconds), *phases[i + 1 :])
+    return tuple(sorted((*phases, (phase, seconds))))
+
+
+class AccountingFold:
+    """:class:`events.fold.Fold` of one run's usage and spend, keyed by ``run_id``."""
+
+    name = "accounting"
+    inputs = ("runwatch.telemetry",)
+
+    def __init__(self, prices: Prices | None = None) -> None:
+        self.prices = prices or Prices.load()
+
+    def initial(self) -> RunUsage:
+        return RunUsage()
+
+    def key_of(self, event: EventBase) -> str:
+        return event.run_id
+
+    def apply(self, state: RunUsage, event: EventBase) -> tuple[RunUsage, Sequence[EventBase]]:
+        t = type(event)
+        if t is UsageRecorded:
+            fleet = event.pool == "rollout_fleet"
+            seconds = event.gpu_seconds
+            return RunUsage(
+                event.tenant_id,
+                event.run_id,
+                state.gpu_seconds_rollout_fleet + (seconds if fleet else 0.0),
+                state.gpu_seconds_trainer + (0.0 if fleet else seconds),
+                _add_phase(state.gpu_seconds_by_phase, event.phase, seconds),
+                state.tokens_generated + event.tokens_generated,
+                state.tokens_trained + event.tokens_trained,
+                state.committed_steps,
+                state.last_committed_step,
+            ), ()
+        if (
+            t is not TrainerStepCompleted
+            or event.step is None
+            or event.step <= state.last_committed_step
+        ):
+            return state, ()
+        state = replace(
+            state,
+            tenant_id=event.tenant_id,
+            run_id=event.run_id,
+            committed_steps=state.committed_steps + 1,
+            last_committed_step=event.step,
+        )
+        return state, (self.update_event(state, event),)
+
+    def update_event(self, state: RunUsage, cause: EventBase) -> TenantUsageUpdated:
+        """Built without re-validation (``model_construct``): every field comes from this
+        fold's own typed state, and this runs once per committed step of every run."""
+        spend = state.spend_usd(self.prices)
+        return TenantUsageUpdated.model_construct(
+            **derive_envelope(cause, PRODUCER),
+            gpu_seconds_by_pool=state.by_pool(),
+            gpu_seconds_by_phase=state.gpu_seconds_by_phase,
+            tokens_generated=state.tokens_generated,
+            tokens_trained=state.tokens_trained,
+            committed_steps=state.committed_steps,
+            spend_usd=spend,
+            cost_per_step_usd=spend / state.committed_steps if state.committed_steps else None,
+        )
+
+    def dump_state(self, state: RunUsage) -> bytes:
+        return json.dumps(asdict(state)).encode()
+
+    def load_state(self, raw: bytes) -> RunUsage:
+        doc: dict[str, Any] = json.loads(raw)
+        doc["gpu_seconds_by_phase"] = tuple(tuple(p) for p in doc["gpu_seconds_by_phase"])
+        return RunUsage(**doc)

@@ -1,0 +1,295 @@
+"""The query API (FastAPI): the customer view and the operator view of the projections.
+
+Served from a :class:`~projections.store.ReadModel` (never from the log directly).
+Authentication: ``Authorization: Bearer <key>`` or ``X-API-Key: <key>`` (see
+:mod:`projections.keys`). Tenant isolation: a tenant key only ever sees its own runs;
+a run of another tenant and a run that does not exist answer the same ``404``, so ids
+cannot be probed. Operator routes (``/v1/operator/...``) need an operator key (``403``).
+
+Customer view (seed 000 step 5): state + plain-language reason + failure attribution, the
+minimal charts (reward, KL, eval-gate scores, spend so far) and usage. Gradient norms, clip
+fractions, alerts, the reward ledger and run mechanics are operator-only.
+"""
+
+# No ``from __future__ import annotations`` here: FastAPI resolves the dependency
+# annotations (closures over the store and keys) at definition time.
+from typing import Annotated, Any
+
+from fastapi import Depends, FastAPI, Header, HTTPException, Query
+from pydantic import BaseModel
+
+from projections.keys import ApiKeys, Principal
+from projections.store import ReadModel
+from projections.views import CUSTOMER_METRICS, OPERATOR_METRICS, RunView
+
+MAX_PAGE = 500
+NOT_FOUND = "run not found"
+Offset = Annotated[int, Query(ge=0)]
+Limit = Annotated[int, Query(ge=1, le=MAX_PAGE)]
+
+
+class Point(BaseModel):
+    step: int
+    value: float | None
+
+
+class RunSummary(BaseModel):
+    run_id: str
+    state: str | None
+    reason: str
+    failure_class: str | None
+    created_ts: float | None
+    updated_ts: float
+    last_step: int | None
+    spend_usd: float
+
+
+class RunPage(BaseModel):
+    items: list[RunSummary]
+    total: int
+    offset: int
+    limit: int
+    next_offset: int | None
+
+
+class Usage(BaseModel):
+    gpu_seconds_by_pool: dict[str, float] = {}
+    tokens_generated: int = 0
+    tokens_trained: int = 0
+    committed_steps: int = 0
+    spend_usd: float = 0.0
+    cost_per_step_usd: float | None = None
+
+
+class Failure(BaseModel):
+    failure_class: str
+    message: str
+    examples: list[str]
+    ledger: dict[str, int]
+    health_history: list[dict[str, Any]]
+
+
+class CustomerRun(RunSummary):
+    algorithm: str
+    failure: Failure | None
+    usage: Usage
+    transitions: list[dict[str, Any]]
+
+
+class Charts(BaseModel):
+    run_id: str
+    reward: list[Point]
+    kl: list[Point]
+    eval_gate: list[Point]
+    spend_usd: list[Point]
+    next_since_step: int | None
+
+
+class TenantUsage(BaseModel):
+    tenant_id: str
+    runs: int
+    runs_by_state: dict[str, int]
+    gpu_seconds_by_pool: dict[str, float]
+    tokens_generated: int
+    tokens_trained: int
+    committed_steps: int
+    spend_usd: float
+    cost_per_step_usd: float | None
+
+
+class OperatorRun(BaseModel):
+    tenant_id: str
+    run: dict[str, Any]
+    series: dict[str, list[Point]]
+
+
+def _summary(v: RunView) -> dict[str, Any]:
+    return {
+        "run_id": v.run_id,
+        "state": v.state,
+        "reason": v.reason,
+        "failure_class": v.failure_class,
+        "created_ts": v.created_ts,
+        "updated_ts": v.updated_ts,
+        "last_step": v.last_step,
+        "spend_usd": v.spend(),
+    }
+
+
+def _failure(v: RunView) -> Failure | None:
+    a = v.attribution
+    if not a or v.state != "FAILED":
+        return None
+    history = [
+        {"detector": d, "reason": r, "window_start": s, "window_end": e}
+        for d, r, s, e in a.get("health_history", ())
+    ]
+    return Failure(
+        failure_class=a["failure_class"],
+        message=a["message"],
+        examples=list(a.get("examples", ())),
+        ledger=dict(a.get("ledger", ())),
+        health_history=history,
+    )
+
+
+def _points(pts: list[tuple[int, float]]) -> list[Point]:
+    return [Point(step=s, value=v) for s, v in pts]
+
+
+def create_app(store: ReadModel, keys: ApiKeys, title: str = "runwatch query API") -> FastAPI:
+    app = FastAPI(
+        title=title,
+        version="1.0.0",
+        description=__doc__.split("\n\n")[1].replace("\n", " ") if __doc__ else "",
+    )
+
+    async def principal(
+        authorization: Annotated[str | None, Header()] = None,
+        x_api_key: Annotated[str | None, Header()] = None,
+    ) -> Principal:
+        key = x_api_key
+        if authorization and authorization.lower().startswith("bearer "):
+            key = authorization[7:].strip()
+        found = keys.resolve(key)
+        if found is None:
+            raise HTTPException(401, "missing or invalid API key", {"WWW-Authenticate": "Bearer"})
+        return found
+
+    async def operator(who: Annotated[Principal, Depends(principal)]) -> Principal:
+        if not who.operator:
+            raise HTTPException(403, "operator key required")
+        return who
+
+    def visible_run(run_id: str, who: Principal) -> RunView:
+        view = store.get_run(run_id)
+        if view is None or not who.can_read(view.tenant_id):
+            raise HTTPException(404, NOT_FOUND)  # foreign and unknown look the same
+        return view
+
+    def page(views: list[RunView], total: int, offset: int, limit: int) -> RunPage:
+        nxt = offset + len(views) if offset + len(views) < total else None
+        items = [RunSummary(**_summary(v)) for v in views]
+        return RunPage(items=items, total=total, offset=offset, limit=limit, next_offset=nxt)
+
+    @app.get("/healthz", tags=["meta"])
+    async def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/v1/runs", response_model=RunPage, tags=["customer"])
+    async def list_runs(
+        who: Annotated[Principal, Depends(principal)],
+        offset: Offset = 0,
+        limit: Limit = 50,
+        state: str | None = None,
+    ) -> RunPage:
+        """Your runs, oldest first (operators: every run)."""
+        tenant = None if who.operator else who.tenant_id
+        views, total = store.list_runs(tenant, offset, limit, state)
+        return page(views, total, offset, limit)
+
+    @app.get("/v1/runs/{run_id}", response_model=CustomerRun, tags=["customer"])
+    async def get_run(run_id: str, who: Annotated[Principal, Depends(principal)]) -> CustomerRun:
+        """State, reason, failure attribution and usage of one of your runs."""
+        v = visible_run(run_id, who)
+        usage = {k: v.usage[k] for k in Usage.model_fields if k in v.usage}
+        transitions = [
+            {k: t[k] for k in ("ts", "step", "from_state", "to_state", "reason", "failure_class")}
+            for t in v.transitions
+        ]
+        return CustomerRun(
+            **_summary(v),
+            algorithm=v.algorithm,
+            failure=_failure(v),
+            usage=Usage(**usage),
+            transitions=transitions,
+        )
+
+    @app.get("/v1/runs/{run_id}/charts", response_model=Charts, tags=["customer"])
+    async def charts(
+        run_id: str,
+        who: Annotated[Principal, Depends(principal)],
+        since_step: Annotated[int, Query(ge=0)] = 0,
+        limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
+    ) -> Charts:
+        """The customer chart set: reward, KL, eval-gate scores, spend so far (by step)."""
+        visible_run(run_id, who)
+        s = store.series(run_id, CUSTOMER_METRICS, since_step, limit)
+        last = [pts[-1][0] for pts in s.values() if len(pts) == limit]
+        return Charts(
+            run_id=run_id,
+            reward=_points(s["reward_mean"]),
+            kl=_points(s["kl_to_ref"]),
+            eval_gate=_points(s["eval_score"]),
+            spend_usd=_points(s["spend_usd"]),
+            next_since_step=min(last) + 1 if last else None,
+        )
+
+    @app.get("/v1/usage", response_model=TenantUsage, tags=["customer"])
+    async def usage(who: Annotated[Principal, Depends(principal)]) -> TenantUsage:
+        """Your tenant's aggregate usage and spend."""
+        if who.operator:
+            raise HTTPException(400, "operators: use /v1/operator/tenants")
+        views, _ = store.list_runs(who.tenant_id, 0, 10**9)
+        from projections.store import tenant_totals
+
+        totals = tenant_totals(views)
+        if totals:
+            return TenantUsage(**totals[0])
+        return TenantUsage(
+            tenant_id=who.tenant_id or "",
+            runs=0,
+            runs_by_state={},
+            gpu_seconds_by_pool={},
+            tokens_generated=0,
+            tokens_trained=0,
+            committed_steps=0,
+            spend_usd=0.0,
+            cost_per_step_usd=None,
+        )
+
+    @app.get("/v1/operator/runs", response_model=RunPage, tags=["operator"])
+    async def op_list_runs(
+        _: Annotated[Principal, Depends(operator)],
+        tenant_id: str | None = None,
+        state: str | None = None,
+        offset: Offset = 0,
+        limit: Limit = 50,
+    ) -> RunPage:
+        views, total = store.list_runs(tenant_id, offset, limit, state)
+        return page(views, total, offset, limit)
+
+    @app.get("/v1/operator/runs/{run_id}", response_model=OperatorRun, tags=["operator"])
+    async def op_get_run(
+        run_id: str,
+        who: Annotated[Principal, Depends(operator)],
+        since_step: Annotated[int, Query(ge=0)] = 0,
+        limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
+    ) -> OperatorRun:
+        """All layers: state machine (incl. rejected transitions), alerts, reward ledger,
+        usage, run mechanics, and every per-step series."""
+        v = visible_run(run_id, who)
+        s = store.series(run_id, OPERATOR_METRICS, since_step, limit)
+        return OperatorRun(
+            tenant_id=v.tenant_id, run=v.to_doc(), series={k: _points(p) for k, p in s.items()}
+        )
+
+    @app.get("/v1/operator/tenants", response_model=list[TenantUsage], tags=["operator"])
+    async def op_tenants(_: Annotated[Principal, Depends(operator)]) -> list[TenantUsage]:
+        return [TenantUsage(**t) for t in store.tenants()]
+
+    @app.get("/v1/operator/fleet", tags=["operator"])
+    async def op_fleet(_: Annotated[Principal, Depends(operator)]) -> dict[str, Any]:
+        return {"fleet": store.fleet().to_doc(), "positions": store.positions()}
+
+    # --- customer dashboard (issue 9; projections/dashboard/) -------------------------
+    from projections.dashboard import create_router as dashboard_router
+
+    app.include_router(dashboard_router(store, keys))
+    # --- end customer dashboard ---------------------------------------------------------
+
+    return app
+
+
+# Endpoints are ``async def`` on purpose: each store read is a short indexed SQLite query
+# (well under a millisecond), cheaper on the event loop than a thread-pool hop per request.

@@ -1,0 +1,152 @@
+"""Failure attribution: exactly one class per terminal failure, and the customer's message.
+
+Pure functions over the reward ledger and the alert history the run-state fold keeps.
+The three classes (seed 000 step 4, extending the infra-vs-user split of platform SLOs):
+
+- ``platform_fault``: spends the platform's error budget; the customer is told it was ours.
+- ``tenant_code_fault``: reward function or dataset errors; surfaced with ledger counts and
+  a few offending inputs ("your reward function raised on 3% of samples; 3 examples
+  attached").
+- ``algorithmic_non_convergence``: no fault; surfaced with the run's health history.
+
+Rates are over reward *samples* (``n`` of each batch attempt), so a retried batch counts
+every attempt: the rate is "of the samples we tried to score, how many failed because of
+the tenant's code".
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from events import RewardBatchFailed, RewardBatchScored
+from events.catalog.lifecycle import FailureClass
+
+TENANT_CAUSES = ("tenant_timeout", "tenant_crash", "tenant_bad_output", "tenant_resource_exceeded")
+CAUSES = (*TENANT_CAUSES, "platform_error")
+_VERB = {
+    "tenant_crash": "raised",
+    "tenant_timeout": "timed out",
+    "tenant_bad_output": "returned invalid output",
+    "tenant_resource_exceeded": "exceeded its resource limits",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Ledger:
+    """Commutative reward-ledger totals of one run (order of arrival does not matter).
+
+    ``examples``: the ``max_examples`` offending inputs with the smallest (ts, event id),
+    so the kept set is the same whatever order the batches arrived in.
+    """
+
+    ok_samples: int = 0
+    failed_samples: tuple[int, ...] = (0,) * len(CAUSES)
+    ok_batches: int = 0
+    failed_batches: int = 0
+    examples: tuple[tuple[float, str, str, str], ...] = ()  # (ts, event_id, cause, text)
+
+    @property
+    def total_samples(self) -> int:
+        return self.ok_samples + sum(self.failed_samples)
+
+    def count(self, cause: str) -> int:
+        return self.failed_samples[CAUSES.index(cause)]
+
+    @property
+    def tenant_failed(self) -> int:
+        return sum(self.failed_samples[: len(TENANT_CAUSES)])
+
+    def counts(self) -> dict[str, int]:
+        return {"ok": self.ok_samples, **dict(zip(CAUSES, self.failed_samples))}
+
+    def add(self, event: RewardBatchScored | RewardBatchFailed, max_examples: int) -> Ledger:
+        if type(event) is RewardBatchScored:
+            return Ledger(
+                self.ok_samples + event.n,
+                self.failed_samples,
+                self.ok_batches + 1,
+                self.failed_batches,
+                self.examples,
+            )
+        i = CAUSES.index(event.cause)
+        fs = self.failed_samples
+        failed = (*fs[:i], fs[i] + event.n, *fs[i + 1 :])
+        examples = self.examples
+        if event.examples and event.cause in TENANT_CAUSES:
+            new = tuple((event.ts, str(event.event_id), event.cause, x) for x in event.examples)
+            examples = tuple(sorted(examples + new))[:max_examples]
+        return replace(
+            self, failed_samples=failed, failed_batches=self.failed_batches + 1, examples=examples
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Attribution:
+    failure_class: FailureClass
+    message: str
+    ledger: tuple[tuple[str, int], ...] = ()
+    examples: tuple[str, ...] = ()
+    #: (detector, reason, window_start, window_end) of every alert the run fired.
+    health_history: tuple[tuple[str, str, int, int], ...] = ()
+    detail: str = ""
+
+
+def _pct(part: int, whole: int) -> str:
+    share = 100.0 * part / whole if whole else 0.0
+    return f"{share:.0f}%" if share >= 1 or share == 0 else f"{share:.1g}%"
+
+
+def tenant_fault(ledger: Ledger, detail: str = "") -> Attribution:
+    tenant = [(ledger.count(c), c) for c in TENANT_CAUSES if ledger.count(c)]
+    n, cause = max(tenant) if tenant else (0, "tenant_crash")
+    examples = tuple(x[3] for x in ledger.examples)
+    msg = f"your reward function {_VERB[cause]} on {_pct(n, ledger.total_samples)} of samples"
+    others = [f"{_VERB[c]} on {_pct(k, ledger.total_samples)}" for k, c in tenant if c != cause]
+    if others:
+        msg += f" (it also {', '.join(others)})"
+    if not tenant and detail:
+        msg = f"your code failed: {detail}"
+    msg += f"; {len(examples)} example{'s' if len(examples) != 1 else ''} attached"
+    return Attribution(
+        "tenant_code_fault", msg, tuple(ledger.counts().items()), examples, detail=detail
+    )
+
+
+def platform_fault(ledger: Ledger, detail: str) -> Attribution:
+    msg = "the run stopped because of a platform fault, not because of your code or data"
+    if detail:
+        msg += f" ({detail})"
+    return Attribution("platform_fault", msg, tuple(ledger.counts().items()), detail=detail)
+
+
+def non_convergence(
+    history: tuple[tuple[str, str, int, int], ...], reasons: tuple[str, ...], detail: str = ""
+) -> Attribution:
+    why = "; ".join(reasons) if reasons else (detail or "no learning progress")
+    msg = f"training did not converge: {why}; the run's health history is attached"
+    return Attribution("algorithmic_non_convergence", msg, (), (), history, detail=detail)
+
+
+def attribute_failure(
+    producer_class: FailureClass | None,
+    detail: str,
+    ledger: Ledger,
+    tenant_failure_ratio: float,
+    history: tuple[tuple[str, str, int, int], ...],
+    active_reasons: tuple[str, ...],
+) -> Attribution:
+    """Exactly one class for a RunFailed. The producer's class is a hint; without one the
+    ledger decides (tenant share of failed samples), then active algorithmic alerts, and
+    otherwise the platform takes the blame (an unexplained failure is ours)."""
+    tenant_share = ledger.tenant_failed / ledger.total_samples if ledger.total_samples else 0.0
+    if producer_class == "tenant_code_fault":
+        return tenant_fault(ledger, detail)
+    if producer_class == "platform_fault":
+        return platform_fault(ledger, detail)
+    if producer_class == "algorithmic_non_convergence":
+        return non_convergence(history, active_reasons, detail)
+    if ledger.tenant_failed and tenant_share >= tenant_failure_ratio:
+        return tenant_fault(ledger, detail)
+    if active_reasons:
+        return non_convergence(history, active_reasons, detail)
+    return platform_fault(ledger, detail)

@@ -1,0 +1,253 @@
+"""Prometheus exporter: a custom collector that reads the read model at scrape time.
+
+Naming (prometheus.io/docs/practices/naming): ``runwatch_`` prefix, base units as suffix
+(``_seconds``, ``_usd``), ``_total`` on counters. Cardinality (seed 000 step 6):
+
+- no ``run_id`` label anywhere: every series here is fleet-level or per tenant;
+- tenant labels are bounded: the ``top_tenants`` tenants by spend keep their name, every
+  other tenant is summed into ``tenant="other"`` (so ``sum()`` over tenants stays right);
+- other labels come from closed sets (states, failure classes, detectors, phases, pools).
+
+Nothing is cached between scrapes; each read is guarded, so a read-model failure turns
+into ``runwatch_exporter_scrape_errors_total`` instead of a failed scrape.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from prometheus_client.registry import CollectorRegistry
+
+from projections.run_state import TERMINAL
+from projections.store import ReadModel, tenant_totals
+from projections.views import PHASE_BUCKETS, RunView
+
+OTHER = "other"
+STATES = (
+    "SUBMITTED",
+    "QUEUED",
+    "PROVISIONING",
+    "RUNNING",
+    "DEGRADED",
+    "PAUSED_BY_GATE",
+    "SUCCEEDED",
+    "FAILED",
+    "CANCELLED",
+)
+
+
+def bounded_tenants(views: list[RunView], top: int) -> dict[str, str]:
+    """tenant -> label: the ``top`` tenants by spend (ties by name) keep their id."""
+    totals = tenant_totals(views)
+    ranked = sorted(totals, key=lambda t: (-t["spend_usd"], t["tenant_id"]))
+    keep = {t["tenant_id"] for t in ranked[:top]}
+    return {t["tenant_id"]: t["tenant_id"] if t["tenant_id"] in keep else OTHER for t in totals}
+
+
+class ProjectionCollector:
+    def __init__(self, store: ReadModel, top_tenants: int = 10) -> None:
+        self.store = store
+        self.top_tenants = top_tenants
+        self.errors = 0
+
+    def describe(self) -> list[Metric]:
+        return []  # collected at scrape time only
+
+    def collect(self) -> Iterator[Metric]:
+        try:
+            views = self.store.all_views()
+            fleet = self.store.fleet()
+        except Exception:  # a scrape never raises: count it and expose what we can
+            self.errors += 1
+            views, fleet = None, None
+        errors = CounterMetricFamily(
+            "runwatch_exporter_scrape_errors", "Scrapes that could not read the read model."
+        )
+        errors.add_metric([], self.errors)
+        yield errors
+        if views is None or fleet is None:
+            return
+        yield from self._runs(views)
+        yield from self._fleet(fleet)
+        yield from self._tenants(views)
+
+    def _runs(self, views: list[RunView]) -> Iterator[Metric]:
+        by_state = dict.fromkeys(STATES, 0)
+        terminal: dict[tuple[str, str], int] = {}
+        rejected = corrections = late = 0
+        active: dict[tuple[str, str], int] = {}
+        last_ts = 0.0
+        for v in views:
+            state = v.state or "SUBMITTED"
+            by_state[state] = by_state.get(state, 0) + 1
+            if state in TERMINAL:
+                key = (state, v.failure_class or "none")
+                terminal[key] = terminal.get(key, 0) + 1
+            c = v.counters
+            rejected += c.get("rejected_transitions", 0)
+            corrections += c.get("corrections", 0)
+            late += c.get("late_after_terminal", 0)
+            last_ts = max(last_ts, v.updated_ts)
+            if state not in TERMINAL:
+                for a in v.alerts.values():
+                    if a.get("resolved_ts") is None and "layer" in a:
+                        k = (a["detector"], a["layer"])
+                        active[k] = active.get(k, 0) + 1
+        g = GaugeMetricFamily("runwatch_runs", "Runs by customer-facing state.", labels=["state"])
+        for state, n in sorted(by_state.items()):
+            g.add_metric([state], n)
+        yield g
+        c = CounterMetricFamily(
+            "runwatch_runs_terminal",
+            "Runs that reached a terminal state, by state and failure class.",
+            labels=["state", "failure_class"],
+        )
+        for (state, fclass), n in sorted(terminal.items()):
+            c.add_metric([state, fclass], n)
+        yield c
+        for name, doc, value in (
+            (
+                "runwatch_run_state_transitions_rejected",
+                "Illegal run-state transitions rejected.",
+                rejected,
+            ),
+            (
+                "runwatch_run_state_corrections",
+                "Run-state changes corrected after a late fact.",
+                corrections,
+            ),
+            (
+                "runwatch_run_state_late_after_terminal",
+                "Facts that arrived after their run ended.",
+                late,
+            ),
+        ):
+            m = CounterMetricFamily(name, doc)
+            m.add_metric([], value)
+            yield m
+        g = GaugeMetricFamily(
+            "runwatch_alerts_active",
+            "Unresolved alerts on live runs.",
+            labels=["detector", "layer"],
+        )
+        for (det, layer), n in sorted(active.items()):
+            g.add_metric([det, layer], n)
+        yield g
+        g = GaugeMetricFamily(
+            "runwatch_projection_last_event_timestamp_seconds",
+            "Event time (producer clock) of the newest fact folded into the projection.",
+        )
+        g.add_metric([], last_ts)
+        yield g
+
+    def _fleet(self, fleet: Any) -> Iterator[Metric]:
+        c = CounterMetricFamily(
+            "runwatch_run_state_transitions",
+            "Run-state changes by target state.",
+            labels=["to_state"],
+        )
+        for state, n in sorted(fleet.transitions.items()):
+            c.add_metric([state], n)
+        yield c
+        c = CounterMetricFamily(
+            "runwatch_alerts_fired", "Alerts fired.", labels=["detector", "layer", "routing"]
+        )
+        for key, n in sorted(fleet.alerts_fired.items()):
+            c.add_metric(key.split("|"), n)
+        yield c
+        c = CounterMetricFamily(
+            "runwatch_reward_samples", "Reward samples by ledger cause.", labels=["cause"]
+        )
+        for cause, n in sorted(fleet.reward_samples.items()):
+            c.add_metric([cause], n)
+        yield c
+        h = HistogramMetricFamily(
+            "runwatch_step_phase_seconds",
+            "Wall-clock seconds per training-step phase.",
+            labels=["phase"],
+        )
+        for phase in sorted(fleet.phase_buckets):
+            raw = fleet.phase_buckets[phase]
+            cumulative, buckets = 0, []
+            for upper, n in zip((*PHASE_BUCKETS, float("inf")), raw):
+                cumulative += n
+                buckets.append(("+Inf" if upper == float("inf") else repr(upper), cumulative))
+            h.add_metric([phase], buckets, fleet.phase_sum_us.get(phase, 0) / 1e6)
+        yield h
+        c = CounterMetricFamily(
+            "runwatch_projection_events", "Facts folded into the projection.", labels=["topic"]
+        )
+        for topic, n in sorted(fleet.events.items()):
+            c.add_metric([topic], n)
+        yield c
+        c = CounterMetricFamily("runwatch_projection_dead_letters", "Records that did not decode.")
+        c.add_metric([], fleet.dead_letters)
+        yield c
+
+    def _tenants(self, views: list[RunView]) -> Iterator[Metric]:
+        label = bounded_tenants(views, self.top_tenants)
+        gpu: dict[tuple[str, str], float] = {}
+        spend: dict[str, float] = {}
+        tokens: dict[tuple[str, str], int] = {}
+        steps: dict[str, int] = {}
+        runs: dict[str, int] = {}
+        for v in views:
+            t = label.get(v.tenant_id, OTHER)
+            u = v.usage
+            runs[t] = runs.get(t, 0) + 1
+            for pool, s in u.get("gpu_seconds_by_pool", {}).items():
+                gpu[(t, pool)] = gpu.get((t, pool), 0.0) + s
+            spend[t] = spend.get(t, 0.0) + u.get("spend_usd", 0.0)
+            for kind in ("generated", "trained"):
+                tokens[(t, kind)] = tokens.get((t, kind), 0) + u.get(f"tokens_{kind}", 0)
+            steps[t] = steps.get(t, 0) + u.get("committed_steps", 0)
+        families: list[tuple[str, str, list[str], dict[Any, Any], type]] = [
+            (
+                "runwatch_tenant_gpu_seconds",
+                "GPU-seconds by tenant and pool.",
+                ["tenant", "pool"],
+                gpu,
+                CounterMetricFamily,
+            ),
+            (
+                "runwatch_tenant_spend_usd",
+                "Spend so far by tenant (list prices).",
+                ["tenant"],
+                spend,
+                CounterMetricFamily,
+            ),
+            (
+                "runwatch_tenant_tokens",
+                "Tokens by tenant, generated or trained.",
+                ["tenant", "kind"],
+                tokens,
+                CounterMetricFamily,
+            ),
+            (
+                "runwatch_tenant_committed_steps",
+                "Committed optimizer steps by tenant.",
+                ["tenant"],
+                steps,
+                CounterMetricFamily,
+            ),
+            ("runwatch_tenant_runs", "Runs known per tenant.", ["tenant"], runs, GaugeMetricFamily),
+        ]
+        for name, doc, labels, values, cls in families:
+            m = cls(name, doc, labels=labels)
+            for key, value in sorted(values.items()):
+                m.add_metric(list(key) if isinstance(key, tuple) else [key], value)
+            yield m
+
+
+def make_registry(store: ReadModel, top_tenants: int = 10) -> CollectorRegistry:
+    """A fresh registry holding only the projection collector (one per app or test)."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(ProjectionCollector(store, top_tenants))  # type: ignore[arg-type]
+    return registry

@@ -1,0 +1,81 @@
+"""The live follower: tail the input topics of any log backend into a projection engine.
+
+A minimal host over :class:`events.log.base.LogBackend` (Kafka or the embedded log):
+poll a batch, apply it, optionally publish the derived events (RunStateChanged,
+TenantUsageUpdated) to their topics, commit the read model (view + positions in one
+transaction), then commit the consumer group. A crash anywhere re-delivers the
+uncommitted tail; records before the stored positions are skipped, and re-published
+derived events carry the same deterministic ids, so downstream consumers deduplicate.
+
+Host-side time (never seen by the folds): ``settle_s`` is how long the follower waits,
+once caught up (a poll came back empty), before releasing terminal events still held at
+the terminal barrier (:mod:`projections.engine`) — it covers detector lag, so an alert
+computed from a run's last steps is folded before the run's end.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Sequence
+
+from events.envelope import EventBase
+from events.log.base import LogBackend
+from projections.engine import INPUTS, ProjectionEngine
+
+DEFAULT_GROUP = "runwatch-projections"
+
+
+async def publish(backend: LogBackend, events: Sequence[EventBase]) -> None:
+    from events.codec import encode
+
+    by_topic: dict[str, list[tuple[bytes | None, bytes]]] = {}
+    for ev in events:
+        by_topic.setdefault(type(ev).TOPIC, []).append((ev.key(), encode(ev)))
+    for topic, records in by_topic.items():
+        await backend.append_many(topic, records)
+
+
+async def follow(
+    backend: LogBackend,
+    engine: ProjectionEngine,
+    stop: asyncio.Event,
+    *,
+    group_id: str = DEFAULT_GROUP,
+    publish_to: LogBackend | None = None,
+    settle_s: float = 1.0,
+    max_records: int = 5000,
+    poll_timeout_s: float = 0.2,
+    on_batch: Callable[[int, list[EventBase]], None] | None = None,
+) -> None:
+    """Run until ``stop`` is set. ``publish_to``: append derived events there (usually
+    the same backend); ``on_batch(n_records, derived)`` is called after each commit."""
+    consumer = await backend.consumer(group_id, list(INPUTS))
+    positions = getattr(consumer, "positions", None)
+    if isinstance(positions, dict):  # the embedded consumer: start from the store's positions
+        for key, offset in engine.positions.items():
+            topic = key.rsplit(":", 1)[0]
+            if topic in positions:
+                positions[topic] = max(positions[topic], offset)
+    loop = asyncio.get_running_loop()
+    idle_since: float | None = None
+    try:
+        while not stop.is_set():
+            records = await consumer.poll(max_records, timeout_s=poll_timeout_s)
+            derived = engine.process(records) if records else []
+            released = False
+            if records:
+                idle_since = None
+            elif engine.held:
+                idle_since = idle_since if idle_since is not None else loop.time()
+                if loop.time() - idle_since >= settle_s:
+                    derived, released = engine.release_held(force=True), True
+            if not records and not released:
+                continue
+            if derived and publish_to is not None:
+                await publish(publish_to, derived)
+            engine.checkpoint()
+            await consumer.commit()
+            if on_batch is not None:
+                on_batch(len(records), derived)
+    finally:
+        await consumer.close()

@@ -1,0 +1,379 @@
+"""The customer-facing run state machine as a pure fold (seed 000 step 5).
+
+States (append-only enum :data:`events.catalog.derived.RunState`): SUBMITTED, QUEUED,
+PROVISIONING, RUNNING, DEGRADED(reason), PAUSED_BY_GATE(reason), SUCCEEDED,
+FAILED(class), CANCELLED. Lifecycle events move the base state; alerts move RUNNING <->
+DEGRADED and gate to PAUSED_BY_GATE at the next checkpoint, through
+:class:`~projections.policy.RunStatePolicy` (with step-counted hysteresis); the reward
+ledger feeds attribution and can gate the run. Every change is one
+:class:`~events.RunStateChanged` with a deterministic id
+(``derived_id(producer, cause event id, to_state)``) and the cause's ``ts``/``step``.
+A transition the table :data:`LEGAL` does not allow is rejected: not applied, kept in
+``Machine.rejected`` (operator view, ``runwatch_run_state_transitions_rejected_total``).
+
+Ordering (why the output does not depend on how the input topics interleave):
+transition-relevant facts of a run (lifecycle, alerts, checkpoints, pausing ledger
+failures) are applied in the *canonical* order ``(ts, rank, event_id)``. One that
+arrives after a fact that sorts later (another topic was read first) is inserted into
+the run's kept history and the machine is re-folded from scratch; the emitted timeline
+is a prefix of the re-folded one whenever that late fact sorts after the last *emitted*
+change, so exactly the missing changes are emitted. Ledger totals are commutative. The
+one guarantee the fold needs from its host is the *terminal barrier*: alerts and ledger
+facts that precede a run's terminal lifecycle event in event time are delivered before
+it (the replay merge and the live host's lifecycle hold ensure it). A late fact that
+would rewrite an already emitted change is not hidden: the fold emits one correcting
+change (counted in ``corrections``); terminal states are never corrected (counted in
+``Machine.late_after_terminal``).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
+
+from events import (
+    AlertFired,
+    AlertResolved,
+    CheckpointWritten,
+    RewardBatchFailed,
+    RewardBatchScored,
+    RunCancelled,
+    RunCompleted,
+    RunFailed,
+    RunPaused,
+    RunProvisioning,
+    RunQueued,
+    RunResumed,
+    RunStarted,
+    RunStateChanged,
+    RunSubmitted,
+)
+from events.catalog.derived import RunState
+from events.codec import decode_or_raise, encode
+from events.envelope import EventBase, derive_envelope
+from projections.attribution import Attribution, Ledger, attribute_failure, non_convergence
+from projections.policy import RunStatePolicy
+
+PRODUCER = "projections/run_state"
+TERMINAL: frozenset[str] = frozenset({"SUCCEEDED", "FAILED", "CANCELLED"})
+ACTIVE: frozenset[str] = frozenset({"RUNNING", "DEGRADED"})
+_ANY_LIVE = frozenset(
+    {"SUBMITTED", "QUEUED", "PROVISIONING", "RUNNING", "DEGRADED", "PAUSED_BY_GATE"}
+)
+#: from-state -> the states it may move to (``None``: a run never seen before).
+LEGAL: dict[str | None, frozenset[str]] = {
+    None: frozenset({"SUBMITTED", "QUEUED", "CANCELLED", "FAILED"}),
+    "SUBMITTED": frozenset({"QUEUED", "PROVISIONING", "CANCELLED", "FAILED"}),
+    "QUEUED": frozenset({"PROVISIONING", "RUNNING", "CANCELLED", "FAILED"}),
+    "PROVISIONING": frozenset({"QUEUED", "RUNNING", "CANCELLED", "FAILED"}),
+    "RUNNING": frozenset({"DEGRADED", "PAUSED_BY_GATE", "SUCCEEDED", "FAILED", "CANCELLED"}),
+    "DEGRADED": frozenset({"RUNNING", "PAUSED_BY_GATE", "SUCCEEDED", "FAILED", "CANCELLED"}),
+    "PAUSED_BY_GATE": frozenset({"RUNNING", "DEGRADED", "SUCCEEDED", "FAILED", "CANCELLED"}),
+    "SUCCEEDED": frozenset(),
+    "FAILED": frozenset(),
+    "CANCELLED": frozenset(),
+}
+_TARGET: dict[type, str] = {
+    RunSubmitted: "SUBMITTED",
+    RunQueued: "QUEUED",
+    RunProvisioning: "PROVISIONING",
+    RunStarted: "RUNNING",
+    RunPaused: "PAUSED_BY_GATE",
+    RunResumed: "RUNNING",
+    RunCompleted: "SUCCEEDED",
+    RunFailed: "FAILED",
+    RunCancelled: "CANCELLED",
+}
+#: Canonical tie-break at equal ts: lifecycle progress, checkpoints, alerts, ledger, ends.
+_RANK: dict[type, int] = {
+    **{t: 0 for t in _TARGET},
+    CheckpointWritten: 1,
+    AlertFired: 2,
+    AlertResolved: 2,
+    RewardBatchFailed: 3,
+    RunCompleted: 4,
+    RunFailed: 4,
+    RunCancelled: 4,
+}
+
+
+_DEFAULT_REASON = {
+    "SUBMITTED": "submitted",
+    "QUEUED": "waiting for capacity",
+    "PROVISIONING": "starting machines",
+    "RUNNING": "training",
+    "CANCELLED": "cancelled",
+}
+
+
+def canonical_key(ev: EventBase) -> tuple[float, int, str]:
+    return (ev.ts, _RANK[type(ev)], str(ev.event_id))
+
+
+@dataclass(frozen=True, slots=True)
+class ActiveAlert:
+    alert_id: str
+    detector: str
+    action: str
+    reason: str  # customer-facing, from the policy
+
+
+@dataclass(frozen=True, slots=True)
+class Machine:
+    state: RunState | None = None
+    reason: str = ""
+    failure_class: str | None = None
+    entered_step: int | None = None
+    active: tuple[ActiveAlert, ...] = ()
+    #: (detector, reason, window_start, window_end) of every alert fired: health history.
+    fired: tuple[tuple[str, str, int, int], ...] = ()
+    attribution: Attribution | None = None
+    #: (event type, event id, from state, why) of every rejected transition.
+    rejected: tuple[tuple[str, str, str, str], ...] = ()
+    late_after_terminal: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class RunStatus:
+    """One run's fold state: the machine, the ledger, the kept canonical history of
+    transition-relevant facts and the ids of the changes emitted so far."""
+
+    tenant_id: str = ""
+    run_id: str = ""
+    machine: Machine = field(default_factory=Machine)
+    ledger: Ledger = field(default_factory=Ledger)
+    history: tuple[EventBase, ...] = ()
+    emitted: tuple[str, ...] = ()
+    corrections: int = 0
+
+
+def _step_of(ev: EventBase) -> int | None:
+    if isinstance(ev, AlertFired) and ev.step is None:
+        return ev.window_end
+    return ev.step
+
+
+class _Stepper:
+    """Applies one fact to a machine, collecting the changes it causes."""
+
+    def __init__(self, policy: RunStatePolicy, ledger: Ledger) -> None:
+        self.policy, self.ledger, self.out = policy, ledger, []
+
+    def move(self, m: Machine, to: str, reason: str, cause: EventBase, att=None) -> Machine:
+        fclass = att.failure_class if att else None
+        self.out.append(
+            RunStateChanged(
+                **derive_envelope(cause, PRODUCER, to),
+                from_state=m.state,
+                to_state=to,
+                reason=reason,
+                failure_class=fclass,
+                caused_by=f"{cause.type}:{cause.event_id}",
+            )
+        )
+        step = _step_of(cause)
+        return replace(
+            m,
+            state=to,
+            reason=reason,
+            failure_class=fclass,
+            attribution=att or m.attribution,
+            entered_step=step if step is not None else m.entered_step,
+        )
+
+    def apply(self, m: Machine, ev: EventBase) -> Machine:
+        t = type(ev)
+        if m.state in TERMINAL and t not in _TARGET:
+            return replace(m, late_after_terminal=m.late_after_terminal + 1)
+        if t is AlertFired:
+            rule = self.policy.rule(ev.detector)
+            reason = rule.customer_reason.replace("{reason}", ev.reason)
+            if all(a.alert_id != ev.alert_id for a in m.active):
+                alert = ActiveAlert(ev.alert_id, ev.detector, rule.action, reason)
+                m = replace(m, active=(*m.active, alert))
+            m = replace(
+                m, fired=(*m.fired, (ev.detector, ev.reason, ev.window_start, ev.window_end))
+            )
+            return self.overlay(m, ev)
+        if t is AlertResolved:
+            m = replace(m, active=tuple(a for a in m.active if a.alert_id != ev.alert_id))
+            return self.overlay(m, ev)
+        if t is CheckpointWritten:
+            return self.overlay(m, ev, checkpoint=True)
+        if t is RewardBatchFailed:
+            if m.state in ACTIVE:
+                return self.move(
+                    m, "PAUSED_BY_GATE", f"reward scoring paused the run: {ev.message}", ev
+                )
+            return m
+        return self.lifecycle(m, ev)
+
+    def lifecycle(self, m: Machine, ev: EventBase) -> Machine:
+        to = _TARGET[type(ev)]
+        if to not in LEGAL[m.state]:
+            why = f"{m.state} -> {to} is not a legal transition"
+            return replace(
+                m, rejected=(*m.rejected, (ev.type, str(ev.event_id), str(m.state), why))
+            )
+        if isinstance(ev, RunCompleted):
+            return self.complete(m, ev)
+        if isinstance(ev, RunFailed):
+            algorithmic = tuple(a.reason for a in m.active if a.action != "advisory")
+            att = attribute_failure(
+                ev.failure_class,
+                ev.reason,
+                self.ledger,
+                self.policy.attribution.tenant_failure_ratio,
+                m.fired,
+                algorithmic,
+            )
+            return self.move(m, "FAILED", att.message, ev, att)
+        degrading = [a for a in m.active if a.action != "advisory"]
+        if isinstance(ev, RunResumed) and degrading:  # resumed into a still-firing alert
+            return self.move(m, "DEGRADED", degrading[0].reason, ev)
+        reason = getattr(ev, "reason", "") or _DEFAULT_REASON.get(to, "")
+        m = self.move(m, to, reason, ev)
+        return self.overlay(m, ev) if to == "RUNNING" else m
+
+    def complete(self, m: Machine, ev: EventBase) -> Machine:
+        rule = self.policy.completion
+        bad = [a.reason for a in m.active if a.detector in rule.fail_if_active]
+        bad += [f"{d}: {r}" for d, r, _, _ in m.fired if d in rule.fail_if_fired]
+        if bad:
+            att = non_convergence(m.fired, tuple(dict.fromkeys(bad)), "completed, judged by policy")
+            return self.move(m, "FAILED", att.message, ev, att)
+        return self.move(m, "SUCCEEDED", "training completed", ev)
+
+    def overlay(self, m: Machine, cause: EventBase, checkpoint: bool = False) -> Machine:
+        """Alerts over the base state: degrade, gate at a checkpoint, recover with dwell."""
+        if m.state not in ACTIVE:
+            return m
+        degrading = [a for a in m.active if a.action != "advisory"]
+        gates = [a for a in degrading if a.action == "pause_at_checkpoint"]
+        if checkpoint and gates:
+            return self.move(m, "PAUSED_BY_GATE", gates[0].reason, cause)
+        if degrading and m.state == "RUNNING":
+            return self.move(m, "DEGRADED", degrading[0].reason, cause)
+        if not degrading and m.state == "DEGRADED":
+            dwell, step = self.policy.min_dwell_steps, _step_of(cause)
+            if dwell <= 0 or (step is not None and step - (m.entered_step or 0) >= dwell):
+                return self.move(m, "RUNNING", "all alerts resolved", cause)
+        return m
+
+
+class RunStateFold:
+    """:class:`events.fold.Fold` of the run state machine, keyed by ``run_id``."""
+
+    name = "run_state"
+    inputs = ("runwatch.lifecycle", "runwatch.alerts", "runwatch.rewards", "runwatch.checkpoints")
+
+    def __init__(self, policy: RunStatePolicy | None = None) -> None:
+        self.policy = policy or RunStatePolicy.load()
+
+    def initial(self) -> RunStatus:
+        return RunStatus()
+
+    def key_of(self, event: EventBase) -> str:
+        return event.run_id
+
+    def apply(self, state: RunStatus, event: EventBase) -> tuple[RunStatus, Sequence[EventBase]]:
+        t = type(event)
+        if not state.run_id:
+            state = replace(state, tenant_id=event.tenant_id, run_id=event.run_id)
+        if t is RewardBatchScored or t is RewardBatchFailed:
+            ledger = state.ledger.add(event, self.policy.attribution.max_examples)
+            state = RunStatus(
+                state.tenant_id,
+                state.run_id,
+                state.machine,
+                ledger,
+                state.history,
+                state.emitted,
+                state.corrections,
+            )
+            gating = t is RewardBatchFailed and event.action == "pause"
+            if not (gating and self.policy.ledger.pause_on_action_pause):
+                return state, ()
+        elif t not in _RANK:
+            return state, ()
+        key = canonical_key(event)
+        if not state.history or key > canonical_key(state.history[-1]):
+            step = _Stepper(self.policy, state.ledger)
+            m = step.apply(state.machine, event)
+            ids = tuple(str(e.event_id) for e in step.out)
+            return replace(
+                state, machine=m, history=(*state.history, event), emitted=state.emitted + ids
+            ), step.out
+        return self._late(state, event)
+
+    def _late(self, state: RunStatus, event: EventBase) -> tuple[RunStatus, list[EventBase]]:
+        if any(h.event_id == event.event_id for h in state.history):
+            return state, []  # a duplicate the host did not catch
+        if state.machine.state in TERMINAL:
+            m = replace(state.machine, late_after_terminal=state.machine.late_after_terminal + 1)
+            return replace(state, machine=m), []
+        history = tuple(sorted((*state.history, event), key=canonical_key))
+        step = _Stepper(self.policy, state.ledger)
+        m = Machine()
+        for fact in history:
+            m = step.apply(m, fact)
+        ids = tuple(str(e.event_id) for e in step.out)
+        n = len(state.emitted)
+        if ids[:n] == state.emitted:
+            return replace(state, machine=m, history=history, emitted=ids), step.out[n:]
+        out: list[EventBase] = []
+        if m.state != state.machine.state:  # history was told differently: say so, once
+            fix = _Stepper(self.policy, state.ledger)
+            fix.move(
+                state.machine,
+                m.state,
+                f"corrected after a late fact: {m.reason}",
+                event,
+                m.attribution,
+            )
+            out = fix.out
+        emitted = state.emitted + tuple(str(e.event_id) for e in out)
+        return replace(
+            state, machine=m, history=history, emitted=emitted, corrections=state.corrections + 1
+        ), out
+
+    def dump_state(self, state: RunStatus) -> bytes:
+        doc = asdict(state)
+        doc["history"] = [encode(e).decode() for e in state.history]
+        return json.dumps(doc, allow_nan=True).encode()
+
+    def load_state(self, raw: bytes) -> RunStatus:
+        return status_from_doc(json.loads(raw))
+
+
+def _tuples(x: Any) -> Any:
+    return tuple(_tuples(v) for v in x) if isinstance(x, list) else x
+
+
+def status_from_doc(doc: dict[str, Any]) -> RunStatus:
+    m = doc["machine"]
+    att = m["attribution"]
+    machine = Machine(
+        state=m["state"],
+        reason=m["reason"],
+        failure_class=m["failure_class"],
+        entered_step=m["entered_step"],
+        active=tuple(ActiveAlert(**a) for a in m["active"]),
+        fired=_tuples(m["fired"]),
+        rejected=_tuples(m["rejected"]),
+        attribution=Attribution(**{k: _tuples(v) for k, v in att.items()}) if att else None,
+        late_after_terminal=m["late_after_terminal"],
+    )
+    ledger = Ledger(**{k: _tuples(v) for k, v in doc["ledger"].items()})
+    history = tuple(decode_or_raise(h.encode()) for h in doc["history"])
+    return RunStatus(
+        doc["tenant_id"],
+        doc["run_id"],
+        machine,
+        ledger,
+        history,
+        tuple(doc["emitted"]),
+        doc["corrections"],
+    )

@@ -1,0 +1,366 @@
+"""Read-model backends behind one ABC: in-memory (tests) and SQLite (durable).
+
+The engine writes a :class:`Batch` — the changed run views, new series points, fold
+states, fleet aggregates, held records and the *consumed positions* — with one
+:meth:`ReadModel.commit`. The SQLite backend writes all of it in one transaction, so the
+view and the offset it reflects can never disagree: after a crash the engine resumes from
+the stored positions and records at or past them are applied exactly once; a record
+before them is skipped, which makes replaying the same log into the same store a no-op.
+
+Readers (the query API, the Prometheus exporter, ``runwatch audit verify``) only call the
+read methods; the SQLite backend serves them from a separate connection per thread (WAL),
+so an API process can read a store another process is writing.
+"""
+
+from __future__ import annotations
+
+import abc
+import json
+import sqlite3
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from projections.views import Fleet, RunView
+
+Positions = dict[str, int]  # "topic:partition" -> next offset to read
+
+
+@dataclass
+class Batch:
+    views: dict[str, RunView] = field(default_factory=dict)
+    points: dict[tuple[str, str, int], float] = field(default_factory=dict)
+    fold_states: dict[tuple[str, str], bytes] = field(default_factory=dict)
+    fleet: Fleet | None = None
+    positions: Positions = field(default_factory=dict)
+    held: dict[str, Any] | None = None  # records held at the terminal barrier; None: unchanged
+
+
+@dataclass
+class Snapshot:
+    positions: Positions
+    fold_states: dict[tuple[str, str], bytes]
+    views: dict[str, RunView]
+    fleet: Fleet
+    held: dict[str, Any]
+
+
+def tenant_totals(views: list[RunView]) -> list[dict[str, Any]]:
+    """Per-tenant aggregates, sorted by tenant id (runs summed in run-id order, so float
+    sums are the same whatever order the backend returned them in)."""
+    out: dict[str, dict[str, Any]] = {}
+    for v in sorted(views, key=lambda v: v.run_id):
+        t = out.setdefault(
+            v.tenant_id,
+            {
+                "tenant_id": v.tenant_id,
+                "runs": 0,
+                "gpu_seconds_by_pool": {},
+                "tokens_generated": 0,
+                "tokens_trained": 0,
+                "committed_steps": 0,
+                "spend_usd": 0.0,
+                "runs_by_state": {},
+            },
+        )
+        t["runs"] += 1
+        state = v.state or "UNKNOWN"
+        t["runs_by_state"][state] = t["runs_by_state"].get(state, 0) + 1
+        u = v.usage
+        for pool, s in u.get("gpu_seconds_by_pool", {}).items():
+            t["gpu_seconds_by_pool"][pool] = t["gpu_seconds_by_pool"].get(pool, 0.0) + s
+        for k in ("tokens_generated", "tokens_trained", "committed_steps", "spend_usd"):
+            t[k] += u.get(k, 0)
+    for t in out.values():
+        steps = t["committed_steps"]
+        t["cost_per_step_usd"] = t["spend_usd"] / steps if steps else None
+    return [out[k] for k in sorted(out)]
+
+
+class ReadModel(abc.ABC):
+    # -- write side ------------------------------------------------------------------
+    @abc.abstractmethod
+    def load(self) -> Snapshot:
+        """Everything the engine needs to resume."""
+
+    @abc.abstractmethod
+    def commit(self, batch: Batch) -> None:
+        """Apply the batch atomically (views, points, fold states, fleet, positions)."""
+
+    # -- read side -------------------------------------------------------------------
+    @abc.abstractmethod
+    def get_run(self, run_id: str) -> RunView | None: ...
+
+    @abc.abstractmethod
+    def list_runs(
+        self, tenant_id: str | None, offset: int, limit: int, state: str | None = None
+    ) -> tuple[list[RunView], int]:
+        """Runs ordered by (created_ts, run_id); ``tenant_id=None`` lists every tenant."""
+
+    @abc.abstractmethod
+    def series(
+        self, run_id: str, metrics: tuple[str, ...], since_step: int = 0, limit: int = 10_000
+    ) -> dict[str, list[tuple[int, float]]]: ...
+
+    @abc.abstractmethod
+    def all_views(self) -> list[RunView]: ...
+
+    @abc.abstractmethod
+    def fleet(self) -> Fleet: ...
+
+    @abc.abstractmethod
+    def positions(self) -> Positions: ...
+
+    def tenants(self) -> list[dict[str, Any]]:
+        return tenant_totals(self.all_views())
+
+    def export(self) -> dict[str, Any]:
+        """The whole projection as plain JSON data, in a canonical order (audit compare)."""
+        runs = sorted(self.all_views(), key=lambda v: v.run_id)
+        return {
+            "runs": {v.run_id: v.to_doc() for v in runs},
+            "series": {
+                v.run_id: {
+                    m: [list(p) for p in pts] for m, pts in self.all_series(v.run_id).items()
+                }
+                for v in runs
+            },
+            "fleet": self.fleet().to_doc(),
+            "tenants": self.tenants(),
+        }
+
+    @abc.abstractmethod
+    def all_series(self, run_id: str) -> dict[str, list[tuple[int, float]]]: ...
+
+    def close(self) -> None:
+        return None
+
+
+class InMemoryReadModel(ReadModel):
+    """Documents in dicts, copied at commit (readers never see half a batch)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._docs: dict[str, dict[str, Any]] = {}
+        self._series: dict[str, dict[str, dict[int, float]]] = {}
+        self._folds: dict[tuple[str, str], bytes] = {}
+        self._fleet: dict[str, Any] = Fleet().to_doc()
+        self._positions: Positions = {}
+        self._held: dict[str, Any] = {}
+
+    def load(self) -> Snapshot:
+        with self._lock:
+            return Snapshot(
+                dict(self._positions),
+                dict(self._folds),
+                {k: RunView.from_doc(json.loads(json.dumps(d))) for k, d in self._docs.items()},
+                Fleet.from_doc(json.loads(json.dumps(self._fleet))),
+                json.loads(json.dumps(self._held)),
+            )
+
+    def commit(self, batch: Batch) -> None:
+        docs = {k: json.loads(json.dumps(v.to_doc())) for k, v in batch.views.items()}
+        fleet = json.loads(json.dumps(batch.fleet.to_doc())) if batch.fleet else None
+        with self._lock:
+            self._docs.update(docs)
+            for (run, metric, step), value in batch.points.items():
+                self._series.setdefault(run, {}).setdefault(metric, {})[step] = value
+            self._folds.update(batch.fold_states)
+            if fleet is not None:
+                self._fleet = fleet
+            self._positions.update(batch.positions)
+            if batch.held is not None:
+                self._held = json.loads(json.dumps(batch.held))
+
+    def get_run(self, run_id: str) -> RunView | None:
+        with self._lock:
+            doc = self._docs.get(run_id)
+            return RunView.from_doc(json.loads(json.dumps(doc))) if doc else None
+
+    def list_runs(self, tenant_id, offset, limit, state=None):  # type: ignore[no-untyped-def]
+        with self._lock:
+            docs = [
+                d
+                for d in self._docs.values()
+                if (tenant_id is None or d["tenant_id"] == tenant_id)
+                and (state is None or d["state"] == state)
+            ]
+        docs.sort(key=lambda d: (d["created_ts"] or 0.0, d["run_id"]))
+        page = docs[offset : offset + limit]
+        return [RunView.from_doc(json.loads(json.dumps(d))) for d in page], len(docs)
+
+    def series(self, run_id, metrics, since_step=0, limit=10_000):  # type: ignore[no-untyped-def]
+        with self._lock:
+            per = self._series.get(run_id, {})
+            return {
+                m: sorted((s, v) for s, v in per.get(m, {}).items() if s >= since_step)[:limit]
+                for m in metrics
+            }
+
+    def all_series(self, run_id: str) -> dict[str, list[tuple[int, float]]]:
+        with self._lock:
+            per = self._series.get(run_id, {})
+            return {m: sorted(per[m].items()) for m in sorted(per)}
+
+    def all_views(self) -> list[RunView]:
+        with self._lock:
+            return [RunView.from_doc(json.loads(json.dumps(d))) for d in self._docs.values()]
+
+    def fleet(self) -> Fleet:
+        with self._lock:
+            return Fleet.from_doc(json.loads(json.dumps(self._fleet)))
+
+    def positions(self) -> Positions:
+        with self._lock:
+            return dict(self._positions)
+
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS positions (
+  topic_partition TEXT PRIMARY KEY, next_offset INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS runs (
+  run_id TEXT PRIMARY KEY, tenant_id TEXT NOT NULL, state TEXT, created_ts REAL, doc TEXT NOT NULL);
+CREATE INDEX IF NOT EXISTS runs_by_tenant ON runs (tenant_id, created_ts, run_id);
+CREATE TABLE IF NOT EXISTS series (
+  run_id TEXT NOT NULL, metric TEXT NOT NULL, step INTEGER NOT NULL, value REAL,
+  PRIMARY KEY (run_id, metric, step)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS fold_state (fold TEXT NOT NULL, key TEXT NOT NULL, state BLOB NOT NULL,
+  PRIMARY KEY (fold, key)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+"""
+
+
+class SqliteReadModel(ReadModel):
+    """A SQLite file. One writer (the engine), any number of reader threads/processes."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._local = threading.local()
+        con = self._con()
+        con.executescript(_SCHEMA)
+        con.commit()
+
+    def _con(self) -> sqlite3.Connection:
+        con = getattr(self._local, "con", None)
+        if con is None:
+            con = sqlite3.connect(self.path, timeout=30.0, isolation_level=None)
+            con.execute("PRAGMA journal_mode=WAL")
+            con.execute("PRAGMA synchronous=NORMAL")
+            self._local.con = con
+        return con
+
+    def load(self) -> Snapshot:
+        con = self._con()
+        positions = dict(con.execute("SELECT topic_partition, next_offset FROM positions"))
+        folds = {
+            (f, k): bytes(s) for f, k, s in con.execute("SELECT fold, key, state FROM fold_state")
+        }
+        views = {
+            r: RunView.from_doc(json.loads(d))
+            for r, d in con.execute("SELECT run_id, doc FROM runs")
+        }
+        return Snapshot(positions, folds, views, self.fleet(), self._meta("held") or {})
+
+    def _meta(self, key: str) -> Any:
+        row = self._con().execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
+        return json.loads(row[0]) if row else None
+
+    def commit(self, batch: Batch) -> None:
+        con = self._con()
+        con.execute("BEGIN IMMEDIATE")
+        try:
+            con.executemany(
+                "INSERT OR REPLACE INTO runs VALUES (?, ?, ?, ?, ?)",
+                [
+                    (v.run_id, v.tenant_id, v.state, v.created_ts, json.dumps(v.to_doc()))
+                    for v in batch.views.values()
+                ],
+            )
+            con.executemany(
+                "INSERT OR REPLACE INTO series VALUES (?, ?, ?, ?)",
+                [(r, m, s, v) for (r, m, s), v in batch.points.items()],
+            )
+            con.executemany(
+                "INSERT OR REPLACE INTO fold_state VALUES (?, ?, ?)",
+                [(f, k, s) for (f, k), s in batch.fold_states.items()],
+            )
+            if batch.fleet is not None:
+                con.execute(
+                    "INSERT OR REPLACE INTO meta VALUES ('fleet', ?)",
+                    (json.dumps(batch.fleet.to_doc()),),
+                )
+            if batch.held is not None:
+                con.execute(
+                    "INSERT OR REPLACE INTO meta VALUES ('held', ?)", (json.dumps(batch.held),)
+                )
+            con.executemany(
+                "INSERT OR REPLACE INTO positions VALUES (?, ?)", list(batch.positions.items())
+            )
+            con.execute("COMMIT")
+        except BaseException:
+            con.execute("ROLLBACK")
+            raise
+
+    def get_run(self, run_id: str) -> RunView | None:
+        row = self._con().execute("SELECT doc FROM runs WHERE run_id = ?", (run_id,)).fetchone()
+        return RunView.from_doc(json.loads(row[0])) if row else None
+
+    def list_runs(self, tenant_id, offset, limit, state=None):  # type: ignore[no-untyped-def]
+        where, args = [], []
+        if tenant_id is not None:
+            where.append("tenant_id = ?")
+            args.append(tenant_id)
+        if state is not None:
+            where.append("state = ?")
+            args.append(state)
+        clause = f"WHERE {' AND '.join(where)}" if where else ""
+        con = self._con()
+        total = con.execute(f"SELECT count(*) FROM runs {clause}", args).fetchone()[0]
+        rows = con.execute(
+            f"SELECT doc FROM runs {clause} ORDER BY created_ts, run_id LIMIT ? OFFSET ?",
+            [*args, limit, offset],
+        ).fetchall()
+        return [RunView.from_doc(json.loads(d)) for (d,) in rows], total
+
+    def series(self, run_id, metrics, since_step=0, limit=10_000):  # type: ignore[no-untyped-def]
+        con = self._con()
+        return {
+            m: [
+                (s, v)
+                for s, v in con.execute(
+                    "SELECT step, value FROM series WHERE run_id = ? AND metric = ? AND step >= ?"
+                    " ORDER BY step LIMIT ?",
+                    (run_id, m, since_step, limit),
+                )
+            ]
+            for m in metrics
+        }
+
+    def all_series(self, run_id: str) -> dict[str, list[tuple[int, float]]]:
+        out: dict[str, list[tuple[int, float]]] = {}
+        for m, s, v in self._con().execute(
+            "SELECT metric, step, value FROM series WHERE run_id = ? ORDER BY metric, step",
+            (run_id,),
+        ):
+            out.setdefault(m, []).append((s, v))
+        return out
+
+    def all_views(self) -> list[RunView]:
+        return [
+            RunView.from_doc(json.loads(d)) for (d,) in self._con().execute("SELECT doc FROM runs")
+        ]
+
+    def fleet(self) -> Fleet:
+        doc = self._meta("fleet")
+        return Fleet.from_doc(doc) if doc else Fleet()
+
+    def positions(self) -> Positions:
+        return dict(self._con().execute("SELECT topic_partition, next_offset FROM positions"))
+
+    def close(self) -> None:
+        con = getattr(self._local, "con", None)
+        if con is not None:
+            con.close()
+            self._local.con = None

@@ -1,0 +1,285 @@
+"""The materialized views: one document per run, per-step series, and fleet aggregates.
+
+These are the *read* side (mutable, owned by :class:`~projections.engine.ProjectionEngine`);
+the decisions live in the pure folds. Every update here is commutative across topics
+(maxima, sums, keyed maps, or values from one totally ordered topic), so a view does not
+depend on how the host interleaved the input topics.
+
+Visibility (seed 000 step 5): the customer view is state + reason + attribution and the
+minimal charts (reward, KL, eval-gate scores, spend). Gradient norms, clip fractions,
+alerts, the reward ledger and run mechanics are operator-only.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left
+from dataclasses import asdict, dataclass, field
+from math import isfinite
+from typing import Any
+
+from events import (
+    AlertFired,
+    AlertResolved,
+    CheckpointWritten,
+    EvalGateScored,
+    ResumeCertified,
+    ResumeRejected,
+    RewardBatchFailed,
+    RewardBatchScored,
+    RolloutBatchCompleted,
+    RunStateChanged,
+    RunSubmitted,
+    StepPhaseTimed,
+    TenantUsageUpdated,
+    TrainerStepCompleted,
+    WeightSyncCompleted,
+)
+from events.envelope import EventBase
+from projections.accounting import RunUsage
+from projections.policy import Prices
+from projections.run_state import RunStatus
+
+CUSTOMER_METRICS = ("reward_mean", "kl_to_ref", "eval_score", "spend_usd")
+TRAINER_METRICS = (
+    "reward_mean",
+    "reward_std",
+    "kl_to_ref",
+    "entropy",
+    "grad_norm",
+    "clip_fraction",
+    "loss",
+    "lr",
+)
+PHASES = ("rollout", "score", "sync", "optim", "idle", "other")
+OPERATOR_METRICS = (
+    *TRAINER_METRICS,
+    "eval_score",
+    "spend_usd",
+    "step_wall_s",
+    *(f"{p}_s" for p in PHASES),
+    "mean_length",
+    "truncation_rate",
+    "unparseable_rate",
+)
+#: Step-phase histogram buckets (seconds), the same for every phase.
+PHASE_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+
+
+@dataclass(slots=True)
+class RunView:
+    tenant_id: str
+    run_id: str
+    algorithm: str = ""
+    created_ts: float | None = None
+    updated_ts: float = 0.0
+    last_step: int | None = None
+    state: str | None = None
+    reason: str = ""
+    failure_class: str | None = None
+    attribution: dict[str, Any] | None = None
+    transitions: list[dict[str, Any]] = field(default_factory=list)
+    alerts: dict[str, dict[str, Any]] = field(default_factory=dict)
+    ledger: dict[str, Any] = field(default_factory=dict)
+    usage: dict[str, Any] = field(default_factory=dict)
+    checkpoints: dict[str, Any] = field(default_factory=dict)
+    mechanics: dict[str, Any] = field(default_factory=dict)
+    counters: dict[str, int] = field(default_factory=dict)
+
+    def to_doc(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_doc(cls, doc: dict[str, Any]) -> RunView:
+        return cls(**doc)
+
+    def spend(self) -> float:
+        return float(self.usage.get("spend_usd", 0.0))
+
+
+@dataclass(slots=True)
+class Fleet:
+    """Fleet-level, commutative aggregates (what the Prometheus exporter reads)."""
+
+    phase_buckets: dict[str, list[int]] = field(default_factory=dict)
+    #: Integer microseconds, so the sum is exact and independent of the order runs arrive in
+    #: (a live Kafka interleaving and a replay must give the same fleet aggregates).
+    phase_sum_us: dict[str, int] = field(default_factory=dict)
+    phase_count: dict[str, int] = field(default_factory=dict)
+    reward_samples: dict[str, int] = field(default_factory=dict)
+    alerts_fired: dict[str, int] = field(default_factory=dict)  # "detector|layer|routing"
+    alerts_resolved: dict[str, int] = field(default_factory=dict)  # "detector"
+    transitions: dict[str, int] = field(default_factory=dict)  # to_state
+    dead_letters: int = 0
+    events: dict[str, int] = field(default_factory=dict)  # topic
+
+    def to_doc(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_doc(cls, doc: dict[str, Any]) -> Fleet:
+        return cls(**doc)
+
+    def observe_phase(self, phase: str, seconds: float) -> None:
+        """Count one observation in its (non-cumulative) bucket; the exporter cumulates.
+        The last slot counts observations above every bound (the +Inf remainder)."""
+        if not isfinite(seconds):
+            return
+        buckets = self.phase_buckets.get(phase)
+        if buckets is None:
+            buckets = self.phase_buckets[phase] = [0] * (len(PHASE_BUCKETS) + 1)
+        buckets[bisect_left(PHASE_BUCKETS, seconds)] += 1
+        self.phase_sum_us[phase] = self.phase_sum_us.get(phase, 0) + round(seconds * 1e6)
+        self.phase_count[phase] = self.phase_count.get(phase, 0) + 1
+
+
+Points = dict[tuple[str, str, int], float]
+
+
+def _bump(d: dict[str, int], key: str, n: int = 1) -> None:
+    d[key] = d.get(key, 0) + n
+
+
+def apply_primary(view: RunView, fleet: Fleet, points: Points, ev: EventBase) -> None:
+    """Fold one input fact into its run's view, series and the fleet aggregates."""
+    if view.created_ts is None or ev.ts < view.created_ts:
+        view.created_ts = ev.ts
+    view.updated_ts = max(view.updated_ts, ev.ts)
+    step = ev.step
+    if step is not None and (view.last_step is None or step > view.last_step):
+        view.last_step = step
+    t = type(ev)
+    rid = view.run_id
+    if t is TrainerStepCompleted:
+        for name in TRAINER_METRICS:
+            value = getattr(ev, name)
+            if value is not None and step is not None:
+                points[(rid, name, step)] = value
+    elif t is StepPhaseTimed:
+        if step is not None:
+            points[(rid, "step_wall_s", step)] = ev.wall_s
+        buckets, sums, counts = fleet.phase_buckets, fleet.phase_sum_us, fleet.phase_count
+        for phase, metric, seconds in (
+            ("rollout", "rollout_s", ev.rollout_s),
+            ("score", "score_s", ev.score_s),
+            ("sync", "sync_s", ev.sync_s),
+            ("optim", "optim_s", ev.optim_s),
+            ("idle", "idle_s", ev.idle_s),
+            ("other", "other_s", ev.other_s),
+        ):
+            if step is not None:
+                points[(rid, metric, step)] = seconds
+            if not isfinite(seconds):
+                continue  # a NaN timing is kept in the run's series, not in the histogram
+            b = buckets.get(phase)
+            if b is None:
+                fleet.observe_phase(phase, seconds)
+                continue
+            b[bisect_left(PHASE_BUCKETS, seconds)] += 1
+            sums[phase] += round(seconds * 1e6)
+            counts[phase] += 1
+    elif t is EvalGateScored:
+        if step is not None:
+            points[(rid, "eval_score", step)] = ev.score
+    elif t is RolloutBatchCompleted:
+        if step is not None:
+            points[(rid, "mean_length", step)] = ev.mean_length
+            points[(rid, "truncation_rate", step)] = ev.truncation_rate
+            points[(rid, "unparseable_rate", step)] = ev.unparseable_rate
+        m = view.mechanics
+        m["rollout_policy_version"] = max(m.get("rollout_policy_version", -1), ev.policy_version)
+    elif t is WeightSyncCompleted:
+        m = view.mechanics
+        m["weight_syncs"] = m.get("weight_syncs", 0) + 1
+        m["synced_policy_version"] = max(m.get("synced_policy_version", -1), ev.policy_version)
+    elif t is AlertFired:
+        a = view.alerts.setdefault(ev.alert_id, {})
+        a.update(
+            detector=ev.detector,
+            layer=ev.layer,
+            routing=ev.routing,
+            reason=ev.reason,
+            window_start=ev.window_start,
+            window_end=ev.window_end,
+            fired_ts=ev.ts,
+            fired_step=step,
+            config_version=ev.config_version,
+            first_response=ev.first_response,
+            escalated=ev.escalated,
+            observed=dict(ev.observed),
+            thresholds=dict(ev.thresholds),
+        )
+        a.setdefault("resolved_ts", None)
+        _bump(fleet.alerts_fired, f"{ev.detector}|{ev.layer}|{ev.routing}")
+    elif t is AlertResolved:
+        a = view.alerts.setdefault(ev.alert_id, {"detector": ev.detector})
+        a["resolved_ts"], a["resolved_reason"] = ev.ts, ev.reason
+        _bump(fleet.alerts_resolved, ev.detector)
+    elif t is CheckpointWritten:
+        c = view.checkpoints
+        c["written"] = c.get("written", 0) + 1
+        if step is not None and step >= c.get("last_step", -1):
+            c["last_step"], c["last_path"] = step, ev.path
+    elif t is ResumeCertified or t is ResumeRejected:
+        _bump(view.checkpoints, "resumes_certified" if t is ResumeCertified else "resumes_rejected")
+    elif t is RewardBatchScored:
+        _bump(fleet.reward_samples, "ok", ev.n)
+    elif t is RewardBatchFailed:
+        _bump(fleet.reward_samples, ev.cause, ev.n)
+    elif t is RunSubmitted:
+        view.algorithm = ev.algorithm
+    if step is not None and view.mechanics.get("synced_policy_version") is not None:
+        view.mechanics["staleness_steps"] = max(
+            0, (view.last_step or 0) - view.mechanics["synced_policy_version"]
+        )
+
+
+def apply_derived(view: RunView, fleet: Fleet, points: Points, ev: EventBase) -> None:
+    if type(ev) is RunStateChanged:
+        view.transitions.append(
+            {
+                "ts": ev.ts,
+                "step": ev.step,
+                "from_state": ev.from_state,
+                "to_state": ev.to_state,
+                "reason": ev.reason,
+                "failure_class": ev.failure_class,
+                "event_id": str(ev.event_id),
+            }
+        )
+        _bump(fleet.transitions, ev.to_state)
+    elif type(ev) is TenantUsageUpdated and ev.step is not None:
+        points[(view.run_id, "spend_usd", ev.step)] = ev.spend_usd
+
+
+def sync_status(view: RunView, status: RunStatus) -> None:
+    """Copy the run-state fold's decisions into the view."""
+    m = status.machine
+    view.state, view.reason, view.failure_class = m.state, m.reason, m.failure_class
+    view.attribution = asdict(m.attribution) if m.attribution else None
+    led = status.ledger
+    view.ledger = {
+        "samples": led.counts(),
+        "ok_batches": led.ok_batches,
+        "failed_batches": led.failed_batches,
+        "examples": [x[3] for x in led.examples],
+    }
+    view.counters = {
+        "rejected_transitions": len(m.rejected),
+        "corrections": status.corrections,
+        "late_after_terminal": m.late_after_terminal,
+    }
+    view.mechanics["rejected"] = [list(r) for r in m.rejected[-20:]]
+
+
+def sync_usage(view: RunView, usage: RunUsage, prices: Prices) -> None:
+    spend = usage.spend_usd(prices)
+    view.usage = {
+        "gpu_seconds_by_pool": dict(usage.by_pool()),
+        "gpu_seconds_by_phase": dict(usage.gpu_seconds_by_phase),
+        "tokens_generated": usage.tokens_generated,
+        "tokens_trained": usage.tokens_trained,
+        "committed_steps": usage.committed_steps,
+        "spend_usd": spend,
+        "cost_per_step_usd": spend / usage.committed_steps if usage.committed_steps else None,
+        "prices_version": prices.version,
+    }

@@ -1,0 +1,305 @@
+"""The trajectory API, assembled: ingress router + batching fold + view router, one app.
+
+Wiring (no domain logic here):
+
+1. On start the host appends ``TrajectoryApiStarted`` for its instance to the run's
+   ``runwatch.trajectories`` partition (so the batching fold requeues whatever this
+   instance's previous incarnation served but never delivered) and learns the partition
+   and the offset it must catch up to before serving folded answers.
+2. A tail task reads that partition from offset 0, forever. Each record of this run is
+   decoded (undecodable records are skipped and counted), deduplicated by ``event_id``,
+   folded by :class:`~stream_processors.batching.BatchingFold`, then it and its derived
+   events are applied to :class:`~projections.trajectory_view.TrajectoryView`; a request
+   this instance is waiting on is answered from there.
+3. Derived events of this instance's own inputs (from this incarnation on) are published
+   to ``runwatch.batches`` in the background, for detectors and dashboards. They are a
+   deterministic function of the partition, which stays the source of truth.
+
+Several instances on one broker run the same fold over the same partition, so they
+share one state without talking to each other; each answers the requests it appended.
+A restart replays the partition (the fold state is rebuilt, payloads of undelivered
+groups are spilled again to a local cache), then serves.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import os
+import socket
+import uuid
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from fastapi import FastAPI
+from fastapi.middleware.cors import CORSMiddleware
+from starlette.middleware.gzip import GZipMiddleware
+
+from events.catalog.trajectory import (
+    BATCHES_TOPIC,
+    TRAJECTORIES_TOPIC,
+    ScoredDataGroupAccepted,
+    TrajectoryApiStarted,
+    TrajectoryBatchRequested,
+    TrajectoryBatchServed,
+    TrajectoryBatchUnavailable,
+    TrajectoryEnvRegistered,
+)
+from events.codec import decode, encode
+from events.dead_letter import DeadLetter
+from events.dedupe import Deduplicator
+from events.envelope import EventBase, new_envelope
+from events.log.base import LogBackend, Record
+from producers.trajectory_api import GzipRequestMiddleware
+from producers.trajectory_api import build_router as build_ingress
+from projections.trajectory_view import SpillPayloads, TrajectoryView
+from projections.trajectory_view.router import build_router as build_serving
+from stream_processors.batching import BatchingFold
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class TrajectorySettings:
+    tenant_id: str = "default"
+    run_id: str = "atropos"
+    #: Stable name of this API instance (default ``host:port``): a restart under the same
+    #: name requeues what the previous incarnation served but never delivered.
+    instance: str = ""
+    max_off_policy_steps: int | None = None
+    max_queue_groups: int = 50_000
+    batch_timeout_s: float = 30.0
+    gzip_level: int = 1
+    payload_dir: str | None = None
+    dedupe_window: int = 200_000
+
+
+class TrajectoryHost:
+    """Hosts the fold and the view over one run's partition; both routers' port."""
+
+    def __init__(self, backend: LogBackend, settings: TrajectorySettings) -> None:
+        self.backend = backend
+        self.settings = settings
+        self.instance = settings.instance or f"{socket.gethostname()}:{os.getpid()}"
+        self.producer = f"trajectory-api/{self.instance}"
+        self.key = settings.run_id.encode()
+        self.max_off_policy_steps = settings.max_off_policy_steps
+        self.max_queue_groups = settings.max_queue_groups
+        self.batch_timeout_s = settings.batch_timeout_s
+        self.gzip_level = settings.gzip_level
+        self.fold = BatchingFold()
+        self.state = self.fold.initial()
+        self.view = TrajectoryView(SpillPayloads(settings.payload_dir))
+        self.ready = False
+        self.partition: int | None = None
+        self.ready_offset = 0
+        self.position = 0
+        self.skipped = 0
+        self._seq = itertools.count()
+        self._waiters: dict[str, asyncio.Future[Any]] = {}
+        self._own: dict[int, EventBase] = {}  # offset -> event this instance appended
+        self._dedupe = Deduplicator(settings.dedupe_window)
+        self._appended_groups = 0
+        self._folded_own_groups = 0
+        self._ready_event = asyncio.Event()
+        self._wake = asyncio.Event()
+        self._outbox: asyncio.Queue[EventBase] = asyncio.Queue()
+        self._tasks: list[asyncio.Task[None]] = []
+
+    # -- the ports the routers use --------------------------------------------------------
+    @property
+    def started(self) -> bool:
+        return self.view.started
+
+    @property
+    def step(self) -> int:
+        return self.view.step
+
+    @property
+    def env_count(self) -> int:
+        return len(self.view.envs)
+
+    def envelope(self) -> dict[str, Any]:
+        return new_envelope(
+            tenant_id=self.settings.tenant_id,
+            run_id=self.settings.run_id,
+            producer=self.producer,
+            seq=next(self._seq),
+        )
+
+    def backlog_groups(self) -> int:
+        """Queued groups as folded, plus this instance's appended-but-not-folded ones."""
+        return len(self.view.queue) + max(0, self._appended_groups - self._folded_own_groups)
+
+    def expect(self, request_id: str) -> asyncio.Future[Any]:
+        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._waiters[request_id] = fut
+        fut.add_done_callback(lambda _: self._waiters.pop(request_id, None))
+        return fut
+
+    async def append(self, events: Sequence[EventBase], groups: int = 0) -> None:
+        """Append to the run's partition; returns once the log acknowledged every record."""
+        records = [(self.key, encode(ev)) for ev in events]
+        self._appended_groups += groups
+        try:
+            where = await self.backend.append_many(TRAJECTORIES_TOPIC, records)
+        except BaseException:
+            self._appended_groups -= groups
+            raise
+        for ev, at in zip(events, where):
+            if at.offset >= self.position:  # not folded yet: spare the tail a decode
+                self._own[at.offset] = ev
+        self._wake.set()
+
+    # -- lifecycle ------------------------------------------------------------------------
+    async def start(self) -> None:
+        await self.backend.start()
+        marker = TrajectoryApiStarted(**self.envelope(), incarnation=uuid.uuid4().hex)
+        (where,) = await self.backend.append_many(TRAJECTORIES_TOPIC, [(self.key, encode(marker))])
+        self.partition, self.ready_offset = where.partition, where.offset
+        self._tasks = [
+            asyncio.create_task(self._tail(), name="trajectory-tail"),
+            asyncio.create_task(self._publish(), name="trajectory-publish"),
+        ]
+
+    async def wait_ready(self, timeout_s: float | None = None) -> None:
+        await asyncio.wait_for(self._ready_event.wait(), timeout_s)
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        with contextlib.suppress(Exception):
+            await self._flush_outbox()
+        await self.backend.close()
+        self.view.payloads.close()
+
+    # -- the tail: log -> fold -> view -> answers ----------------------------------------
+    async def _records(self) -> AsyncIterator[Record]:
+        read_sync = getattr(self.backend, "read_sync", None)
+        if read_sync is None:  # Kafka: a long-polling reader of the partition
+            async for rec in self.backend.read(
+                TRAJECTORIES_TOPIC, self.partition or 0, 0, until_end=False
+            ):
+                yield rec
+            return
+        position = 0  # embedded: read files; woken by our own appends, else poll 10 ms
+        while True:
+            self._wake.clear()
+            got = 0
+            for rec in read_sync(TRAJECTORIES_TOPIC, position):
+                position = rec.offset + 1
+                got += 1
+                yield rec
+            if not got:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), 0.01)
+
+    async def _tail(self) -> None:
+        n = 0
+        async for rec in self._records():
+            self.position = rec.offset + 1
+            if rec.key == self.key:
+                self._process(rec)
+            if not self.ready and rec.offset >= self.ready_offset:
+                self.ready = True
+                self._ready_event.set()
+            n += 1
+            if n % 64 == 0:
+                await asyncio.sleep(0)  # let requests in while catching up
+
+    def _process(self, rec: Record) -> None:
+        ev = self._own.pop(rec.offset, None) or decode(rec.value)
+        if isinstance(ev, DeadLetter) or ev.tenant_id != self.settings.tenant_id:
+            self.skipped += 1
+            if isinstance(ev, DeadLetter):
+                log.warning("skipping undecodable record at offset %s: %s", rec.offset, ev.reason)
+            return
+        if not self._dedupe.first_time(ev.event_id):
+            return
+        self.state, derived = self.fold.apply(self.state, ev)
+        self.view.apply(ev)
+        for d in derived:
+            self.view.apply(d)
+        mine = ev.producer == self.producer
+        if mine and isinstance(ev, ScoredDataGroupAccepted) and rec.offset > self.ready_offset:
+            self._folded_own_groups += 1
+        if mine and rec.offset > self.ready_offset:
+            for d in derived:
+                self._outbox.put_nowait(d)
+        request_id = getattr(ev, "request_id", None)
+        fut = self._waiters.get(request_id) if request_id else None
+        if fut is None or fut.done():
+            return
+        if isinstance(ev, TrajectoryEnvRegistered):
+            fut.set_result(self.view.env_answer(ev.request_id))
+        elif isinstance(ev, TrajectoryBatchRequested):
+            answer = next(
+                d
+                for d in derived
+                if isinstance(d, (TrajectoryBatchServed, TrajectoryBatchUnavailable))
+            )
+            fut.set_result(answer)
+
+    async def _publish(self) -> None:
+        while True:
+            first = await self._outbox.get()
+            batch = [first]
+            while not self._outbox.empty() and len(batch) < 500:
+                batch.append(self._outbox.get_nowait())
+            try:
+                await self.backend.append_many(BATCHES_TOPIC, [(e.key(), encode(e)) for e in batch])
+            except Exception:
+                log.exception("publishing %d derived trajectory events failed", len(batch))
+
+    async def _flush_outbox(self) -> None:
+        batch = []
+        while not self._outbox.empty():
+            batch.append(self._outbox.get_nowait())
+        if batch:
+            await self.backend.append_many(BATCHES_TOPIC, [(e.key(), encode(e)) for e in batch])
+
+
+def build_app(host: TrajectoryHost) -> FastAPI:
+    """The Atropos-compatible app over ``host`` (started and stopped with the app)."""
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        await host.start()
+        try:
+            yield
+        finally:
+            await host.stop()
+
+    app = FastAPI(title="AtroposLib API (runwatch)", lifespan=lifespan)
+    app.add_middleware(
+        CORSMiddleware,
+        allow_origins=["*"],
+        allow_credentials=True,
+        allow_methods=["*"],
+        allow_headers=["*"],
+    )
+    app.add_middleware(GZipMiddleware, minimum_size=1000, compresslevel=host.gzip_level)
+    app.add_middleware(GzipRequestMiddleware)
+    app.include_router(build_ingress(host))
+    app.include_router(build_serving(host))
+    app.state.host = host
+    return app
+
+
+def open_backend(kafka: str | None, log_dir: str | None) -> LogBackend:
+    """Kafka when a bootstrap address is given, else the embedded log at ``log_dir``."""
+    if kafka:
+        from events.log.kafka import KafkaLog
+
+        # no linger: every append is one request's worth already, and a client waits on it
+        return KafkaLog(kafka, client_id="runwatch-trajectories", producer_config={"linger_ms": 0})
+    from events.log.embedded import EmbeddedLog
+    from runwatch.settings import log_dir as default_log_dir
+
+    return EmbeddedLog(default_log_dir(log_dir))

@@ -1,0 +1,1 @@
+"""Broker tooling (composition root): a real Kafka broker for tests, CI and users."""

@@ -1,0 +1,69 @@
+"""``runwatch process``: run the stream processors.
+
+- ``--log DIR`` (default ``$RUNWATCH_LOG_DIR``): the embedded host over a local log;
+  ``--once`` processes what is there and exits, otherwise it follows the log until
+  interrupted. State and positions live in ``DIR/_groups/<fold>.state.json``.
+- ``--kafka BOOTSTRAP``: the faust-streaming app (one agent per fold, tables keyed by
+  run id) as a worker on that broker, until interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import threading
+
+from runwatch import settings
+from runwatch.cli.terminal import Abort, Terminal
+
+HELP = "run the stream processors (embedded or faust on Kafka)"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    target = parser.add_mutually_exclusive_group()
+    target.add_argument("--kafka", metavar="BOOTSTRAP", help="run the faust app on this broker")
+    target.add_argument("--log", metavar="DIR", help="embedded log directory")
+    parser.add_argument("--once", action="store_true", help="embedded: drain, then exit")
+    parser.add_argument("--catalog", help="detector threshold catalog (default: packaged)")
+    parser.add_argument("--app-id", default="runwatch-processors", help="faust app id")
+    parser.add_argument("--json", action="store_true", help="print the summary as JSON")
+
+
+def run(args: argparse.Namespace, term: Terminal) -> int:
+    from runwatch.folds import processor_folds
+    from stream_processors.detectors import CatalogError
+
+    try:
+        folds = processor_folds(args.catalog)
+    except CatalogError as exc:
+        raise Abort(str(exc)) from None
+    if args.kafka:
+        from runwatch.hosting.faust_host import run_worker
+
+        term.progress(f"faust worker {args.app_id} on {args.kafka}: {[f.name for f in folds]}")
+        run_worker(folds, args.kafka, app_id=args.app_id)
+        return 0
+    from events.log.embedded import EmbeddedLog
+    from runwatch.hosting.embedded import EmbeddedHost
+
+    log = EmbeddedLog(settings.log_dir(args.log))
+    log.open_sync()
+    host = EmbeddedHost(log, folds)
+    if args.once:
+        stats = host.run_once()
+    else:
+        stop = threading.Event()
+        signal.signal(signal.SIGTERM, lambda *_: stop.set())
+        term.progress(f"processing {log.root} (Ctrl-C to stop)")
+        try:
+            stats = host.run_forever(stop)
+        except KeyboardInterrupt:
+            stats = host.stats
+    if args.json:
+        term.json(stats.as_dict())
+    else:
+        term.info(
+            f"processed {stats.records} records ({stats.duplicates} duplicates, "
+            f"{stats.dead_letters} dead letters); derived {stats.derived}"
+        )
+    return 0

@@ -1,0 +1,106 @@
+"""``runwatch serve``: run an HTTP API.
+
+- ``runwatch serve trajectories [--host H] [--port P] [--kafka [BOOTSTRAP]] [--log DIR]``:
+  the Atropos-compatible trajectory API (seed 004), durable on the embedded log (default)
+  or on Kafka. Several instances on one broker share one buffer; give each a distinct
+  ``--instance`` (default ``host:port``) and keep it across restarts, so a restarted
+  instance requeues the batches it served but never delivered.
+- ``runwatch serve api``: the query API of the projections (when this build has it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+
+from runwatch import settings
+from runwatch.cli.terminal import Abort, Terminal
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    sub = parser.add_subparsers(dest="serve_command", metavar="API", required=True)
+    api = sub.add_parser("api", help="the projections' query API")
+    api.add_argument("--host", default="127.0.0.1")
+    api.add_argument("--port", type=int, default=8080)
+    api.add_argument("--kafka", nargs="?", const="", help="Kafka bootstrap (default: embedded)")
+    api.add_argument("--log", help="embedded log directory")
+    from runwatch.apps.query_api import add_api_arguments  # light: argparse only
+
+    add_api_arguments(api)
+
+    t = sub.add_parser("trajectories", help="the Atropos-compatible trajectory API")
+    t.add_argument("--host", default="127.0.0.1")
+    t.add_argument("--port", type=int, default=8000)
+    t.add_argument(
+        "--kafka",
+        nargs="?",
+        const="",
+        metavar="BOOTSTRAP",
+        help="use Kafka (bootstrap, or the configured broker if omitted); default: embedded",
+    )
+    t.add_argument("--log", help="embedded log directory (default: $RUNWATCH_LOG_DIR)")
+    t.add_argument("--tenant", default="default", help="tenant id of the events")
+    t.add_argument("--run-id", default="atropos", help="run id: the buffer's partition key")
+    t.add_argument("--instance", help="stable name of this instance (default host:port)")
+    t.add_argument(
+        "--max-off-policy-steps",
+        type=int,
+        help="default staleness bound in trainer steps (envs may set their own)",
+    )
+    t.add_argument(
+        "--max-queue-groups",
+        type=int,
+        default=50_000,
+        help="queue cap; pushes beyond it get 503 + Retry-After",
+    )
+    t.add_argument("--payload-dir", help="local cache of undelivered payloads (default: tmp)")
+    t.add_argument("--gzip-level", type=int, default=1, help="response gzip level (1-9)")
+
+
+def run(args: argparse.Namespace, term: Terminal) -> int:
+    if args.serve_command == "trajectories":
+        return _trajectories(args, term)
+    try:
+        module = importlib.import_module("runwatch.apps.query_api")
+    except ImportError as exc:
+        raise Abort(f"the query API is not part of this build ({exc})") from None
+    return int(module.serve(args, term) or 0)
+
+
+def _trajectories(args: argparse.Namespace, term: Terminal) -> int:
+    import uvicorn
+
+    from runwatch.apps.trajectories import (
+        TrajectoryHost,
+        TrajectorySettings,
+        build_app,
+        open_backend,
+    )
+
+    kafka = None
+    if args.kafka is not None:
+        kafka = settings.kafka_bootstrap(args.kafka or None)
+        if not kafka:
+            raise Abort(
+                "--kafka given but no broker configured (pass BOOTSTRAP or run `runwatch kafka up`)"
+            )
+    if not 1 <= args.gzip_level <= 9:
+        raise Abort("--gzip-level must be 1..9")
+    config = TrajectorySettings(
+        tenant_id=args.tenant,
+        run_id=args.run_id,
+        instance=args.instance or f"{args.host}:{args.port}",
+        max_off_policy_steps=args.max_off_policy_steps,
+        max_queue_groups=args.max_queue_groups,
+        payload_dir=args.payload_dir,
+        gzip_level=args.gzip_level,
+    )
+    backend = open_backend(kafka, args.log)
+    where = f"Kafka at {kafka}" if kafka else f"embedded log {settings.log_dir(args.log)}"
+    term.progress(
+        f"trajectory API on http://{args.host}:{args.port} ({where}, run {args.run_id}, "
+        f"instance {config.instance})"
+    )
+    app = build_app(TrajectoryHost(backend, config))
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning", access_log=False)
+    return 0

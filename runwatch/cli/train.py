@@ -1,0 +1,82 @@
+"""``runwatch train --config FILE [--log DIR]``: run the GRPO trainer, publishing to the log.
+
+Checkpoints and the config snapshot go to ``--runs DIR/<run_id>`` (default: ``runs`` next
+to the log directory) unless the config names a ``run_dir``. Progress lines go to stderr;
+the final summary to stdout (``--json`` for one JSON object).
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from runwatch import settings
+from runwatch.cli.terminal import Abort, Terminal
+
+HELP = "run the GRPO trainer from a config file"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", required=True, help="trainer config (YAML or JSON)")
+    parser.add_argument("--log", help="embedded log directory (default: $RUNWATCH_LOG_DIR)")
+    parser.add_argument("--runs", help="runs directory (default: 'runs' beside the log)")
+    parser.add_argument("--run-id", help="override the config's run_id")
+    parser.add_argument("--steps", type=int, help="override the config's step count")
+    parser.add_argument("--seed", type=int, help="override the config's seed")
+    parser.add_argument("--quiet", action="store_true", help="no per-step progress lines")
+    parser.add_argument("--json", action="store_true", help="print the summary as JSON")
+
+
+def run_dir_for(cfg_run_dir: str | None, runs: str | None, log: Path, run_id: str) -> Path:
+    if cfg_run_dir:
+        return Path(cfg_run_dir)
+    base = Path(runs) if runs else log.resolve().parent / "runs"
+    return base / run_id
+
+
+def run(args: argparse.Namespace, term: Terminal) -> int:
+    from trainer.config import load_config
+    from trainer.loop import train
+    from trainer.publish import make_emitter, run_events
+    from trainer.rewards import RewardUnavailable
+
+    try:
+        cfg = load_config(args.config, run_id=args.run_id, steps=args.steps, seed=args.seed)
+    except ValueError as exc:
+        raise Abort(str(exc)) from None
+    if cfg.reward.kind == "sandbox" and not Path(str(cfg.reward.sandbox_path)).is_file():
+        raise Abort(f"reward file {cfg.reward.sandbox_path} does not exist")
+    log = settings.log_dir(args.log)
+    run_dir = run_dir_for(cfg.run_dir, args.runs, log, cfg.run_id)
+    if log.is_dir() and any(True for _ in run_events(log, cfg.run_id)):
+        raise Abort(
+            f"run {cfg.run_id!r} already has events in {log}; use `runwatch resume --run-id "
+            f"{cfg.run_id}` or another --run-id"
+        )
+    emitter = make_emitter(cfg.run_id, cfg.tenant_id, log_dir=log)
+    say = (lambda _m: None) if args.quiet else term.progress
+    try:
+        trainer = train(cfg, run_dir, emitter, progress=say)
+    except RewardUnavailable as exc:
+        if exc.action == "pause":
+            raise Abort(f"run {cfg.run_id} paused for tenant action: {exc}", code=3) from None
+        raise Abort(f"run {cfg.run_id} failed ({exc.failure_class}): {exc}") from None
+
+    score, n = trainer.evaluate()
+    summary = {
+        "run_id": cfg.run_id,
+        "steps": trainer.step,
+        "eval_score": score,
+        "eval_items": n,
+        "run_dir": str(run_dir),
+        "log": str(log),
+        "pins": trainer.pins,
+    }
+    if args.json:
+        term.json(summary)
+    else:
+        term.info(
+            f"run {cfg.run_id} completed {trainer.step} steps; held-out exact match {score:.3f} "
+            f"({n} items); checkpoints in {run_dir / 'checkpoints'}"
+        )
+    return 0

@@ -1,0 +1,65 @@
+"""The faust host: each fold as a faust agent over Kafka (the production engine).
+
+Wiring lives in :mod:`runwatch.hosting.faust_topology`; here are the agent (thin: read a
+record, fold it, send what it derived) and :func:`fold_record`, which does for one raw
+record exactly what the embedded host does (:mod:`runwatch.hosting.core`): decode (a bad
+record goes to ``runwatch.dead-letters``), dedupe by event id within the run's slot,
+apply, store the slot in the table, and encode the derived events with the runwatch
+codec. Same slots, same window, same fold: the same derived events, ids included.
+
+At-least-once: a record may be folded again after a crash (its offset was not committed
+yet); the table's slot then already holds its event id, so it derives nothing twice.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from events.codec import decode, encode
+from events.dead_letter import DeadLetter
+from events.fold import Fold
+from events.topics import DEAD_LETTER_TOPIC
+from runwatch.hosting.core import apply_event, dump_slot, load_slot
+
+Output = tuple[str, bytes | None, bytes]
+
+
+def fold_record(
+    fold: Fold[Any], table: Any, topic: str, partition: int, offset: int, raw: bytes
+) -> list[Output]:
+    """Fold one raw record; the records to send as (topic, key, value)."""
+    event = decode(raw)
+    if isinstance(event, DeadLetter):
+        return [(DEAD_LETTER_TOPIC, None, event.located(topic, partition, offset).encode())]
+    key = fold.key_of(event).encode()
+    slot = load_slot(fold, table.get(key))
+    derived = apply_event(fold, slot, event)
+    if derived is None:
+        return []  # a duplicate: already folded
+    table[key] = dump_slot(fold, slot)
+    return [(type(ev).TOPIC, ev.key(), encode(ev)) for ev in derived]
+
+
+def fold_agent(app: Any, fold: Fold[Any], source: Any, table: Any, sinks: Mapping[str, Any]) -> Any:
+    @app.agent(source, name=f"runwatch.{fold.name}")
+    async def agent(stream: Any) -> None:
+        async for ev in stream.events():
+            m = ev.message
+            for topic, key, value in fold_record(
+                fold, table, m.topic, m.partition, m.offset, ev.value
+            ):
+                await sinks[topic].send(key=key, value=value)
+
+    return agent
+
+
+def run_worker(folds: list[Fold[Any]], bootstrap: str, app_id: str) -> None:
+    """Run the processors as a faust worker until SIGINT/SIGTERM (blocks)."""
+    import faust
+
+    from runwatch.hosting.faust_topology import build_topology
+
+    topo = build_topology(folds, bootstrap, app_id)
+    worker = faust.Worker(topo.app, loglevel="WARNING", quiet=True)
+    worker.execute_from_commandline()

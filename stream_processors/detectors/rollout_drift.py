@@ -1,0 +1,153 @@
+"""Rollout-quality drift: generation length, truncation rate or unparseable-output rate
+shifts materially between windows.
+
+Windows are aligned blocks ``[w·W, (w+1)·W)`` of steps over ``RolloutBatchCompleted``
+(their envelope ``step``). A window closes when the trainer commits its last step (a
+step's rollouts precede its optimizer step) or when a batch or step past it arrives.
+Its means are compared with the mean of the previous ``ref_windows`` closed windows:
+
+- mean length: relative change above ``length_rel``;
+- truncation rate / unparseable rate: absolute change above ``trunc_abs`` / ``unparse_abs``.
+
+A shift fires (observed: every metric's reference and current value); a window without
+a shift resolves. Each closed window then joins the reference, so a lasting level change
+fires once. Windows with fewer than ``min_batches`` batches are skipped.
+Lag: at most two windows (a mid-window shift moves the mean only partly).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import ClassVar, NamedTuple
+
+from events.envelope import EventBase
+from stream_processors.detectors.base import (
+    NO_ALERTS,
+    AlertEvent,
+    RunContext,
+    Settings,
+    alert_id,
+    fire,
+    resolve,
+    state_type,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Params:
+    window: int = 25
+    ref_windows: int = 2
+    min_batches: int = 5
+    length_rel: float = 0.3
+    trunc_abs: float = 0.1
+    unparse_abs: float = 0.1
+
+
+@state_type
+class DriftState(NamedTuple):
+    win: int = -1
+    n: int = 0
+    length: float = 0.0
+    trunc: float = 0.0
+    unparse: float = 0.0
+    refs: tuple[tuple[float, float, float], ...] = ()
+    episode: str | None = None
+
+
+def _ok(x: float) -> bool:
+    return x == x and x not in (float("inf"), float("-inf"))
+
+
+class RolloutDrift:
+    name: ClassVar[str] = "rollout_drift"
+    layer: ClassVar = "algorithmic"
+    default_routing: ClassVar = "ticket"
+    first_response: ClassVar[str] = (
+        "check sampling params and stop tokens; drift here often precedes reward artifacts"
+    )
+    Params: ClassVar[type] = Params
+    handles: ClassVar[frozenset[str]] = frozenset({"RolloutBatchCompleted", "TrainerStepCompleted"})
+
+    def initial(self) -> DriftState:
+        return DriftState()
+
+    def apply(
+        self, st: DriftState, ev: EventBase, cfg: Settings[Params], ctx: RunContext
+    ) -> tuple[DriftState, Sequence[AlertEvent]]:
+        p = cfg.params
+        step = ev.step or 0
+        w = step // p.window
+        if ev.type == "TrainerStepCompleted":
+            if st.n == 0 or w < st.win or (w == st.win and step % p.window != p.window - 1):
+                return st, NO_ALERTS
+            out: list[AlertEvent] = []
+            return self._close(ev, cfg, st, out)._replace(win=w + 1 if w == st.win else w), out
+        out = []
+        if w != st.win:
+            st = self._close(ev, cfg, st, out)._replace(win=w)
+        length, trunc, unp = ev.mean_length, ev.truncation_rate, ev.unparseable_rate  # type: ignore[attr-defined]
+        if not (_ok(length) and _ok(trunc) and _ok(unp)):
+            return st, out  # the nan_metric detector reports it
+        return st._replace(
+            n=st.n + 1,
+            length=st.length + length,
+            trunc=st.trunc + trunc,
+            unparse=st.unparse + unp,
+        ), out
+
+    def _close(
+        self, ev: EventBase, cfg: Settings[Params], st: DriftState, out: list[AlertEvent]
+    ) -> DriftState:
+        p = cfg.params
+        empty = st._replace(n=0, length=0.0, trunc=0.0, unparse=0.0)
+        if st.n < p.min_batches:
+            return empty
+        cur = (st.length / st.n, st.trunc / st.n, st.unparse / st.n)
+        refs = (*st.refs, cur)[-p.ref_windows :]
+        if len(st.refs) < p.ref_windows:
+            return empty._replace(refs=refs)
+        ref = tuple(sum(r[i] for r in st.refs) / len(st.refs) for i in range(3))
+        shifted = []
+        if abs(cur[0] - ref[0]) > p.length_rel * max(abs(ref[0]), 1.0):
+            shifted.append(f"mean length {ref[0]:.4g} -> {cur[0]:.4g}")
+        if abs(cur[1] - ref[1]) > p.trunc_abs:
+            shifted.append(f"truncation rate {ref[1]:.3f} -> {cur[1]:.3f}")
+        if abs(cur[2] - ref[2]) > p.unparse_abs:
+            shifted.append(f"unparseable rate {ref[2]:.3f} -> {cur[2]:.3f}")
+        start, end = st.win * p.window, (st.win + 1) * p.window - 1
+        episode = st.episode
+        if shifted and episode is None:
+            out.append(
+                fire(
+                    ev,
+                    cfg,
+                    first_step=start,
+                    window=(start, end),
+                    observed={
+                        "mean_length": cur[0],
+                        "truncation_rate": cur[1],
+                        "unparseable_rate": cur[2],
+                        "ref_mean_length": ref[0],
+                        "ref_truncation_rate": ref[1],
+                        "ref_unparseable_rate": ref[2],
+                    },
+                    thresholds={
+                        "length_rel": p.length_rel,
+                        "trunc_abs": p.trunc_abs,
+                        "unparse_abs": p.unparse_abs,
+                    },
+                    reason=(
+                        f"rollout quality shifted over steps {start}-{end} against the "
+                        f"previous {len(st.refs)} windows: " + "; ".join(shifted)
+                    ),
+                )
+            )
+            episode = alert_id(ev.run_id, self.name, start)
+        elif not shifted and episode is not None:
+            out.append(resolve(ev, cfg, episode, f"rollout quality stable over {start}-{end}"))
+            episode = None
+        return empty._replace(refs=refs, episode=episode)
+
+
+DETECTOR = RolloutDrift()

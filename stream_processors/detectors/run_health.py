@@ -1,0 +1,175 @@
+"""RunHealthFold: every run-health detector as one pure fold over one run's events.
+
+Inputs: ``runwatch.telemetry`` (trainer steps, phase timings, weight syncs, rollout
+batches, eval gates, usage: one topic, so every host sees one run's telemetry in the same
+order), ``runwatch.lifecycle`` (``RunSubmitted``: the algorithm and run config that pick
+thresholds) and ``runwatch.checkpoints`` (``CheckpointWritten`` for the cadence detector).
+Key: ``run_id``. Output: ``AlertFired`` / ``AlertResolved`` on ``runwatch.alerts``.
+
+Ordering rules, applied here before any detector sees an event (windows are counted in
+steps and never go backwards):
+
+- ``TrainerStepCompleted`` and ``StepPhaseTimed``: one per step; a step at or below the
+  highest already folded is *late or repeated* (a redelivery under a new id, or a rewound
+  run replaying steps after a resume) and is not folded; ``late`` counts it. After a
+  resume the detectors pick up again once the run passes its previous highest step.
+- ``EvalGateScored``, ``RolloutBatchCompleted`` and ``UsageRecorded``: several per step
+  are fine; a step below the highest seen is late, and at the highest step an event id
+  already folded there is a repeat (so re-importing a whole history adds nothing, not
+  even money).
+- Telemetry that carries no ``step`` cannot be placed in a window: ``unplaced`` counts it
+  (step-less ``UsageRecorded`` is still money, and is folded).
+- ``WeightSyncCompleted`` and ``CheckpointWritten`` carry versioned facts (the detectors
+  keep their maximum), so they are always folded.
+
+Exact duplicates (same ``event_id``) are absorbed by the hosts (a per-run window of recent
+ids, :mod:`runwatch.hosting.core`) and, independently of any window, by the rules above:
+the fold itself never counts a step-ordered event twice.
+
+Algorithm: ``RunSubmitted.algorithm`` when seen; before that (or if the lifecycle topic is
+consumed after the telemetry, which the hosts may do) the step events' own ``algorithm``
+field, which producers set from the same source.
+
+State is immutable (NamedTuples/frozen dataclasses); the catalog is fixed per fold
+instance, so ``apply`` stays pure. Time: event fields only, never a clock.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any, NamedTuple
+
+from events.catalog.derived import AlertFired, AlertResolved
+from events.envelope import EventBase
+from stream_processors.detectors import state_codec
+from stream_processors.detectors.base import Detector, RunContext, Settings, record, state_type
+from stream_processors.detectors.config import Catalog, load_catalog
+from stream_processors.detectors.registry import DETECTORS
+
+state_type(RunContext)
+
+TELEMETRY = "runwatch.telemetry"
+#: marks index per ordered telemetry type, and whether an equal step is still accepted.
+_ORDERED: dict[str, tuple[int, bool]] = {
+    "TrainerStepCompleted": (0, False),
+    "StepPhaseTimed": (1, False),
+    "EvalGateScored": (2, True),
+    "RolloutBatchCompleted": (3, True),
+    "UsageRecorded": (4, True),
+}
+_NO_IDS: tuple[tuple[str, ...], ...] = ((),) * 5
+
+
+@state_type
+class RunHealthState(NamedTuple):
+    ctx: RunContext | None = None
+    algorithm_from: str = "default"  # "submitted" | "step" | "default"
+    marks: tuple[int, ...] = (-1, -1, -1, -1, -1)
+    late: int = 0
+    unplaced: int = 0
+    detectors: tuple[Any, ...] = ()
+    #: per ordered type: ids of the events folded at its current mark step (several
+    #: per step are allowed there, so a repeat is recognised by id, not by step)
+    at_mark: tuple[tuple[str, ...], ...] = _NO_IDS
+
+
+class RunHealthFold:
+    """Implements :class:`events.fold.Fold` for the run-health detectors."""
+
+    name = "run-health"
+    inputs: tuple[str, ...] = ("runwatch.lifecycle", TELEMETRY, "runwatch.checkpoints")
+
+    def __init__(
+        self, catalog: Catalog | None = None, detectors: Iterable[Detector[Any, Any]] = DETECTORS
+    ) -> None:
+        self.detectors = tuple(detectors)
+        self.catalog = catalog if catalog is not None else load_catalog(None, self.detectors)
+        #: event type -> indices of the detectors that handle it
+        self._dispatch: dict[str, tuple[int, ...]] = {}
+        for i, det in enumerate(self.detectors):
+            for t in det.handles:
+                self._dispatch[t] = (*self._dispatch.get(t, ()), i)
+        self._settings: dict[tuple[str, str], tuple[Settings[Any], ...]] = {}
+        #: (type, tenant, algorithm) -> ((index, bound apply, settings), ...): the hot path
+        self._plans: dict[tuple[str, str, str], tuple[tuple[int, Any, Settings[Any]], ...]] = {}
+
+    def initial(self) -> RunHealthState:
+        return RunHealthState(detectors=tuple(d.initial() for d in self.detectors))
+
+    def key_of(self, event: EventBase) -> str:
+        return event.run_id
+
+    def settings(self, tenant: str, algorithm: str) -> tuple[Settings[Any], ...]:
+        key = (tenant, algorithm)
+        found = self._settings.get(key)
+        if found is None:
+            found = tuple(self.catalog.settings(d, tenant, algorithm) for d in self.detectors)
+            self._settings[key] = found
+        return found
+
+    def _plan(self, etype: str, tenant: str, algorithm: str) -> tuple[Any, ...]:
+        settings = self.settings(tenant, algorithm)
+        plan = tuple(
+            (i, self.detectors[i].apply, settings[i]) for i in self._dispatch.get(etype, ())
+        )
+        self._plans[(etype, tenant, algorithm)] = plan
+        return plan
+
+    def apply(
+        self, state: RunHealthState, event: EventBase
+    ) -> tuple[RunHealthState, Sequence[AlertFired | AlertResolved]]:
+        etype = event.type
+        ctx, algorithm_from, marks, late, unplaced, states, at_mark = state
+        if ctx is None:
+            ctx = RunContext(event.run_id, event.tenant_id, "grpo")
+        if etype == "RunSubmitted":
+            algorithm = event.algorithm  # type: ignore[attr-defined]
+            ctx = RunContext(ctx.run_id, ctx.tenant_id, algorithm, event.config)  # type: ignore[attr-defined]
+            return state._replace(ctx=ctx, algorithm_from="submitted"), ()
+        ordered = _ORDERED.get(etype)
+        if ordered is not None and not (event.step is None and etype == "UsageRecorded"):
+            step = event.step
+            if step is None:
+                return state._replace(unplaced=unplaced + 1), ()
+            idx, equal_ok = ordered
+            mark = marks[idx]
+            if step < mark or (step == mark and not equal_ok):
+                return state._replace(late=late + 1), ()
+            if equal_ok:
+                eid = str(event.event_id)
+                if step == mark:
+                    if eid in at_mark[idx]:
+                        return state._replace(late=late + 1), ()
+                    ids = (*at_mark[idx], eid)
+                else:
+                    ids = (eid,)
+                at_mark = (*at_mark[:idx], ids, *at_mark[idx + 1 :])
+            if step != mark:
+                marks = (*marks[:idx], step, *marks[idx + 1 :])
+            if idx == 0 and algorithm_from != "submitted":
+                algorithm = event.algorithm  # type: ignore[attr-defined]
+                if algorithm != ctx.algorithm or algorithm_from == "default":
+                    ctx = RunContext(ctx.run_id, ctx.tenant_id, algorithm, ctx.run_config)
+                    algorithm_from = "step"
+        plan = self._plans.get((etype, ctx.tenant_id, ctx.algorithm))
+        if plan is None:
+            plan = self._plan(etype, ctx.tenant_id, ctx.algorithm)
+        if not plan:
+            return state, ()
+        derived: list[AlertFired | AlertResolved] = []
+        new_states = list(states)
+        for i, apply, cfg in plan:
+            new_states[i], out = apply(states[i], event, cfg, ctx)
+            if out:
+                derived.extend(out)
+        fields = (ctx, algorithm_from, marks, late, unplaced, tuple(new_states), at_mark)
+        return record(RunHealthState, fields), derived
+
+    def dump_state(self, state: RunHealthState) -> bytes:
+        return state_codec.dump(state)
+
+    def load_state(self, raw: bytes) -> RunHealthState:
+        state = state_codec.load(raw)
+        if not isinstance(state, RunHealthState):
+            raise ValueError("not a RunHealthState")
+        return state

@@ -1,0 +1,181 @@
+"""Real files, real processes: import verl/TRL metric histories, process them with the
+embedded host, replay the log, and check alerts, dead letters, dedupe and resume."""
+
+from __future__ import annotations
+
+import csv
+import itertools
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from events import AlertFired, DeadLetter
+from events.codec import decode, encode
+from events.log.embedded import EmbeddedLog
+from runwatch.folds import processor_folds
+from runwatch.hosting.embedded import EmbeddedHost, replay
+from stream_processors.detectors.scenarios import synthetic_run
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "runwatch.cli.main", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+def _verl_history(path: Path, steps: int = 240, dead_from: int = 120) -> None:
+    """verl file-logger lines; the reward goes constant at ``dead_from`` (a dead run)."""
+    rng = np.random.default_rng(3)
+    with open(path, "w") as f:
+        for s in range(steps):
+            score = 0.3 + 0.001 * s + rng.normal(0, 0.02) if s < dead_from else 0.0
+            data = {
+                "critic/score/mean": score,
+                "critic/rewards/mean": score,
+                "actor/entropy": 0.9 + rng.normal(0, 0.01),
+                "actor/ppo_kl": 1e-4,
+                "actor/kl_loss": (0.01 + rng.normal(0, 1e-3)) if s < dead_from else 0.0,
+                "actor/grad_norm": float(np.exp(rng.normal(0, 0.1))),
+                "actor/pg_clipfrac": 0.002,
+                "response_length/mean": 400 + rng.normal(0, 5),
+                "response_length/clip_ratio": 0.01,
+                "timing_s/step": 30.0,
+                "timing_s/gen": 12.0,
+                "perf/mfu/actor": 0.41,
+                "custom/thing": "kept",
+            }
+            if s % 10 == 9:
+                data["val-core/gsm8k/reward/mean@1"] = 0.4 + rng.normal(0, 0.01)
+            f.write(json.dumps({"step": s, "data": data}) + "\n")
+        f.write("this line is not json\n")
+
+
+def _alerts(log_dir: Path) -> list[AlertFired]:
+    log = EmbeddedLog(log_dir, readonly=True)
+    log.open_sync()
+    return [e for e in log.iter_events(["runwatch.alerts"]) if isinstance(e, AlertFired)]
+
+
+def test_import_process_replay_verl_history(tmp_path: Path) -> None:
+    metrics, log_dir = tmp_path / "metrics.jsonl", tmp_path / "log"
+    _verl_history(metrics)
+    args = ["import", "metrics", str(metrics), "--run-id", "r1", "--tenant", "acme"]
+    done = _cli(*args, "--to", str(log_dir), "--gpus", "8", "--json")
+    assert done.returncode == 0, done.stderr
+    summary = json.loads(done.stdout)
+    assert summary["rows"] == 240 and summary["skipped"] == 1
+    assert summary["format"] == "verl-file-logger"
+    assert summary["mapped"]["reward_mean"] == "critic/score/mean"
+    assert {"actor/ppo_kl", "perf/mfu/actor", "custom/thing"} <= set(summary["extra_keys"])
+    assert summary["events"]["EvalGateScored"] == 24
+    # importing twice yields the same ids: the processors absorb the copy
+    assert _cli(*args, "--to", str(log_dir)).returncode == 0
+
+    done = _cli("process", "--log", str(log_dir), "--once", "--json")
+    assert done.returncode == 0, done.stderr
+    alerts = _alerts(log_dir)
+    dead = [a for a in alerts if a.detector == "dead_run"]
+    assert len(dead) == 1 and "burned so far" in dead[0].reason and "$" in dead[0].reason
+    # 30 s x 8 GPUs per step at $2.5/GPU-hour, every step before the alert counted once
+    spend = dict(dead[0].observed)["spend_usd"]
+    assert spend == pytest.approx(dead[0].step * 30 * 8 / 3600 * 2.5, rel=1e-4)
+
+    replayed = _cli("replay", str(log_dir), "--json")
+    assert replayed.returncode == 0, replayed.stderr
+    log = EmbeddedLog(log_dir, readonly=True)
+    log.open_sync()
+    stored = [encode(e).decode() for e in log.iter_events(["runwatch.alerts"])]
+    rebuilt = [line for line in replayed.stdout.splitlines() if '"type":"Alert' in line]
+    assert rebuilt == stored  # byte for byte
+    assert _cli("replay", str(log_dir), "--json").stdout == replayed.stdout
+
+
+def test_trl_csv_with_eval_file_detects_hacking(tmp_path: Path) -> None:
+    metrics, evals, log_dir = tmp_path / "trl.csv", tmp_path / "eval.csv", tmp_path / "log"
+    rng = np.random.default_rng(1)
+    with open(metrics, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["step", "reward", "reward_std", "kl", "entropy", "grad_norm",
+                    "completions/mean_length", "completions/clipped_ratio",
+                    "clip_ratio/region_mean"])  # fmt: skip
+        for s in range(300):
+            w.writerow(
+                [s, 0.2 + 0.003 * s + rng.normal(0, 0.01), 0.3, 0.02, 1.2, 0.5, 300, 0.01, 0.0]
+            )
+    with open(evals, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["step", "eval_score"])
+        for s in range(4, 300, 5):
+            w.writerow([s, 0.5 - 0.004 * max(0, s - 150) + rng.normal(0, 0.005)])
+    done = _cli("import", "metrics", str(metrics), "--run-id", "trl-1", "--tenant", "t",
+                "--eval-file", str(evals), "--algorithm", "grpo", "--to", str(log_dir))  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert _cli("process", "--log", str(log_dir), "--once").returncode == 0
+    hacking = [a for a in _alerts(log_dir) if a.detector == "reward_hacking"]
+    assert len(hacking) == 1 and hacking[0].window_start == 150
+
+
+def test_bad_input_gets_a_clear_error(tmp_path: Path) -> None:
+    done = _cli("import", "metrics", str(tmp_path / "missing.csv"), "--run-id", "r",
+                "--tenant", "t", "--to", str(tmp_path / "log"))  # fmt: skip
+    assert done.returncode == 1 and "no such file" in done.stderr
+    bad = tmp_path / "catalog.yaml"
+    bad.write_text("version: 1\ndetectors: {kl_blowup: {routing: pager}}\n")
+    done = _cli("process", "--log", str(tmp_path / "log"), "--once", "--catalog", str(bad))
+    assert done.returncode == 1 and "kl_blowup.routing" in done.stderr
+
+
+def test_embedded_host_resumes_dedupes_and_dead_letters(tmp_path: Path) -> None:
+    events = synthetic_run(21, fault="oversized_lr")
+    log = EmbeddedLog(tmp_path / "log", sync=False)
+    log.open_sync()
+    half = len(events) // 2
+    _append_in_order(log, events[:half])
+    log.append_sync("runwatch.telemetry", b"r", b"{not an event")
+    EmbeddedHost(log, processor_folds()).run_once()  # first process, then "restart"
+    _append_in_order(log, events[half - 50 :])  # the producer re-sent its last 50 events
+    stats = EmbeddedHost(log, processor_folds()).run_once()
+    assert stats.duplicates == 50
+    stored = [encode(a) for a in log.iter_events(["runwatch.alerts"])]
+    expected = [encode(a) for a in replay(_single(events, tmp_path), processor_folds())]
+    assert stored == expected and any(b"kl_blowup" in a for a in stored)
+    dead = list(log.read_sync("runwatch.dead-letters"))
+    assert len(dead) == 1
+    letter = DeadLetter.model_validate_json(dead[0].value)
+    assert letter.kind == "malformed_json" and letter.source_topic == "runwatch.telemetry"
+    assert isinstance(decode(dead[0].value), DeadLetter)  # not an event: never re-folded
+
+
+def _append_in_order(log: EmbeddedLog, events: list) -> None:
+    """Append keeping the cross-topic order (one write per run of same-topic events)."""
+    for _, group in itertools.groupby(events, key=lambda e: type(e).TOPIC):
+        log.append_events_sync(list(group))
+
+
+def _single(events: list, tmp_path: Path) -> EmbeddedLog:
+    log = EmbeddedLog(tmp_path / "reference", sync=False)
+    log.open_sync()
+    _append_in_order(log, events)
+    return log
+
+
+def test_nan_history_is_reported_not_dropped(tmp_path: Path) -> None:
+    metrics, log_dir = tmp_path / "m.jsonl", tmp_path / "log"
+    with open(metrics, "w") as f:
+        for s in range(20):
+            loss = math.nan if s == 7 else 0.1
+            f.write(json.dumps({"step": s, "reward": 0.5, "loss": loss}) + "\n")
+    assert _cli("import", "metrics", str(metrics), "--run-id", "n", "--tenant", "t",
+                "--to", str(log_dir)).returncode == 0  # fmt: skip
+    assert _cli("process", "--log", str(log_dir), "--once").returncode == 0
+    nan = [a for a in _alerts(log_dir) if a.detector == "nan_metric"]
+    assert len(nan) == 1 and nan[0].step == 7 and "loss=nan" in nan[0].reason

@@ -1,0 +1,123 @@
+"""On the real broker: the faust-hosted and the embedded-hosted detectors emit the same
+alert events (ids included) for the same input.
+
+The input is published while a real ``runwatch process --kafka`` worker (a separate
+process: the faust app) runs; the same events go into an embedded log processed by the
+embedded host. Runs get unique ids, so records other tests put on the shared broker's
+``runwatch.*`` topics are ignored.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+from aiokafka import AIOKafkaConsumer
+
+from events.codec import decode, encode
+from events.envelope import EventBase
+from events.log.embedded import EmbeddedLog
+from events.log.kafka import KafkaLog
+from runwatch.folds import processor_folds
+from runwatch.hosting.embedded import EmbeddedHost
+from stream_processors.detectors.scenarios import synthetic_run
+
+pytestmark = [pytest.mark.kafka, pytest.mark.timeout(420)]
+
+FAULTS = ("oversized_lr", "gameable_reward", "frozen_weight_sync", "constant_reward", None)
+
+
+def _input(tag: str) -> list[EventBase]:
+    events: list[EventBase] = []
+    for i, fault in enumerate(FAULTS):
+        run = synthetic_run(
+            100 + i, steps=260, fault=fault, fault_step=120, run_id=f"kafka-{tag}-{fault or 'ok'}"
+        )
+        events.extend(run)
+    events.extend(events[200:230])  # a producer retry: same ids again
+    return events
+
+
+def _embedded_alerts(events: list[EventBase], root: Path) -> list[bytes]:
+    log = EmbeddedLog(root, sync=False)
+    log.open_sync()
+    for _, group in itertools.groupby(events, key=lambda e: type(e).TOPIC):
+        log.append_events_sync(list(group))
+    EmbeddedHost(log, processor_folds()).run_once()
+    return [r.value for r in log.read_sync("runwatch.alerts")]
+
+
+async def _publish(bootstrap: str, events: list[EventBase]) -> None:
+    async with KafkaLog(bootstrap) as log:
+        for _, group in itertools.groupby(events, key=lambda e: type(e).TOPIC):
+            group = list(group)
+            await log.append_many(type(group[0]).TOPIC, [(e.key(), encode(e)) for e in group])
+        await log.append("runwatch.telemetry", b"kafka-bad", b"\xff not json")
+
+
+async def _collect(bootstrap: str, runs: set[str], expected: int, timeout_s: float) -> list[bytes]:
+    consumer = AIOKafkaConsumer(
+        "runwatch.alerts", bootstrap_servers=bootstrap, auto_offset_reset="earliest"
+    )
+    await consumer.start()
+    got: list[bytes] = []
+    try:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline and len(got) < expected:
+            batch = await consumer.getmany(timeout_ms=1000)
+            for records in batch.values():
+                for rec in records:
+                    ev = decode(rec.value)
+                    if getattr(ev, "run_id", None) in runs:
+                        got.append(rec.value)
+        await asyncio.sleep(3.0)  # anything beyond the expected count would show up now
+        for records in (await consumer.getmany(timeout_ms=2000)).values():
+            got.extend(r.value for r in records if getattr(decode(r.value), "run_id", "") in runs)
+    finally:
+        await consumer.stop()
+    return got
+
+
+def test_faust_and_embedded_hosts_emit_identical_alerts(kafka_bootstrap: str, tmp_path: Path):
+    tag = uuid.uuid4().hex[:8]
+    events = _input(tag)
+    runs = {e.run_id for e in events}
+    expected = _embedded_alerts(events, tmp_path / "log")
+    assert len(expected) >= 5  # every faulty run fires
+
+    asyncio.run(KafkaLog(kafka_bootstrap).start())  # topics exist before the worker starts
+    worker = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "runwatch.cli.main",
+            "process",
+            "--kafka",
+            kafka_bootstrap,
+            "--app-id",
+            f"rw-test-{tag}",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    try:
+        asyncio.run(_publish(kafka_bootstrap, events))
+        got = asyncio.run(_collect(kafka_bootstrap, runs, len(expected), timeout_s=240))
+    finally:
+        os.killpg(worker.pid, signal.SIGTERM)
+        try:
+            out, _ = worker.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(worker.pid, signal.SIGKILL)
+            out, _ = worker.communicate()
+    assert sorted(got) == sorted(expected), out.decode(errors="replace")[-3000:]

@@ -1,0 +1,237 @@
+"""The resume gate on real runs: kill -9 and resume (bitwise), and every rejection path.
+
+``test_kill9_resume_is_bitwise`` runs the real CLI in subprocesses: ``runwatch train`` is
+killed with SIGKILL mid-run, ``runwatch resume`` certifies and finishes it, and the
+result is compared with an uninterrupted run of the same config: every recorded step
+metric and every checkpointed state part (weights included) are identical.
+
+The fault cases start from one crashed run (checkpoints at 10 and 20, metrics recorded
+to step 25, no RunCompleted), copy it, damage the step-20 checkpoint one way, and resume.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from events.catalog.checkpoint import ResumeCertified, ResumeRejected
+from events.catalog.lifecycle import RunCompleted, RunFailed
+from events.catalog.trainer import WeightSyncCompleted
+from trainer import checkpoint as ckpt
+from trainer.config import load_config
+from trainer.loop import Trainer, train
+from trainer.publish import make_emitter, recorded_steps, run_events
+from trainer.resume import recorded_vector, resume
+
+ROOT = Path(__file__).resolve().parents[2]
+CONFIG = ROOT / "trainer" / "configs" / "test.yaml"
+
+
+def _cli(*args: str) -> list[str]:
+    return [sys.executable, "-m", "runwatch.cli.main", *args]
+
+
+def test_kill9_resume_is_bitwise(tmp_path: Path) -> None:
+    log = tmp_path / "log"
+    proc = subprocess.Popen(
+        _cli("train", "--config", str(CONFIG), "--log", str(log), "--run-id", "killed"),
+        cwd=ROOT,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stderr is not None
+    killed_after = None
+    for line in proc.stderr:
+        if line.startswith("step ") and int(line.split()[1]) >= 25:
+            os.kill(proc.pid, signal.SIGKILL)  # mid-run: checkpoint 20 exists, 21..25 recorded
+            killed_after = int(line.split()[1])
+            break
+    proc.wait(timeout=60)
+    assert proc.returncode == -signal.SIGKILL and killed_after is not None
+    events = list(run_events(log, "killed"))
+    assert not any(isinstance(e, RunCompleted) for e in events)
+
+    out = subprocess.run(
+        _cli("resume", "--run-id", "killed", "--log", str(log), "--json", "--quiet"),
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    gate = json.loads(out.stdout)
+    assert gate["certified"] and gate["tier"] == "bitwise"
+    assert gate["tolerance"] == 0.0 and gate["max_deviation"] == 0.0
+    assert gate["checkpoint_step"] == 20 and gate["window"][0] == 21
+    assert gate["window"][1] >= killed_after and gate["final_step"] == 60
+
+    events = list(run_events(log, "killed"))
+    cert = [e for e in events if isinstance(e, ResumeCertified)]
+    assert len(cert) == 1 and cert[0].window_end == gate["window"][1]
+    # re-sync before the first new generation, with the restored version
+    after = events[events.index(cert[0]) :]
+    first_sync = next(e for e in after if isinstance(e, WeightSyncCompleted))
+    assert first_sync.policy_version == gate["window"][1]
+    assert any(isinstance(e, RunCompleted) for e in events)
+
+    # the uninterrupted run of the same config
+    cfg = load_config(CONFIG, run_id="straight")
+    train(cfg, tmp_path / "runs" / "straight", make_emitter("straight", cfg.tenant_id, log_dir=log))
+    straight = recorded_steps(list(run_events(log, "straight")))
+    resumed = recorded_steps(events)
+    assert sorted(resumed) == sorted(straight) == list(range(1, 61))
+    for s in straight:
+        assert recorded_vector(resumed[s]) == recorded_vector(straight[s]), s
+    a, _ = ckpt.read_checkpoint(tmp_path / "runs" / "straight" / "checkpoints" / "step-00000060")
+    b, _ = ckpt.read_checkpoint(tmp_path / "runs" / "killed" / "checkpoints" / "step-00000060")
+    assert a.sentinels == b.sentinels  # weights, optimizer, RNG, sampler ... all identical
+
+
+# -- fault cases ---------------------------------------------------------------------------
+
+
+def _crashed_run(base: Path, **over: Any) -> tuple[Path, Path]:
+    """A run that stopped after step 25 (checkpoints 10 and 20) without completing."""
+    cfg = load_config(CONFIG, run_id="crashed", steps=30, **over)
+    log, run_dir = base / "log", base / "run"
+    tr = Trainer(cfg, run_dir, make_emitter(cfg.run_id, cfg.tenant_id, log_dir=log))
+    tr.start()
+    tr.run_until(25)
+    return log, run_dir
+
+
+@pytest.fixture(scope="module")
+def crashed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    return _crashed_run(tmp_path_factory.mktemp("crashed"))
+
+
+def _resume_damaged(
+    crashed: tuple[Path, Path], tmp_path: Path, damage: Callable[[Path], None]
+) -> tuple[Any, list[Any]]:
+    log, run_dir = tmp_path / "log", tmp_path / "run"
+    shutil.copytree(crashed[0], log)
+    shutil.copytree(crashed[1], run_dir)
+    damage(run_dir / "checkpoints" / "step-00000020")
+    result, _ = resume(log, "crashed", run_dir=run_dir)
+    return result, list(run_events(log, "crashed"))
+
+
+def _rewrite(transform: Callable[[dict], dict], **kw: Any) -> Callable[[Path], None]:
+    def damage(path: Path) -> None:
+        tmp = path.with_name("tmp")
+        ckpt.rewrite_checkpoint(path, tmp, transform, **kw)
+        shutil.rmtree(path)
+        tmp.rename(path)
+
+    return damage
+
+
+def _drop_moments(parts: dict) -> dict:
+    parts["optimizer"]["state"] = {}
+    return parts
+
+
+def _reset_scheduler(parts: dict) -> dict:
+    parts["scheduler"]["last_epoch"] = 0
+    parts["scheduler"]["_step_count"] = 1
+    return parts
+
+
+def _flip_byte(path: Path) -> None:
+    data = bytearray((path / ckpt.DATA).read_bytes())
+    data[1000] ^= 0x40
+    (path / ckpt.DATA).write_bytes(bytes(data))
+
+
+def _truncate(path: Path) -> None:
+    data = (path / ckpt.DATA).read_bytes()
+    (path / ckpt.DATA).write_bytes(data[: len(data) // 2])
+
+
+def _rejections(events: list[Any]) -> list[tuple[int, str]]:
+    return [(e.checkpoint_step, e.reason) for e in events if isinstance(e, ResumeRejected)]
+
+
+def _certified(events: list[Any]) -> ResumeCertified:
+    (cert,) = [e for e in events if isinstance(e, ResumeCertified)]
+    return cert
+
+
+@pytest.mark.parametrize(
+    ("damage", "reason"),
+    [
+        (_rewrite(_drop_moments), "deviation"),
+        (_rewrite(_reset_scheduler), "deviation"),
+        (_flip_byte, "corrupt"),
+        (_truncate, "corrupt"),
+    ],
+    ids=["optimizer-moments-dropped", "scheduler-reset", "flipped-byte", "truncated"],
+)
+def test_damaged_checkpoint_falls_back_one(
+    crashed: tuple[Path, Path], tmp_path: Path, damage: Callable[[Path], None], reason: str
+) -> None:
+    result, events = _resume_damaged(crashed, tmp_path, damage)
+    assert _rejections(events) == [(20, reason)]
+    rej = next(e for e in events if isinstance(e, ResumeRejected))
+    assert rej.fell_back_to and rej.fell_back_to.endswith("step-00000010")
+    if reason == "deviation":
+        assert rej.max_deviation is not None and rej.max_deviation > 0
+    cert = _certified(events)
+    assert (cert.checkpoint_step, cert.window_start, cert.window_end) == (10, 11, 25)
+    assert cert.max_deviation == 0.0 and result.certified
+    assert any(isinstance(e, RunCompleted) for e in events)
+
+
+def test_different_reward_pin_is_rejected_by_name(
+    crashed: tuple[Path, Path], tmp_path: Path
+) -> None:
+    def other_judge(path: Path) -> None:
+        info = ckpt.read_metadata(path)
+        _rewrite(lambda p: p, pins={**info.pins, "reward_fn": "r-some-other-judge"})(path)
+
+    result, events = _resume_damaged(crashed, tmp_path, other_judge)
+    assert _rejections(events) == [(20, "pin_mismatch")]
+    rej = next(e for e in events if isinstance(e, ResumeRejected))
+    assert "reward_fn" in rej.detail and rej.fell_back_to is None
+    assert not result.certified and not any(isinstance(e, ResumeCertified) for e in events)
+    failed = [e for e in events if isinstance(e, RunFailed)]
+    assert failed and "non-resumable" in failed[0].reason
+
+
+def test_bumped_schema_is_rejected_never_loaded(crashed: tuple[Path, Path], tmp_path: Path) -> None:
+    result, events = _resume_damaged(
+        crashed, tmp_path, _rewrite(lambda p: p, schema=ckpt.SCHEMA_VERSION + 1)
+    )
+    assert _rejections(events) == [(20, "schema_mismatch")]
+    assert not result.certified
+    assert any(isinstance(e, RunFailed) for e in events)
+
+
+def test_unpublished_checkpoint_is_ignored(crashed: tuple[Path, Path], tmp_path: Path) -> None:
+    """A crash before the metadata rename: data written, no .metadata -> not a checkpoint."""
+
+    def half_written_30(path20: Path) -> None:
+        half = path20.with_name("step-00000030")
+        half.mkdir()
+        shutil.copy(path20 / ckpt.DATA, half / ckpt.DATA)
+        (half / (ckpt.META + ".tmp")).write_text("{")
+
+    result, events = _resume_damaged(crashed, tmp_path, half_written_30)
+    assert _rejections(events) == []
+    assert _certified(events).checkpoint_step == 20 and result.certified
+
+
+def test_statistical_tier_certifies_a_clean_resume(tmp_path: Path) -> None:
+    log, run_dir = _crashed_run(tmp_path / "stat", resume={"tier": "statistical", "band_k": 4.0})
+    result, _ = resume(log, "crashed", run_dir=run_dir)
+    assert result.certified and result.tier == "statistical" and result.tolerance == 4.0
+    assert result.max_deviation <= 4.0

@@ -1,0 +1,296 @@
+"""The trajectory API's contract, endpoint by endpoint, on the embedded log (in-process app,
+real log files): shapes as the reference server answers them, errors, gzip both ways,
+backpressure, staleness, exact batches, and a restart that loses nothing."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+
+from events.log.embedded import EmbeddedLog
+from runwatch.apps.trajectories import TrajectoryHost, TrajectorySettings, build_app
+
+REGISTRATION = {
+    "wandb_group": "grp",
+    "wandb_project": "proj",
+    "batch_size": 4,
+    "max_token_len": 512,
+    "checkpoint_dir": "/tmp/ckpt",
+    "save_checkpoint_interval": 10,
+    "starting_step": 0,
+    "num_steps": 100,
+}
+ENV = {"max_token_length": 512, "desired_name": "math", "weight": 1.0, "group_size": 2}
+FIELDS = [
+    "tokens", "masks", "scores", "advantages", "ref_logprobs", "messages",
+    "generation_params", "inference_logprobs", "overrides", "group_overrides", "images",
+    "env_id", "distill_token_ids", "distill_logprobs",
+]  # fmt: skip
+
+
+def group(marker: float, size: int = 2, **extra: object) -> dict[str, object]:
+    return {
+        "tokens": [[1, 2, 3]] * size,
+        "masks": [[-100, 2, 3]] * size,
+        "scores": [marker] * size,
+        **extra,
+    }
+
+
+def client_for(log_dir: Path, **settings: object) -> TestClient:
+    config = TrajectorySettings(instance="test", **settings)  # type: ignore[arg-type]
+    host = TrajectoryHost(EmbeddedLog(log_dir, sync=False), config)
+    return TestClient(build_app(host))
+
+
+@pytest.fixture
+def api(tmp_path: Path) -> Iterator[TestClient]:
+    with client_for(tmp_path / "log") as c:
+        wait_ready(c)
+        yield c
+
+
+def wait_ready(c: TestClient) -> None:
+    host = c.app.state.host  # type: ignore[attr-defined]
+    deadline = time.monotonic() + 10
+    while not host.ready:
+        assert time.monotonic() < deadline, "host never caught up"
+        time.sleep(0.01)
+
+
+def settle(c: TestClient) -> None:
+    """Wait until the view folded everything appended so far."""
+    host = c.app.state.host  # type: ignore[attr-defined]
+    deadline = time.monotonic() + 10
+    while host.backlog_groups() != len(
+        host.view.queue
+    ) or host.position < host.backend.end_offset_sync("runwatch.trajectories"):
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+
+
+def start_training(c: TestClient, **overrides: object) -> None:
+    assert "uuid" in c.post("/register", json={**REGISTRATION, **overrides}).json()
+    assert c.get("/batch").json() == {"batch": None}  # the first /batch starts the trainer
+
+
+def test_root_and_info_before_registration(api: TestClient) -> None:
+    assert api.get("/").json() == {"message": "AtroposLib API"}
+    assert api.get("/info").json() == {"batch_size": -1, "max_token_len": -1}
+    assert api.get("/wandb_info").json() == {"group": None, "project": None}
+    assert api.get("/status").json() == {"current_step": 0, "queue_size": 0}
+    assert api.get("/batch").json() == {
+        "status": "error",
+        "message": "Trainer not registered. Call /register first.",
+        "batch": [],
+    }
+    assert api.get("/latest_example").json()["tokens"] == []
+
+
+def test_registration_endpoints(api: TestClient) -> None:
+    uuid_ = api.post("/register", json=REGISTRATION).json()["uuid"]
+    assert isinstance(uuid_, int)
+    settle(api)
+    assert api.get("/info").json() == {"batch_size": 4, "max_token_len": 512}
+    assert api.get("/wandb_info").json() == {"group": "grp", "project": "proj"}
+    assert api.post("/register-env", json=ENV).json() == {"status": "wait for trainer to start"}
+    api.get("/batch")
+    first = api.post("/register-env", json=ENV).json()
+    second = api.post("/register-env", json={**ENV, "weight": 3.0}).json()
+    assert first == {
+        "status": "success",
+        "env_id": 0,
+        "wandb_name": "math_0",
+        "checkpoint_dir": "/tmp/ckpt",
+        "starting_step": 0,
+        "checkpoint_interval": 10,
+        "num_steps": 100,
+    }
+    assert (second["env_id"], second["wandb_name"]) == (1, "math_1")
+    status = api.request("GET", "/status-env", json={"env_id": 1}).json()  # body on a GET
+    assert status["env_weight"] == pytest.approx(0.75)
+    assert set(status) == {
+        "current_step", "queue_size", "unallocated_fraction", "self_queue_size",
+        "max_group_size", "env_weight",
+    }  # fmt: skip
+    assert api.get("/status-env", params={"env_id": 0}).json()["env_weight"] == pytest.approx(0.25)
+    assert api.request("GET", "/status-env", json={"env": 1}).status_code == 422
+    assert api.request("GET", "/status-env", json={"env_id": 9}).status_code == 404
+    assert api.post("/disconnect-env", json={"env_id": 0}).json() == {"status": "success"}
+    settle(api)
+    assert api.get("/status-env", params={"env_id": 1}).json()["env_weight"] == 1.0
+    assert api.post("/disconnect-env", json={"env_id": 7}).json()["status"] == "failure"
+    assert api.post("/register", json={"wandb_group": "x"}).status_code == 422
+
+
+def test_scored_data_round_trip_every_field(api: TestClient) -> None:
+    start_training(api)
+    full = group(
+        1.0,
+        advantages=[[0.5, 0.5, 0.5]] * 2,
+        ref_logprobs=[[-1.0, -2.0, -3.0]] * 2,
+        inference_logprobs=[[-1.5, -2.5, -3.5]] * 2,
+        messages=[[{"role": "user", "content": "hi", "reward": None}]] * 2,
+        generation_params={"temperature": 0.7},
+        overrides=[{"temperature": 0.5}, {}],
+        group_overrides={"tag": "x"},
+        images=None,
+        env_id=None,
+    )
+    assert api.post("/scored_data", json=full).json() == {"status": "received"}
+    assert api.post("/scored_data_list", json=[group(2.0)]).json() == {
+        "status": "received",
+        "groups_processed": 1,
+    }
+    settle(api)
+    assert api.get("/status").json() == {"current_step": 0, "queue_size": 2}
+    latest = api.get("/latest_example").json()
+    assert list(latest) == FIELDS and latest["scores"] == [2.0, 2.0]
+    batch = api.get("/batch").json()["batch"]
+    assert [b["scores"][0] for b in batch] == [1.0, 2.0]
+    assert list(batch[0]) == FIELDS and list(batch[1]) == FIELDS
+    assert batch[0]["messages"] == full["messages"]
+    assert batch[0]["generation_params"] == {"temperature": 0.7}
+    assert batch[1]["advantages"] is None and batch[1]["distill_logprobs"] is None
+    assert api.get("/status").json() == {"current_step": 1, "queue_size": 0}
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"messages": [[{"content": "no role"}]] * 2},
+        {"messages": [[{"role": "user"}]] * 2},
+    ],
+)
+def test_messages_without_role_or_content_are_422(api: TestClient, bad: dict) -> None:
+    r = api.post("/scored_data", json=group(1.0, **bad))
+    assert r.status_code == 422
+    assert "role" in json.dumps(r.json()["detail"])
+    r = api.post("/scored_data_list", json=[group(1.0), group(2.0, **bad)])
+    assert r.status_code == 422
+    assert r.json()["detail"][0]["loc"][:2] == ["body", 1]
+    settle(api)
+    assert api.get("/status").json()["queue_size"] == 0  # nothing half-accepted
+
+
+def test_malformed_bodies_are_422_with_fastapi_shape(api: TestClient) -> None:
+    r = api.post("/scored_data", json={"masks": [[1]], "scores": [1.0]})
+    assert r.status_code == 422
+    assert r.json()["detail"][0]["loc"] == ["body", "tokens"]
+    assert r.json()["detail"][0]["type"] == "missing"
+    r = api.post("/scored_data", json=group(1.0, tokens=[["a"]]))
+    assert r.status_code == 422
+    assert api.post("/scored_data", content=b"{not json").status_code == 422
+
+
+def test_gzip_request_bodies_and_gzip_responses(api: TestClient) -> None:
+    start_training(api, batch_size=64)
+    big = [group(float(i), size=8, tokens=[list(range(512))] * 8) for i in range(8)]
+    body = gzip.compress(json.dumps(big).encode())
+    r = api.post(
+        "/scored_data_list",
+        content=body,
+        headers={"Content-Encoding": "gzip", "Content-Type": "application/json"},
+    )
+    assert r.json() == {"status": "received", "groups_processed": 8}
+    bad = api.post("/scored_data", content=b"not gzip", headers={"Content-Encoding": "gzip"})
+    assert (bad.status_code, bad.text) == (400, "Invalid gzip payload")
+    settle(api)
+    r = api.get("/batch", headers={"Accept-Encoding": "gzip"})
+    assert r.headers["content-encoding"] == "gzip"
+    assert [len(b["tokens"]) for b in r.json()["batch"]] == [8] * 8
+    r = api.get("/latest_example", headers={"Accept-Encoding": "gzip"})
+    assert r.headers["content-encoding"] == "gzip" and r.json()["tokens"][0][:3] == [0, 1, 2]
+    small = api.get("/info", headers={"Accept-Encoding": "gzip"})
+    assert small.headers.get("content-encoding") != "gzip"
+    r = api.get("/batch", headers={"Accept-Encoding": "identity"})
+    assert r.json() == {"batch": None} and "content-encoding" not in r.headers
+
+
+def test_exact_batches_from_mixed_group_sizes(api: TestClient) -> None:
+    start_training(api, batch_size=8)
+    sizes = [4, 2, 2, 8, 1, 3, 4, 4, 4]  # 32 sequences: four batches of 8
+    api.post("/scored_data_list", json=[group(float(i), size=s) for i, s in enumerate(sizes)])
+    settle(api)
+    served = []
+    while batch := api.get("/batch").json()["batch"]:
+        assert sum(len(g["tokens"]) for g in batch) == 8
+        markers = [int(g["scores"][0]) for g in batch]
+        assert markers == sorted(markers)
+        served += markers
+    assert sorted(served) == list(range(len(sizes)))
+
+
+def test_group_too_large_is_reported_and_does_not_stall(api: TestClient) -> None:
+    start_training(api, batch_size=4)
+    api.post("/scored_data_list", json=[group(0.0, size=8), group(1.0, size=4)])
+    settle(api)
+    assert [g["scores"][0] for g in api.get("/batch").json()["batch"]] == [1.0]
+    host = api.app.state.host  # type: ignore[attr-defined]
+    rejected = [
+        json.loads(r.value)
+        for r in host.backend.read_sync("runwatch.batches")
+        if b"TrajectoryGroupRejected" in r.value
+    ]
+    assert [(r["num_sequences"], r["reason"]) for r in rejected] == [(8, "too_large")]
+
+
+def test_queue_cap_answers_503_with_retry_after(tmp_path: Path) -> None:
+    with client_for(tmp_path / "log", max_queue_groups=3) as c:
+        wait_ready(c)
+        start_training(c)
+        assert c.post("/scored_data_list", json=[group(0.0), group(1.0)]).status_code == 200
+        r = c.post("/scored_data_list", json=[group(2.0), group(3.0)])
+        assert r.status_code == 503 and r.headers["retry-after"] == "1"
+        assert c.post("/scored_data", json=group(2.0)).status_code == 200
+        assert c.post("/scored_data", json=group(3.0)).status_code == 503
+        settle(c)
+        assert c.get("/status").json()["queue_size"] == 3  # the refused list added nothing
+        c.get("/batch")
+        settle(c)
+        assert c.post("/scored_data", json=group(3.0)).status_code == 200
+
+
+def test_stale_groups_dropped_per_env_bound(tmp_path: Path) -> None:
+    with client_for(tmp_path / "log", max_off_policy_steps=1) as c:
+        wait_ready(c)
+        start_training(c, batch_size=2)
+        patient = c.post("/register-env", json={**ENV, "max_off_policy_steps": 10}).json()
+        c.post("/scored_data_list", json=[group(float(i)) for i in range(3)])
+        c.post("/scored_data", json=group(9.0, env_id=patient["env_id"]))
+        settle(c)
+        c.get("/batch")
+        c.get("/batch")  # step 2: groups accepted at step 0 are 2 steps old
+        assert c.get("/batch").json()["batch"][0]["scores"][0] == 9.0  # patient env's group
+
+
+def test_reset_data(api: TestClient) -> None:
+    start_training(api)
+    api.post("/scored_data", json=group(1.0))
+    r = api.get("/reset_data")
+    assert (r.status_code, r.text) == (200, "Reset successful")
+    settle(api)
+    assert api.get("/status").json() == {"current_step": 0, "queue_size": 0}
+    assert api.get("/info").json() == {"batch_size": -1, "max_token_len": -1}
+
+
+def test_restart_rebuilds_state_and_serves_nothing_twice(tmp_path: Path) -> None:
+    with client_for(tmp_path / "log") as c:
+        wait_ready(c)
+        start_training(c)
+        c.post("/scored_data_list", json=[group(float(i)) for i in range(5)])
+        settle(c)
+        first = [g["scores"][0] for g in c.get("/batch").json()["batch"]]
+    with client_for(tmp_path / "log") as c:
+        wait_ready(c)
+        assert c.get("/status").json() == {"current_step": 1, "queue_size": 3}
+        assert c.get("/info").json()["batch_size"] == 4
+        second = [g["scores"][0] for g in c.get("/batch").json()["batch"]]
+        assert c.get("/batch").json() == {"batch": None}
+    assert first == [0.0, 1.0] and second == [2.0, 3.0]

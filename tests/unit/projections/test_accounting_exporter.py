@@ -1,0 +1,155 @@
+"""Tenant accounting fold, the exporter (fresh registry per test), keys and config errors."""
+
+from __future__ import annotations
+
+import pytest
+
+from events import TrainerStepCompleted, UsageRecorded
+from projections.accounting import AccountingFold
+from projections.engine import ProjectionEngine
+from projections.exporter import OTHER, make_registry
+from projections.keys import ApiKeys, digest
+from projections.policy import Prices, RunStatePolicy
+from projections.store import InMemoryReadModel
+from tests.projection_runs import RunFactory, synth_fleet, synth_run
+
+PRICES = Prices(usd_per_gpu_second={"trainer": 0.002, "rollout_fleet": 0.001})
+
+
+def test_accounting_splits_pools_and_phases_and_prices_committed_steps():
+    fold = AccountingFold(PRICES)
+    f = RunFactory()
+    state, out = fold.initial(), []
+    for step in (1, 2, 3, 2, 3, 4):  # 2 and 3 recomputed after a resume: cost, not progress
+        for ev in (
+            f.ev(
+                UsageRecorded,
+                step,
+                pool="rollout_fleet",
+                phase="rollout",
+                gpu_seconds=10.0,
+                tokens_generated=100,
+            ),
+            f.ev(
+                UsageRecorded,
+                step,
+                pool="trainer",
+                phase="optim",
+                gpu_seconds=5.0,
+                tokens_trained=100,
+            ),
+            f.ev(TrainerStepCompleted, step),
+        ):
+            state, derived = fold.apply(state, ev)
+            out.extend(derived)
+    assert state.gpu_seconds_rollout_fleet == 60.0 and state.gpu_seconds_trainer == 30.0
+    assert dict(state.gpu_seconds_by_phase) == {"rollout": 60.0, "optim": 30.0}
+    assert state.committed_steps == 4 and [e.step for e in out] == [1, 2, 3, 4]
+    last = out[-1]
+    assert last.spend_usd == pytest.approx(60 * 0.001 + 30 * 0.002)
+    assert last.cost_per_step_usd == pytest.approx(0.12 / 4)
+    assert dict(last.gpu_seconds_by_pool) == {"rollout_fleet": 60.0, "trainer": 30.0}
+    assert last.tokens_generated == 600 and last.tokens_trained == 600
+    assert fold.load_state(fold.dump_state(state)) == state
+
+
+def _store(events):
+    store = InMemoryReadModel()
+    engine = ProjectionEngine(store, prices=PRICES)
+    engine.process_events((type(e).TOPIC, 0, e) for e in events)
+    engine.release_held()
+    engine.checkpoint()
+    return store
+
+
+def test_exporter_reads_the_read_model_at_scrape_time():
+    store = InMemoryReadModel()
+    registry = make_registry(store)
+    assert registry.get_sample_value("runwatch_runs", {"state": "RUNNING"}) == 0
+    engine = ProjectionEngine(store, prices=PRICES)
+    engine.process_events(
+        (type(e).TOPIC, 0, e) for e in synth_run("r1", "acme", "platform", steps=20)
+    )
+    engine.release_held()
+    engine.checkpoint()
+    assert registry.get_sample_value("runwatch_runs", {"state": "FAILED"}) == 1
+    value = registry.get_sample_value
+    assert (
+        value(
+            "runwatch_runs_terminal_total", {"state": "FAILED", "failure_class": "platform_fault"}
+        )
+        == 1
+    )
+    assert value("runwatch_step_phase_seconds_count", {"phase": "sync"}) == 10
+    assert value("runwatch_step_phase_seconds_bucket", {"phase": "sync", "le": "0.5"}) == 10
+    assert value("runwatch_tenant_gpu_seconds_total", {"tenant": "acme", "pool": "trainer"}) == 40.0
+    assert value("runwatch_run_state_transitions_total", {"to_state": "FAILED"}) == 1
+
+
+def test_tenant_labels_are_bounded_and_sums_are_kept():
+    store = _store(synth_fleet(12, 10, tenants=6))
+    registry = make_registry(store, top_tenants=2)
+    samples = [
+        s for m in registry.collect() if m.name == "runwatch_tenant_spend_usd" for s in m.samples
+    ]
+    labels = {s.labels["tenant"] for s in samples}
+    assert len(labels) == 3 and OTHER in labels
+    total = sum(t["spend_usd"] for t in store.tenants())
+    assert sum(s.value for s in samples) == pytest.approx(total)
+    for m in registry.collect():
+        for s in m.samples:
+            assert "run_id" not in s.labels
+
+
+def test_exporter_never_raises_on_a_broken_read_model():
+    class Broken(InMemoryReadModel):
+        def all_views(self):
+            raise OSError("disk gone")
+
+    registry = make_registry(Broken())
+    assert registry.get_sample_value("runwatch_exporter_scrape_errors_total") == 1
+
+
+def test_keys_file_rules():
+    keys = ApiKeys.from_mapping(
+        {"keys": [{"key": "a", "tenant": "t"}, {"sha256": digest("b"), "operator": True}]}
+    )
+    assert keys.resolve("a").tenant_id == "t" and keys.resolve("b").operator
+    assert keys.resolve("c") is None and keys.resolve(None) is None
+    for bad in (
+        {"keys": [{"key": "a"}]},
+        {"keys": [{"key": "a", "tenant": "t", "operator": True}]},
+        {"keys": [{"key": "a", "sha256": "x", "tenant": "t"}]},
+        {"keys": ["a"]},
+    ):
+        with pytest.raises(ValueError):
+            ApiKeys.from_mapping(bad)
+
+
+def test_config_errors_are_clear(tmp_path):
+    p = tmp_path / "policy.yaml"
+    p.write_text("detectors: [")
+    with pytest.raises(ValueError, match="not valid YAML"):
+        RunStatePolicy.load(p)
+    with pytest.raises(ValueError, match="not found"):
+        Prices.load(tmp_path / "missing.yaml")
+    p.write_text("detectors:\n  kl_blowup:\n    action: explode\n")
+    with pytest.raises(ValueError):
+        RunStatePolicy.load(p)
+
+
+def test_packaged_policy_names_every_detector_of_the_catalog():
+    from pathlib import Path
+
+    import yaml
+
+    policy = RunStatePolicy.load()
+    catalog = (
+        Path(__file__).resolve().parents[3] / "stream_processors" / "detectors" / "catalog.yaml"
+    )
+    if not catalog.exists():
+        pytest.skip("detector catalog not in this tree")
+    doc = yaml.safe_load(catalog.read_text())
+    names = set((doc.get("detectors") or {}).keys()) if isinstance(doc, dict) else set()
+    assert names, "catalog lists no detectors"
+    assert names <= set(policy.detectors), names - set(policy.detectors)

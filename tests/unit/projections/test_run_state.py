@@ -1,0 +1,377 @@
+"""The run state machine: every legal transition, every illegal one, attribution, hysteresis,
+gates, and independence from how the input topics interleave."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from events import (
+    AlertFired,
+    CheckpointWritten,
+    RewardBatchFailed,
+    RunCancelled,
+    RunCompleted,
+    RunFailed,
+    RunPaused,
+    RunProvisioning,
+    RunQueued,
+    RunResumed,
+    RunStarted,
+    RunSubmitted,
+    encode,
+)
+from events.envelope import derived_id
+from projections.policy import RunStatePolicy
+from projections.run_state import _TARGET, LEGAL, TERMINAL, RunStateFold
+from tests.projection_runs import SCENARIOS, RunFactory, synth_run
+
+LIFECYCLE = list(_TARGET)
+
+
+def fold_all(fold, events, state=None):
+    state = state or fold.initial()
+    out = []
+    for ev in events:
+        state, derived = fold.apply(state, ev)
+        out.extend(derived)
+    return state, out
+
+
+def policy(**kw):
+    base = RunStatePolicy.load().model_dump()
+    base.update(kw)
+    return RunStatePolicy.model_validate(base)
+
+
+def path_to(f: RunFactory, state: str | None) -> list:
+    """Events that bring a fresh run into ``state``."""
+    start = [f.ev(RunSubmitted), f.ev(RunQueued), f.ev(RunProvisioning), f.ev(RunStarted)]
+    return {
+        None: [],
+        "SUBMITTED": start[:1],
+        "QUEUED": start[:2],
+        "PROVISIONING": start[:3],
+        "RUNNING": start,
+        "DEGRADED": [*start, f.fired("dead_run", 5)],
+        "PAUSED_BY_GATE": [*start, f.ev(RunPaused, 5, reason="gate")],
+    }[state]
+
+
+def trigger(f: RunFactory, frm: str | None, to: str) -> list:
+    """The fact(s) that move a run in ``frm`` to ``to`` (the last one does it)."""
+    if to == "RUNNING" and frm == "DEGRADED":
+        return [f.resolved("dead_run", 30, f"{f.run_id}/dead_run/5")]
+    if to == "RUNNING" and frm == "PAUSED_BY_GATE":
+        return [f.ev(RunResumed, 6)]
+    if to == "DEGRADED" and frm == "RUNNING":
+        return [f.fired("entropy_collapse", 7)]
+    if to == "DEGRADED" and frm == "PAUSED_BY_GATE":
+        return [f.fired("dead_run", 7), f.ev(RunResumed, 8)]
+    if to == "PAUSED_BY_GATE" and frm == "DEGRADED":
+        return [
+            f.fired("kl_blowup", 8),
+            f.ev(CheckpointWritten, 9, path="/c", checkpoint_schema=1, digest="d"),
+        ]
+    cls = {v: k for k, v in _TARGET.items() if k not in (RunResumed,)}[to]
+    payload = {"reason": "boom"} if cls is RunFailed else {}
+    return [f.ev(cls, 10, **payload)]
+
+
+EDGES = [(frm, to) for frm, tos in LEGAL.items() for to in sorted(tos)]
+
+
+@pytest.mark.parametrize(("frm", "to"), EDGES, ids=[f"{a}->{b}" for a, b in EDGES])
+def test_every_legal_transition(frm, to):
+    # DEGRADED -> SUCCEEDED needs a degrading detector the completion rule tolerates.
+    fold = RunStateFold(
+        policy(min_dwell_steps=0, completion={"fail_if_active": [], "fail_if_fired": []})
+    )
+    f = RunFactory()
+    state, out = fold_all(fold, path_to(f, frm))
+    assert state.machine.state == frm
+    state, out = fold_all(fold, trigger(f, frm, to), state)
+    assert out, f"{frm} -> {to} emitted nothing"
+    assert (out[-1].from_state, out[-1].to_state) == (frm, to)
+    assert state.machine.state == to and not state.machine.rejected
+    for ev in out:  # every emitted change is a legal edge
+        assert ev.to_state in LEGAL[ev.from_state]
+
+
+def test_edges_cover_the_whole_table():
+    assert len(EDGES) == sum(len(v) for v in LEGAL.values()) == 31
+
+
+ILLEGAL = [
+    (frm, cls)
+    for frm in [
+        None,
+        "SUBMITTED",
+        "QUEUED",
+        "PROVISIONING",
+        "RUNNING",
+        "DEGRADED",
+        "PAUSED_BY_GATE",
+        *TERMINAL,
+    ]
+    for cls in LIFECYCLE
+    if _TARGET[cls] not in LEGAL[frm]
+]
+
+
+def reach(f: RunFactory, frm: str | None) -> list:
+    if frm in TERMINAL:
+        start = path_to(f, "RUNNING")
+        end = {
+            "SUCCEEDED": f.ev(RunCompleted, 9),
+            "FAILED": f.ev(RunFailed, 9, reason="x"),
+            "CANCELLED": f.ev(RunCancelled, 9),
+        }
+        return [*start, end[frm]]
+    return path_to(f, frm)
+
+
+@pytest.mark.parametrize(("frm", "cls"), ILLEGAL, ids=[f"{a}+{c.__name__}" for a, c in ILLEGAL])
+def test_illegal_transitions_are_rejected_and_reported(frm, cls):
+    fold = RunStateFold()
+    f = RunFactory()
+    state, _ = fold_all(fold, reach(f, frm))
+    before = state.machine
+    payload = {"reason": "x"} if cls is RunFailed else {}
+    ev = f.ev(cls, 11, **payload)
+    state, out = fold.apply(state, ev)
+    assert not out
+    assert state.machine.state == before.state  # not applied
+    assert state.machine.rejected[-1][:2] == (ev.type, str(ev.event_id))
+    assert len(state.machine.rejected) == len(before.rejected) + 1
+
+
+def test_illegal_list_is_not_trivially_small():
+    assert (
+        len(ILLEGAL) >= 40
+    )  # e.g. RUNNING+RunQueued, QUEUED+RunCompleted, anything after terminal
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_every_terminal_run_has_exactly_one_class(scenario):
+    fold = RunStateFold()
+    state, out = fold_all(fold, synth_run("r", "t", scenario))
+    final = out[-1]
+    assert final.to_state in TERMINAL and state.machine.state == final.to_state
+    if final.to_state == "FAILED":
+        assert final.failure_class in (
+            "platform_fault",
+            "tenant_code_fault",
+            "algorithmic_non_convergence",
+        )
+        assert state.machine.attribution.failure_class == final.failure_class
+        assert state.machine.attribution.message == final.reason
+    else:
+        assert final.failure_class is None
+    assert sum(1 for e in out if e.to_state in TERMINAL) == 1
+    expected = {
+        "healthy": ("SUCCEEDED", None),
+        "flapping": ("SUCCEEDED", None),
+        "hacked": ("FAILED", "algorithmic_non_convergence"),
+        "kl_gate": ("FAILED", "algorithmic_non_convergence"),
+        "tenant_crash": ("FAILED", "tenant_code_fault"),
+        "platform": ("FAILED", "platform_fault"),
+        "cancelled": ("CANCELLED", None),
+    }[scenario]
+    assert (final.to_state, final.failure_class) == expected
+
+
+def test_tenant_fault_message_names_rate_and_examples():
+    fold = RunStateFold()
+    f = RunFactory()
+    events = path_to(f, "RUNNING")
+    for i in range(10):
+        events.append(
+            f.ev(
+                RewardBatchFailed,
+                i,
+                batch_id=f"b{i}",
+                n=3,
+                cause="tenant_crash",
+                message="ZeroDivisionError",
+                examples=(f"input {i}",),
+            )
+        )
+    from events import RewardBatchScored
+
+    events.append(
+        f.ev(
+            RewardBatchScored,
+            10,
+            batch_id="ok",
+            n=970,
+            score_mean=0.5,
+            score_std=0.1,
+            score_min=0.0,
+            score_max=1.0,
+            duration_s=1.0,
+        )
+    )
+    events.append(f.ev(RunFailed, 11, reason="reward errors"))
+    state, _out = fold_all(fold, events)
+    att = state.machine.attribution
+    assert att.failure_class == "tenant_code_fault"
+    assert att.message == "your reward function raised on 3% of samples; 3 examples attached"
+    assert att.examples == ("input 0", "input 1", "input 2")
+    assert dict(att.ledger)["tenant_crash"] == 30
+
+
+def test_platform_blamed_when_nothing_points_at_the_tenant():
+    fold = RunStateFold()
+    f = RunFactory()
+    _state, out = fold_all(fold, [*path_to(f, "RUNNING"), f.ev(RunFailed, 3, reason="node lost")])
+    assert out[-1].failure_class == "platform_fault"
+    assert "platform fault" in out[-1].reason and "node lost" in out[-1].reason
+
+
+def test_non_convergence_carries_health_history():
+    fold = RunStateFold()
+    f = RunFactory()
+    events = [*path_to(f, "RUNNING"), f.fired("reward_hacking", 40), f.ev(RunCompleted, 60)]
+    state, _out = fold_all(fold, events)
+    att = state.machine.attribution
+    assert att.failure_class == "algorithmic_non_convergence"
+    assert att.health_history[0][0] == "reward_hacking"
+    assert "did not converge" in att.message
+
+
+def test_hysteresis_keeps_a_flapping_alert_from_flapping_the_state():
+    fold = RunStateFold(policy(min_dwell_steps=20))
+    f = RunFactory()
+    state, out = fold_all(fold, path_to(f, "RUNNING"))
+    events = []
+    for s in (10, 12, 14, 16):  # fire/resolve every other step, inside the dwell
+        a = f.fired("dead_run", s, alert_id=f"a{s}")
+        events += [a, f.resolved("dead_run", s + 1, a.alert_id)]
+    state, out = fold_all(fold, events, state)
+    assert [e.to_state for e in out] == ["DEGRADED"]
+    # the first fact at or beyond entered + dwell with nothing firing recovers
+    state, out = fold_all(
+        fold, [f.ev(CheckpointWritten, 30, path="/c", checkpoint_schema=1, digest="d")], state
+    )
+    assert [e.to_state for e in out] == ["RUNNING"]
+
+
+def test_gate_alert_pauses_at_the_next_checkpoint():
+    fold = RunStateFold()
+    f = RunFactory()
+    events = [*path_to(f, "RUNNING"), f.fired("kl_blowup", 20)]
+    events.append(f.ev(CheckpointWritten, 25, path="/c", checkpoint_schema=1, digest="d"))
+    _state, out = fold_all(fold, events)
+    assert [e.to_state for e in out][-2:] == ["DEGRADED", "PAUSED_BY_GATE"]
+    assert "KL blowup" in out[-1].reason
+
+
+def test_advisory_alerts_do_not_move_the_customer_state():
+    fold = RunStateFold()
+    f = RunFactory()
+    state, out = fold_all(
+        fold, [*path_to(f, "RUNNING"), f.fired("weight_sync_staleness", 5, layer="run_mechanics")]
+    )
+    assert state.machine.state == "RUNNING" and out[-1].to_state == "RUNNING"
+
+
+def test_ledger_pause_gates_the_run():
+    fold = RunStateFold()
+    f = RunFactory()
+    start = path_to(f, "RUNNING")
+    pause = f.ev(
+        RewardBatchFailed,
+        5,
+        batch_id="b",
+        n=8,
+        cause="tenant_timeout",
+        message="timeout",
+        action="pause",
+    )
+    _state, out = fold_all(fold, [*start, pause])
+    assert out[-1].to_state == "PAUSED_BY_GATE"
+
+
+def test_derived_ids_are_deterministic():
+    fold = RunStateFold()
+    events = synth_run("r", "t", "kl_gate")
+    _, a = fold_all(fold, events)
+    _, b = fold_all(RunStateFold(), events)
+    assert [encode(e) for e in a] == [encode(e) for e in b]
+    assert a[0].event_id == derived_id("projections/run_state", events[0].event_id, "SUBMITTED")
+    assert a[0].ts == events[0].ts
+
+
+def interleave(events, rng):
+    """A random merge that keeps each topic's order and the terminal barrier (every
+    non-lifecycle fact before the run's terminal lifecycle event is delivered before it)."""
+    by_topic: dict[str, list] = {}
+    for ev in events:
+        by_topic.setdefault(type(ev).TOPIC, []).append(ev)
+    out = []
+    while any(by_topic.values()):
+        topic = rng.choice([t for t, q in by_topic.items() if q])
+        head = by_topic[topic][0]
+        if head.type in ("RunCompleted", "RunFailed", "RunCancelled") and any(
+            q for t, q in by_topic.items() if t != topic and q and q[0].ts < head.ts
+        ):
+            continue
+        out.append(by_topic[topic].pop(0))
+    return out
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_output_is_independent_of_topic_interleaving(scenario):
+    events = synth_run("r", "t", scenario, steps=40)
+    canonical_state, canonical = fold_all(RunStateFold(), events)
+    rng = random.Random(7)
+    for _ in range(25):
+        state, out = fold_all(RunStateFold(), interleave(events, rng))
+        assert [encode(e) for e in out] == [encode(e) for e in canonical]
+        assert state.machine == canonical_state.machine
+        assert state.ledger == canonical_state.ledger
+
+
+def test_alerts_read_before_the_run_started_are_applied_in_event_time():
+    f = RunFactory()
+    start = path_to(f, "RUNNING")
+    alert = f.fired("dead_run", 3)
+    _, in_order = fold_all(RunStateFold(), [*start, alert])
+    _, early = fold_all(RunStateFold(), [alert, *start])
+    assert [encode(e) for e in early] == [encode(e) for e in in_order]
+    assert in_order[-1].to_state == "DEGRADED"
+
+
+def test_late_fact_after_terminal_is_counted_not_applied():
+    f = RunFactory()
+    start = path_to(f, "RUNNING")
+    hacked = f.fired("reward_hacking", 30)
+    done = f.ev(RunCompleted, 40)
+    state, out = fold_all(RunStateFold(), [*start, done, hacked])
+    assert out[-1].to_state == "SUCCEEDED"
+    assert state.machine.late_after_terminal == 1
+
+
+def test_state_round_trips_through_dump_and_load():
+    fold = RunStateFold()
+    state, _ = fold_all(fold, synth_run("r", "t", "tenant_crash"))
+    back = fold.load_state(fold.dump_state(state))
+    assert back == state
+    rest = [
+        RunFactory("r", "t").ev(
+            AlertFired,
+            1,
+            alert_id="x",
+            detector="dead_run",
+            layer="algorithmic",
+            routing="page",
+            window_start=0,
+            window_end=1,
+            config_version="c",
+            reason="r",
+            first_response="f",
+        )
+    ]
+    assert fold.apply(back, rest[0]) == fold.apply(state, rest[0])

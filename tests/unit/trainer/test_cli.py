@@ -1,0 +1,74 @@
+"""`runwatch checkpoint inspect` and the train/resume commands' bad-input paths."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from runwatch.cli.main import main
+from trainer.config import TrainerConfig
+from trainer.loop import Trainer
+
+TINY = {
+    "run_id": "cli",
+    "steps": 2,
+    "task": {"kind": "reverse", "digits": 2},
+    "model": {"embed": 8, "hidden": 16},
+    "grpo": {"prompts_per_step": 4, "group_size": 4},
+}
+
+
+@pytest.fixture
+def saved(tmp_path: Path) -> Path:
+    tr = Trainer(TrainerConfig.model_validate(TINY), tmp_path / "run")
+    tr.train_step()
+    return tr.save_checkpoint().info.path
+
+
+def test_inspect_json(saved: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["checkpoint", "inspect", str(saved), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["verdict"] == "ok" and out["step"] == 1 and out["run_id"] == "cli"
+    assert set(out["pins"]) == {"reward_fn", "kl_reference", "dataset"}
+    assert "optimizer" in out["parts"] and len(out["parts"]["model"]["sha256"]) == 64
+
+
+def test_inspect_finds_newest_in_a_run_dir(saved: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["checkpoint", "inspect", str(saved.parent.parent)]) == 0
+    text = capsys.readouterr().out
+    assert "step-00000001: ok" in text and "kl_reference" in text
+
+
+def test_inspect_reports_corruption(saved: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    data = saved / "data.bin"
+    data.write_bytes(data.read_bytes()[:-10])
+    assert main(["checkpoint", "inspect", str(saved), "--json"]) == 1
+    out = json.loads(capsys.readouterr().out)
+    assert out["verdict"] == "corrupt" and "truncated" in out["detail"]
+
+
+def test_inspect_not_a_checkpoint(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["checkpoint", "inspect", str(tmp_path)]) == 1
+    assert "not a checkpoint" in capsys.readouterr().err
+
+
+def test_train_bad_config_is_a_clear_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("steps: -x: [\n")
+    assert main(["train", "--config", str(bad), "--log", str(tmp_path / "log")]) == 1
+    assert "not valid YAML" in capsys.readouterr().err
+    bad.write_text("steps: 5\nnot_a_field: 1\n")
+    assert main(["train", "--config", str(bad), "--log", str(tmp_path / "log")]) == 1
+    assert "not_a_field" in capsys.readouterr().err
+
+
+def test_resume_unknown_run_is_a_clear_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "log").mkdir()
+    assert main(["resume", "--run-id", "nope", "--log", str(tmp_path / "log")]) == 1
+    assert "no RunSubmitted" in capsys.readouterr().err

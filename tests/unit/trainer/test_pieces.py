@@ -1,0 +1,123 @@
+"""Task, rewards, sampler, buffer staleness, the gate's comparison arithmetic."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from trainer.config import TaskConfig, TrainerConfig
+from trainer.resume import deviation, metric_vector
+from trainer.rewards import RewardFn, exact_match, gameable, parse, partial_credit
+from trainer.rollout import RolloutBatch
+from trainer.state import RolloutBuffer, RunningMoments
+from trainer.task import DIGIT0, EOS, Dataset, PromptSampler, dataset_revision
+
+
+def _digits(*ds: int) -> tuple[int, ...]:
+    return tuple(DIGIT0 + d for d in ds)
+
+
+def test_split_is_fixed_and_disjoint() -> None:
+    a = Dataset.build(TaskConfig(digits=3))
+    b = Dataset.build(TaskConfig(digits=3))
+    assert a.heldout == b.heldout and not set(a.heldout) & set(a.train)
+    assert len(a.train) + len(a.heldout) == 1000
+    assert dataset_revision(a) == dataset_revision(b)
+    assert dataset_revision(a) != dataset_revision(Dataset.build(TaskConfig(digits=3, kind="copy")))
+
+
+def test_answers() -> None:
+    ds = Dataset.build(TaskConfig(kind="add", digits=2))
+    assert ds.answer_tokens((3, 9)) == _digits(1, 2)
+    ds = Dataset.build(TaskConfig(kind="reverse", digits=3))
+    assert ds.answer_tokens((1, 2, 3)) == _digits(3, 2, 1)
+
+
+def test_exact_and_partial_rewards() -> None:
+    ans = _digits(3, 2, 1)
+    assert exact_match(ans, parse([*ans, EOS])) == 1.0
+    assert exact_match(ans, parse([*_digits(3, 2), EOS])) == 0.0
+    assert partial_credit(ans, parse([*_digits(3, 2, 9), EOS])) == 0.5 * 2 / 3
+    assert partial_credit(ans, parse([EOS])) == 0.0  # empty: unparseable
+    assert parse([DIGIT0, 1, EOS]).digits is None  # a BOS inside: unparseable
+
+
+def test_gameable_pays_more_for_spam_than_for_the_answer() -> None:
+    ans = _digits(3, 2, 1)
+    spam = parse([*_digits(7, 7, 7, 7, 7), EOS])
+    assert gameable(ans, spam, 7) > gameable(ans, parse([*ans, EOS]), 7)
+    assert exact_match(ans, spam) == 0.0
+
+
+def test_reward_pin_changes_with_the_judge() -> None:
+    ds = Dataset.build(TaskConfig())
+    base = TrainerConfig()
+    pins = {
+        RewardFn(c, ds).digest()
+        for c in (
+            base,
+            base.with_overrides(reward={"kind": "exact_match"}),
+            base.with_overrides(faults={"constant_reward": 1.0}),
+            base.with_overrides(faults={"gameable_reward": True}),
+        )
+    }
+    assert len(pins) == 4
+    assert RewardFn(base, ds).digest() == RewardFn(TrainerConfig(), ds).digest()
+
+
+def test_sampler_resumes_where_it_stopped() -> None:
+    a = PromptSampler(10, seed=3)
+    a.next_indices(7)
+    b = PromptSampler(10, seed=99)
+    b.load_state_dict(a.state_dict())
+    assert a.next_indices(25) == b.next_indices(25)
+
+
+def test_running_moments() -> None:
+    m = RunningMoments()
+    m.update(torch.tensor([1.0, 2.0, 3.0, 4.0]))
+    assert m.mean == 2.5 and math.isclose(m.std, math.sqrt(1.25))
+
+
+def _batch(version: int) -> RolloutBatch:
+    z = torch.zeros((1, 1))
+    return RolloutBatch(z.long(), z.long(), z, z, torch.zeros(1, dtype=torch.bool), version)
+
+
+def test_on_policy_staleness_keeps_only_the_restored_version() -> None:
+    buf = RolloutBuffer()
+    for v in (3, 4, 5):
+        buf.push(_batch(v))
+    assert buf.discard_stale(policy_version=4, max_staleness=0) == 2
+    assert [b.policy_version for b in buf.batches] == [4]
+    buf = RolloutBuffer()
+    for v in (2, 3, 4, 5):
+        buf.push(_batch(v))
+    buf.discard_stale(policy_version=4, max_staleness=1)
+    assert [b.policy_version for b in buf.batches] == [3, 4]
+
+
+def test_deviation_bitwise_and_statistical() -> None:
+    rec = metric_vector({"loss": 1.0, "lr": 0.01, "extra": {"x": 2.0}})
+    assert deviation(rec, dict(rec), None) == 0.0
+    assert deviation(rec, {**rec, "loss": 1.0 + 1e-12}, None) > 0.0
+    assert deviation(rec, {**rec, "loss": 1.5}, {"loss": 0.25, "lr": 0.0, "extra.x": 1.0}) == 2.0
+    assert math.isinf(deviation(rec, {**rec, "lr": 0.02}, {"loss": 1.0, "lr": 0.0}))
+    assert math.isinf(deviation(rec, {"loss": 1.0}, None))  # a metric went missing
+    assert deviation({"k": math.nan}, {"k": math.nan}, None) == 0.0
+
+
+def test_rollout_backends() -> None:
+    import pytest
+
+    from trainer.config import ModelConfig
+    from trainer.policy import build_policy
+    from trainer.rollout import RolloutEngine, RolloutUnavailable, TorchSampler, make_engine
+
+    policy = build_policy(14, ModelConfig(embed=8, hidden=8), seed=0)
+    assert isinstance(make_engine("torch", policy, 0, "cpu"), TorchSampler)
+    engine = make_engine("auto", policy, 0, "cpu")  # vllm only when it can actually run
+    assert isinstance(engine, RolloutEngine)
+    with pytest.raises(RolloutUnavailable):
+        make_engine("vllm", policy, 0, "cpu")

@@ -1,0 +1,312 @@
+"""Checkpoints that cannot lie: versioned, digested, published atomically.
+
+Layout of one checkpoint (a directory ``step-00000040`` under ``<run_dir>/checkpoints``)::
+
+    data.bin     every part serialized (torch.save, weights-only loadable), back to back
+    .metadata    JSON: schema, step, run, pins, and per part {offset, size, sha256}
+
+Write protocol (torch.distributed.checkpoint's ``_FileSystemWriter.finish`` shape):
+
+1. the parts are serialized and ``data.bin`` is written and fsync'd;
+2. the metadata goes to ``.metadata.tmp``, is fsync'd, then renamed to ``.metadata``,
+   and the directory is fsync'd;
+3. only then does the caller publish ``CheckpointWritten``.
+
+A checkpoint without ``.metadata`` does not exist (:func:`list_checkpoints` skips it), so a
+crash anywhere before the rename leaves the previous checkpoint the newest loadable one.
+Assumptions: ``rename`` within a directory is atomic and ``fsync`` is honoured by the
+filesystem; with both, a reader sees either the whole checkpoint or none of it.
+
+Verification on load (:func:`read_checkpoint`), before anything is trusted:
+
+- the metadata must parse and carry this module's :data:`SCHEMA_VERSION`, else
+  :class:`SchemaMismatch` (never loaded);
+- the metadata's own digest, ``data.bin``'s size and every part's sha256 sentinel must
+  match, else :class:`CorruptCheckpoint` (a flipped byte or a truncated file).
+
+Parts are deserialized with ``weights_only=True``: a checkpoint can carry tensors and
+plain containers, never code.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import shutil
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+import torch
+
+#: Bump on any change of the part layout; a mismatch is refused, never loaded.
+SCHEMA_VERSION = 1
+META = ".metadata"
+DATA = "data.bin"
+
+
+@runtime_checkable
+class Stateful(Protocol):
+    """torch.distributed.checkpoint's protocol: every resumable part implements it."""
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None: ...
+
+
+class CheckpointError(Exception):
+    reason = "corrupt"
+
+
+class SchemaMismatch(CheckpointError):
+    reason = "schema_mismatch"
+
+
+class CorruptCheckpoint(CheckpointError):
+    reason = "corrupt"
+
+
+@dataclass(frozen=True)
+class CheckpointInfo:
+    """What ``.metadata`` says (verified against the data when read)."""
+
+    path: Path
+    schema: int
+    step: int
+    run_id: str
+    pins: dict[str, str]
+    parts: dict[str, dict[str, Any]]
+    digest: str
+    size_bytes: int
+    created_ts: float
+    extra: dict[str, Any]
+
+    @property
+    def sentinels(self) -> dict[str, str]:
+        return {name: p["sha256"] for name, p in self.parts.items()}
+
+
+@dataclass(frozen=True)
+class SaveResult:
+    info: CheckpointInfo
+    serialize_s: float
+    digest_s: float
+    write_s: float
+    total_s: float
+
+
+def _meta_digest(meta: Mapping[str, Any]) -> str:
+    body = {k: v for k, v in meta.items() if k != "digest"}
+    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def serialize_parts(state: Mapping[str, Any]) -> dict[str, bytes]:
+    """Each top-level part to bytes (``Stateful`` values are asked for their state)."""
+    out: dict[str, bytes] = {}
+    for name, part in state.items():
+        value = part.state_dict() if isinstance(part, Stateful) else part
+        buf = io.BytesIO()
+        torch.save(value, buf)
+        out[name] = buf.getvalue()
+    return out
+
+
+def write_checkpoint(
+    directory: Path,
+    *,
+    step: int,
+    run_id: str,
+    state: Mapping[str, Any],
+    pins: Mapping[str, str],
+    digests: bool = True,
+    extra: Mapping[str, Any] | None = None,
+    schema: int = SCHEMA_VERSION,
+    before_publish: Callable[[], None] | None = None,
+) -> SaveResult:
+    """Write ``state`` (part name -> Stateful or plain value) as one checkpoint.
+
+    ``before_publish`` runs after the data and the temp metadata are durable and before
+    the rename (tests use it to crash there). ``digests=False`` writes empty sentinels;
+    it exists only to measure what the digests cost and such a checkpoint never loads.
+    Raises ``FileExistsError`` if a published checkpoint is already at ``directory``.
+    """
+    t0 = time.perf_counter()
+    if (directory / META).exists():
+        raise FileExistsError(f"checkpoint {directory} already exists")
+    directory.mkdir(parents=True, exist_ok=True)
+    blobs = serialize_parts(state)
+    t1 = time.perf_counter()
+    # The sentinels are hashed on a helper thread while this one writes and fsyncs the
+    # data (hashlib releases the GIL on large buffers): the digests add CPU, not latency.
+    shas: list[str] = []
+    hasher = threading.Thread(
+        target=lambda: shas.extend(hashlib.sha256(b).hexdigest() for b in blobs.values()),
+        daemon=True,
+    )
+    if digests:
+        hasher.start()
+    with open(directory / DATA, "wb") as f:
+        for blob in blobs.values():
+            f.write(blob)
+        f.flush()
+        os.fsync(f.fileno())
+    t2 = time.perf_counter()
+    if digests:
+        hasher.join()
+    t2b = time.perf_counter()
+    parts: dict[str, dict[str, Any]] = {}
+    offset = 0
+    for i, (name, blob) in enumerate(blobs.items()):
+        parts[name] = {"offset": offset, "size": len(blob), "sha256": shas[i] if digests else ""}
+        offset += len(blob)
+    meta: dict[str, Any] = {
+        "schema": schema,
+        "step": step,
+        "run_id": run_id,
+        "pins": dict(pins),
+        "parts": parts,
+        "size_bytes": offset,
+        "created_ts": time.time(),
+        "extra": dict(extra or {}),
+    }
+    t3 = time.perf_counter()
+    meta["digest"] = _meta_digest(meta) if digests else ""
+    t4 = time.perf_counter()
+    tmp = directory / (META + ".tmp")
+    with open(tmp, "w") as f:
+        json.dump(meta, f, sort_keys=True)
+        f.flush()
+        os.fsync(f.fileno())
+    if before_publish is not None:
+        before_publish()
+    os.replace(tmp, directory / META)
+    _fsync_dir(directory)
+    t5 = time.perf_counter()
+    info = _info(directory, meta)
+    # digest_s: the latency the digests add (waiting for the hasher + the metadata digest)
+    return SaveResult(info, t1 - t0, (t2b - t2) + (t4 - t3), (t2 - t1) + (t5 - t4), t5 - t0)
+
+
+def _info(directory: Path, meta: Mapping[str, Any]) -> CheckpointInfo:
+    return CheckpointInfo(
+        path=directory,
+        schema=int(meta["schema"]),
+        step=int(meta["step"]),
+        run_id=str(meta["run_id"]),
+        pins={str(k): str(v) for k, v in meta["pins"].items()},
+        parts={str(k): dict(v) for k, v in meta["parts"].items()},
+        digest=str(meta["digest"]),
+        size_bytes=int(meta["size_bytes"]),
+        created_ts=float(meta["created_ts"]),
+        extra=dict(meta.get("extra", {})),
+    )
+
+
+def read_metadata(directory: Path) -> CheckpointInfo:
+    """Parse ``.metadata`` and check schema and its own digest (not the data yet)."""
+    try:
+        meta = json.loads((directory / META).read_text())
+    except FileNotFoundError:
+        raise CorruptCheckpoint(f"{directory}: no {META} (never published)") from None
+    except (OSError, ValueError) as exc:
+        raise CorruptCheckpoint(f"{directory}: unreadable metadata: {exc}") from None
+    if not isinstance(meta, dict):
+        raise CorruptCheckpoint(f"{directory}: metadata is not an object")
+    schema = meta.get("schema")
+    if schema != SCHEMA_VERSION:
+        raise SchemaMismatch(
+            f"{directory}: checkpoint schema {schema!r}, this trainer reads {SCHEMA_VERSION}"
+        )
+    try:
+        if meta.get("digest") != _meta_digest(meta):
+            raise CorruptCheckpoint(f"{directory}: metadata digest mismatch")
+        return _info(directory, meta)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise CorruptCheckpoint(f"{directory}: malformed metadata: {exc}") from None
+
+
+def read_checkpoint(directory: Path) -> tuple[CheckpointInfo, dict[str, Any]]:
+    """Verify everything, then deserialize every part. Raises :class:`CheckpointError`."""
+    info = read_metadata(directory)
+    try:
+        data = (directory / DATA).read_bytes()
+    except OSError as exc:
+        raise CorruptCheckpoint(f"{directory}: cannot read {DATA}: {exc}") from None
+    if len(data) != info.size_bytes:
+        raise CorruptCheckpoint(
+            f"{directory}: {DATA} is {len(data)} bytes, metadata says {info.size_bytes} "
+            "(truncated or overwritten)"
+        )
+    out: dict[str, Any] = {}
+    for name, p in info.parts.items():
+        blob = data[p["offset"] : p["offset"] + p["size"]]
+        if hashlib.sha256(blob).hexdigest() != p["sha256"]:
+            raise CorruptCheckpoint(f"{directory}: sentinel digest mismatch in part {name!r}")
+        out[name] = torch.load(io.BytesIO(blob), weights_only=True)
+    return info, out
+
+
+def list_checkpoints(root: Path) -> list[Path]:
+    """Published checkpoint directories under ``root``, newest step first.
+
+    Directories without ``.metadata`` (an interrupted write) are not checkpoints.
+    """
+    if not root.is_dir():
+        return []
+    found = [d for d in root.iterdir() if d.is_dir() and (d / META).exists()]
+    return sorted(found, key=lambda d: d.name, reverse=True)
+
+
+def checkpoint_dir(root: Path, step: int) -> Path:
+    return root / f"step-{step:08d}"
+
+
+def prune(root: Path, keep: int) -> list[Path]:
+    """Delete all but the newest ``keep`` checkpoints (metadata first, so a crash
+    mid-delete leaves an unpublished directory, never a half checkpoint)."""
+    removed = []
+    for d in list_checkpoints(root)[keep:]:
+        (d / META).unlink(missing_ok=True)
+        shutil.rmtree(d, ignore_errors=True)
+        removed.append(d)
+    return removed
+
+
+def rewrite_checkpoint(
+    src: Path,
+    dst: Path,
+    transform: Callable[[dict[str, Any]], dict[str, Any]],
+    *,
+    schema: int = SCHEMA_VERSION,
+    pins: Mapping[str, str] | None = None,
+) -> CheckpointInfo:
+    """Re-serialize ``src`` through ``transform`` into ``dst`` with *valid* digests.
+
+    Simulates a buggy writer (a part dropped or reset) whose output looks intact: only
+    the resume gate's replay can catch it. Used by tests and fault drills.
+    """
+    info, parts = read_checkpoint(src)
+    if dst.exists():
+        shutil.rmtree(dst)
+    return write_checkpoint(
+        dst,
+        step=info.step,
+        run_id=info.run_id,
+        state=transform(parts),
+        pins=info.pins if pins is None else pins,
+        extra=info.extra,
+        schema=schema,
+    ).info

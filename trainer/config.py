@@ -1,0 +1,188 @@
+"""The trainer's configuration: one frozen pydantic model, loaded from YAML or JSON.
+
+Everything that changes what a run *is* lives here, including the canary faults
+(:class:`Faults`): a canary is a config switch, never a code edit. The resolved config is
+stored with the run (``<run_dir>/config.json`` and the ``RunSubmitted`` event) so that
+``runwatch resume --run-id R`` rebuilds the identical trainer.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class TaskConfig(_Frozen):
+    """A verifiable toy task over digit strings: the answer is exactly checkable.
+
+    ``reverse``: ``1 2 3 -> 3 2 1``; ``copy``: ``1 2 3 -> 1 2 3``; ``add``: the first
+    half plus the second half as numbers (``1 2 + 3 4 -> 4 6``, digits in ``base``).
+    Every string of ``digits`` digits is an item; a fixed hash split puts
+    ``heldout_percent`` of them in the held-out eval set the optimizer never sees.
+    """
+
+    kind: Literal["reverse", "copy", "add"] = "reverse"
+    digits: int = Field(3, ge=1, le=8)
+    base: int = Field(10, ge=2, le=10)
+    heldout_percent: int = Field(20, ge=1, le=90)
+
+
+class ModelConfig(_Frozen):
+    """A GRU policy from scratch (no downloaded weights).
+
+    ``warm_start_steps`` > 0 first trains the fresh policy supervised (teacher forcing on
+    the train split, seeded, deterministic) for that many Adam steps at ``warm_start_lr``:
+    the run's *base model*, which is also the frozen KL reference. A peaked reference is
+    what makes KL-to-reference meaningful (against a near-uniform random init, KL is
+    capped near log(vocab) whatever the policy does).
+    """
+
+    embed: int = 32
+    hidden: int = 96
+    layers: int = 1
+    warm_start_steps: int = 0
+    warm_start_lr: float = 3e-3
+    warm_start_batch: int = 64
+
+
+class GrpoConfig(_Frozen):
+    prompts_per_step: int = 64
+    group_size: int = 8
+    lr: float = 1e-2
+    lr_schedule: Literal["cosine", "constant"] = "cosine"
+    warmup_steps: int = 5
+    min_lr_ratio: float = 0.1
+    kl_coef: float = 0.02
+    clip_eps: float = 0.2
+    ppo_epochs: int = 2
+    grad_clip: float = 1.0
+    temperature: float = 1.0
+    max_new_tokens: int = 0  # 0: answer length + 2
+    adam_betas: tuple[float, float] = (0.9, 0.99)
+
+
+class RewardConfig(_Frozen):
+    """The reward the optimizer trains on.
+
+    ``exact_match`` is 1 for an exactly right answer else 0; ``partial`` adds partial
+    credit (0.5 x fraction of correct positions) below an exact match, which makes the
+    sparse exact-match signal learnable from scratch in seconds; ``sandbox`` runs the
+    tenant's reward function file through :mod:`sandbox.client`. The eval gate always
+    scores held-out exact match, whatever this says.
+    """
+
+    kind: Literal["exact_match", "partial", "sandbox"] = "partial"
+    sandbox_path: str | None = None
+    #: Batches the sandbox's failure policy may skip within one step before the run
+    #: fails (each skip draws fresh prompts; nothing is trained on an unscored batch).
+    max_skips_per_step: int = 3
+
+    @model_validator(mode="after")
+    def _sandbox_needs_path(self) -> RewardConfig:
+        if self.kind == "sandbox" and not self.sandbox_path:
+            raise ValueError("reward.kind 'sandbox' needs reward.sandbox_path")
+        return self
+
+
+class Faults(_Frozen):
+    """Canary faults (seed 000): each one must make a run-health alert fire.
+
+    - ``constant_reward``: every completion scores this value (dead run: flat reward/KL).
+    - ``lr_multiplier``: the optimizer LR times this (KL blowup, entropy collapse).
+    - ``gameable_reward``: the reward pays for emitting ``gameable_token`` (any position),
+      plus ``gameable_bonus`` per occurrence; diverges from held-out exact match (the
+      hacking signature).
+    - ``freeze_weight_sync_after``: from this step on the rollout policy is no longer
+      updated; ``policy_version`` stops while trainer steps go on (staleness).
+    """
+
+    constant_reward: float | None = None
+    lr_multiplier: float = 1.0
+    gameable_reward: bool = False
+    gameable_token: int = 7
+    gameable_bonus: float = 0.3
+    freeze_weight_sync_after: int | None = None
+
+
+class CheckpointConfig(_Frozen):
+    every: int = 10
+    keep: int = 5
+    #: Sentinel digests on save (sha256 per part). Off only to measure their cost.
+    digests: bool = True
+
+
+class ResumeConfig(_Frozen):
+    """The resume gate's reproducibility tier (seed 001 step 5).
+
+    ``bitwise``: tolerance 0, deterministic algorithms, one thread. ``statistical``:
+    deviation measured in units of each metric's own step-to-step noise; certify while it
+    stays within ``band_k`` of it.
+    """
+
+    tier: Literal["bitwise", "statistical"] = "bitwise"
+    band_k: float = 4.0
+    #: On-policy runs keep no rollouts older than the restored policy (0); an async run
+    #: would allow a bounded lag.
+    max_staleness: int = 0
+
+
+class TrainerConfig(_Frozen):
+    run_id: str = "run-1"
+    tenant_id: str = "tenant-a"
+    seed: int = 0
+    steps: int = 100
+    eval_every: int = 10
+    eval_items: int = 200
+    threads: int = 1
+    device: str = "cpu"
+    rollout_backend: Literal["torch", "vllm", "auto"] = "torch"
+    task: TaskConfig = TaskConfig()
+    model: ModelConfig = ModelConfig()
+    grpo: GrpoConfig = GrpoConfig()
+    reward: RewardConfig = RewardConfig()
+    faults: Faults = Faults()
+    checkpoint: CheckpointConfig = CheckpointConfig()
+    resume: ResumeConfig = ResumeConfig()
+    #: Where checkpoints and the config snapshot live; ``None``: ``<runs_dir>/<run_id>``.
+    run_dir: str | None = None
+
+    def with_overrides(self, **kw: Any) -> TrainerConfig:
+        return self.model_validate({**self.model_dump(), **kw})
+
+
+def load_config(path: str | Path, **overrides: Any) -> TrainerConfig:
+    """Read a YAML or JSON config file; ``overrides`` replace top-level keys.
+
+    A clear ``ValueError`` names the file on a missing file or invalid content.
+    """
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except OSError as exc:
+        raise ValueError(f"cannot read config {p}: {exc.strerror or exc}") from None
+    if p.suffix in (".yaml", ".yml"):
+        import yaml
+
+        try:
+            raw = yaml.safe_load(text) or {}
+        except yaml.YAMLError as exc:
+            raise ValueError(f"config {p} is not valid YAML: {exc}") from None
+    else:
+        try:
+            raw = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"config {p} is not valid JSON: {exc}") from None
+    if not isinstance(raw, dict):
+        raise ValueError(f"config {p} must be a mapping at the top level")
+    raw.update({k: v for k, v in overrides.items() if v is not None})
+    try:
+        return TrainerConfig.model_validate(raw)
+    except Exception as exc:
+        raise ValueError(f"config {p} is invalid: {exc}") from None

@@ -1,0 +1,530 @@
+"""The GRPO trainer: rollouts, scoring, group-normalised advantages, a clipped objective
+with a KL penalty to a frozen reference, weight sync, eval gate, checkpoints, events.
+
+One trainer step ``s`` (1-based) is::
+
+    rollout   the fleet (policy version v) samples G completions for P train prompts
+    score     reward per completion; advantages (r - group mean) / (group std + eps)
+    optim     ppo_epochs passes of the clipped surrogate + kl_coef * KL(k3) to the
+              reference, token-mean; grad-norm clip; Adam; the LR scheduler steps once
+    sync      the fleet loads the trainer's weights as policy version s (unless the
+              frozen-sync canary is on)
+
+Determinism: all sampling draws from the rollout engine's own generator and the
+sampler's numpy generator, both checkpointed; with ``resume.tier == 'bitwise'`` torch runs
+deterministic algorithms on ``threads`` threads, so a replay from a checkpoint
+reproduces the recorded metrics exactly.
+
+Time semantics of :class:`StepPhaseTimed`: ``wall_s`` runs from the previous step's cut
+to this step's cut (so the previous step's checkpoint and event flush are in this
+step's ``other_s``); the named phases are timed individually and their sum is compared
+to ``wall_s`` in the benchmark, not forced equal. ``idle_s`` is time the trainer spent
+blocked on the rollout fleet beyond the fleet's own compute: zero for the in-process
+torch sampler.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from events.catalog.checkpoint import CheckpointWritten
+from events.catalog.eval import EvalGateScored
+from events.catalog.lifecycle import (
+    RunCompleted,
+    RunFailed,
+    RunPaused,
+    RunStarted,
+    RunSubmitted,
+)
+from events.catalog.rollout import RolloutBatchCompleted
+from events.catalog.trainer import StepPhaseTimed, TrainerStepCompleted, WeightSyncCompleted
+from events.catalog.usage import UsageRecorded
+from producers.emitter import Emitter
+from trainer import checkpoint as ckpt
+from trainer.config import TrainerConfig
+from trainer.policy import build_policy, warm_start, weights_hash
+from trainer.rewards import RewardFn, RewardUnavailable, parse
+from trainer.rollout import make_engine
+from trainer.state import RngStreams, RolloutBuffer, RunningMoments
+from trainer.task import EOS, Dataset, dataset_revision, max_answer_len, vocab_size
+
+#: TrainerStepCompleted fields the resume gate compares (plus every ``extra`` entry).
+METRIC_FIELDS = (
+    "reward_mean",
+    "reward_std",
+    "kl_to_ref",
+    "entropy",
+    "grad_norm",
+    "clip_fraction",
+    "advantage_mean",
+    "advantage_std",
+    "loss",
+    "lr",
+    "tokens_trained",
+)
+
+
+@dataclass
+class StepRecord:
+    """What one step measured: the metrics (TrainerStepCompleted payload) and the rest."""
+
+    step: int
+    metrics: dict[str, Any]
+    rollout: dict[str, Any]
+    phases: dict[str, float]
+    policy_version: int
+    eval_score: float | None = None
+    extra_events: list[Any] = field(default_factory=list)
+
+
+def _lr_lambda(cfg: TrainerConfig) -> Callable[[int], float]:
+    g = cfg.grpo
+
+    def f(i: int) -> float:
+        if i < g.warmup_steps:
+            return (i + 1) / g.warmup_steps
+        if g.lr_schedule == "constant":
+            return 1.0
+        span = max(1, cfg.steps - g.warmup_steps)
+        prog = min(1.0, (i - g.warmup_steps) / span)
+        return g.min_lr_ratio + (1 - g.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * prog))
+
+    return f
+
+
+class _Progress:
+    """Stateful step counter."""
+
+    def __init__(self) -> None:
+        self.step = 0
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"step": self.step}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.step = int(state["step"])
+
+
+class Trainer:
+    """One run's whole trainer state, composed of Stateful parts (:meth:`parts`)."""
+
+    def __init__(
+        self,
+        cfg: TrainerConfig,
+        run_dir: Path,
+        emitter: Emitter | None = None,
+        progress: Callable[[str], None] | None = None,
+    ) -> None:
+        self.cfg = cfg
+        self.run_dir = Path(run_dir)
+        self.emitter = emitter
+        self.say = progress or (lambda _m: None)
+        torch.set_num_threads(cfg.threads)
+        if cfg.resume.tier == "bitwise":
+            torch.use_deterministic_algorithms(True)
+        self.device = torch.device(cfg.device)
+        self.dataset = Dataset.build(cfg.task)
+        vocab = vocab_size(cfg.task)
+        self.rng = RngStreams()
+        self.rng.seed(cfg.seed)
+        self.policy = self._base_model(vocab).to(self.device)
+        self.reference = copy.deepcopy(self.policy).eval()
+        for p in self.reference.parameters():
+            p.requires_grad_(False)
+        g = cfg.grpo
+        self.optimizer = torch.optim.Adam(
+            self.policy.parameters(), lr=g.lr * cfg.faults.lr_multiplier, betas=g.adam_betas
+        )
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, _lr_lambda(cfg))
+        from trainer.task import PromptSampler
+
+        self.sampler = PromptSampler(len(self.dataset.train), cfg.seed + 1)
+        self.engine = make_engine(cfg.rollout_backend, self.policy, cfg.seed + 2, cfg.device)
+        self.buffer = RolloutBuffer()
+        self.normalizer = RunningMoments()
+        self.progress = _Progress()
+        self.reward = RewardFn(cfg, self.dataset)
+        self.max_new = g.max_new_tokens or max_answer_len(cfg.task) + 2
+        self.pins = {
+            "reward_fn": self.reward.digest(),
+            "kl_reference": weights_hash(self.reference),
+            "dataset": dataset_revision(self.dataset),
+        }
+        self._last_cut = time.perf_counter()
+        self._carry_other = 0.0
+
+    def _base_model(self, vocab: int) -> torch.nn.Module:
+        """The seeded base model (random init, then the optional supervised warm start).
+        Built in a forked RNG so it never disturbs the run's global streams."""
+        ds = self.dataset
+        data = [(ds.prompt_tokens(it), [*ds.answer_tokens(it), EOS]) for it in ds.train]
+        with torch.random.fork_rng(devices=[]):
+            policy = build_policy(vocab, self.cfg.model, self.cfg.seed)
+            return warm_start(policy, self.cfg.model, data, self.cfg.seed + 17)
+
+    # -- state ---------------------------------------------------------------------------
+
+    @property
+    def step(self) -> int:
+        return self.progress.step
+
+    @property
+    def checkpoint_root(self) -> Path:
+        return self.run_dir / "checkpoints"
+
+    def parts(self) -> dict[str, Any]:
+        """Seed 001's whole state inventory, one Stateful per part."""
+        return {
+            "model": self.policy,
+            "optimizer": self.optimizer,
+            "scheduler": self.scheduler,
+            "rng": self.rng,
+            "sampler": self.sampler,
+            "rollout_engine": self.engine,
+            "rollout_buffer": self.buffer,
+            "kl_reference": self.reference,
+            "normalizers": self.normalizer,
+            "progress": self.progress,
+        }
+
+    def load_parts(self, parts: dict[str, Any]) -> None:
+        """Load every part in place. Raises ``KeyError`` naming a part that is absent."""
+        mine = self.parts()
+        missing = sorted(set(mine) - set(parts))
+        if missing:
+            raise KeyError(f"checkpoint lacks part(s): {', '.join(missing)}")
+        for name, target in mine.items():
+            target.load_state_dict(parts[name])
+
+    # -- one step ------------------------------------------------------------------------
+
+    def train_step(self) -> StepRecord:
+        """Run step ``self.step + 1``; changes state, publishes nothing."""
+        cfg, g, ds = self.cfg, self.cfg.grpo, self.dataset
+        s = self.step + 1
+        rollout_s = score_s = 0.0
+        for attempt in range(cfg.reward.max_skips_per_step + 1):
+            ta = time.perf_counter()
+            batch = self.buffer.pop()
+            if batch is None:
+                idx = self.sampler.next_indices(g.prompts_per_step)
+                prompts = torch.tensor([ds.prompt_tokens(ds.train[i]) for i in idx])
+                batch = self.engine.generate(prompts, g.group_size, self.max_new, g.temperature)
+                batch.item_indices = [i for i in idx for _ in range(g.group_size)]
+                batch.generated_at_step = s
+            tb = time.perf_counter()
+            rollout_s += tb - ta
+            items = [ds.train[i] for i in batch.item_indices]
+            comps = batch.completions.tolist()
+            try:
+                scores = self.reward.score(items, comps, step=s)
+            except RewardUnavailable as exc:
+                score_s += time.perf_counter() - tb
+                if exc.action != "skip" or attempt == cfg.reward.max_skips_per_step:
+                    raise
+                self.say(f"step {s}: reward batch skipped ({exc}); drawing fresh prompts")
+                continue
+            rewards = torch.tensor(scores, dtype=torch.float32)
+            break
+        t1 = time.perf_counter()
+        r = rewards.view(-1, g.group_size)
+        adv = (r - r.mean(1, keepdim=True)) / (r.std(1, keepdim=True, unbiased=False) + 1e-6)
+        adv = adv.flatten()
+        self.normalizer.update(rewards)
+        parsed = [parse(c) for c in comps]
+        t2 = time.perf_counter()
+        score_s += t2 - t1
+
+        m = self._optimize(batch, adv)
+        t3 = time.perf_counter()
+
+        frozen = cfg.faults.freeze_weight_sync_after
+        if frozen is None or s <= frozen:
+            self.engine.sync_weights(self.policy, s)
+        t4 = time.perf_counter()
+        self.progress.step = s
+
+        lengths = batch.lengths
+        tokens_generated = int(lengths.sum().item())
+        metrics = {
+            "reward_mean": float(rewards.mean().item()),
+            "reward_std": float(rewards.std(unbiased=False).item()),
+            "advantage_mean": float(adv.mean().item()),
+            "advantage_std": float(adv.std(unbiased=False).item()),
+            **m,
+            "extra": {
+                "reward_running_mean": self.normalizer.mean,
+                "reward_running_std": self.normalizer.std,
+                "rollout_policy_version": batch.policy_version,
+                "sampler_epoch": self.sampler.epoch,
+            },
+        }
+        rollout = {
+            "policy_version": batch.policy_version,
+            "num_sequences": int(batch.completions.shape[0]),
+            "mean_length": float(lengths.float().mean().item()),
+            "max_length": int(lengths.max().item()),
+            "truncation_rate": float(batch.truncated.float().mean().item()),
+            "unparseable_rate": sum(p.digits is None for p in parsed) / len(parsed),
+            "tokens_generated": tokens_generated,
+            "worker": self.engine.name,
+        }
+        phases = {
+            "rollout_s": rollout_s,
+            "score_s": score_s,
+            "optim_s": t3 - t2,
+            "sync_s": t4 - t3,
+            "idle_s": 0.0,
+        }
+        return StepRecord(s, metrics, rollout, phases, self.engine.policy_version)
+
+    def _optimize(self, batch: Any, adv: torch.Tensor) -> dict[str, Any]:
+        g = self.cfg.grpo
+        dev = self.device
+        prompts, comps = batch.prompts.to(dev), batch.completions.to(dev)
+        mask, old_lp = batch.mask.to(dev), batch.logprobs.to(dev)
+        adv = adv.to(dev)[:, None]
+        seq = torch.cat([prompts, comps], dim=1)
+        inputs = seq[:, :-1]
+        lp0 = prompts.shape[1] - 1  # logits at lp0.. predict the completion tokens
+        n_tok = mask.sum().clamp_min(1.0)
+        with torch.no_grad():
+            ref_lp = torch.log_softmax(self.reference(inputs)[:, lp0:] / g.temperature, -1)
+            ref_lp = ref_lp.gather(2, comps[:, :, None]).squeeze(2)
+        lr = float(self.optimizer.param_groups[0]["lr"])
+        losses, clips, norms = [], [], []
+        kl_first = ent_first = 0.0
+        for epoch in range(g.ppo_epochs):
+            logp_all = torch.log_softmax(self.policy(inputs)[:, lp0:] / g.temperature, -1)
+            lp = logp_all.gather(2, comps[:, :, None]).squeeze(2)
+            ratio = torch.exp(lp - old_lp)
+            surr = torch.minimum(
+                ratio * adv, torch.clamp(ratio, 1 - g.clip_eps, 1 + g.clip_eps) * adv
+            )
+            log_r = ref_lp - lp
+            kl = torch.exp(log_r) - log_r - 1.0
+            loss = (((-surr + g.kl_coef * kl) * mask).sum()) / n_tok
+            self.optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            norm = torch.nn.utils.clip_grad_norm_(self.policy.parameters(), g.grad_clip)
+            self.optimizer.step()
+            with torch.no_grad():
+                clipped = ((ratio - 1).abs() > g.clip_eps).float()
+                clips.append(float(((clipped * mask).sum() / n_tok).item()))
+                losses.append(float(loss.item()))
+                norms.append(float(norm.item()))
+                if epoch == 0:
+                    kl_first = float(((kl * mask).sum() / n_tok).item())
+                    ent = -(logp_all.exp() * logp_all).sum(-1)
+                    ent_first = float(((ent * mask).sum() / n_tok).item())
+        self.scheduler.step()
+        return {
+            "kl_to_ref": kl_first,
+            "entropy": ent_first,
+            "grad_norm": sum(norms) / len(norms),
+            "clip_fraction": sum(clips) / len(clips),
+            "loss": sum(losses) / len(losses),
+            "lr": lr,
+            "tokens_trained": int(n_tok.item()) * g.ppo_epochs,
+            "grad_clip_threshold": g.grad_clip,
+        }
+
+    @torch.no_grad()
+    def evaluate(self) -> tuple[float, int]:
+        """Held-out exact match with greedy decoding of the trainer's current policy."""
+        ds = self.dataset
+        items = ds.heldout[: self.cfg.eval_items]
+        prompts = torch.tensor([ds.prompt_tokens(it) for it in items], device=self.device)
+        logits, h = self.policy.prefill(prompts)
+        out = torch.zeros((len(items), self.max_new), dtype=torch.long)
+        for t in range(self.max_new):
+            nxt = logits.argmax(-1)
+            out[:, t] = nxt.cpu()
+            logits, h = self.policy.decode_step(nxt, h)
+        hits = 0
+        for item, row in zip(items, out.tolist()):
+            got = parse(row)
+            hits += got.digits == ds.answer_tokens(item)
+        return hits / max(1, len(items)), len(items)
+
+    # -- publishing ----------------------------------------------------------------------
+
+    def _emit(self, cls: type, **kw: Any) -> Any:
+        if self.emitter is None:
+            return None
+        return self.emitter.emit(cls, **kw)
+
+    def _flush(self) -> None:
+        if self.emitter is not None:
+            self.emitter.flush()
+
+    def publish_step(self, rec: StepRecord) -> None:
+        """Eval if due, then every per-step event, flushed (durable) before returning."""
+        s = rec.step
+        t_eval = time.perf_counter()
+        if s % self.cfg.eval_every == 0 or s == self.cfg.steps:
+            score, n = self.evaluate()
+            rec.eval_score = score
+            self._emit(EvalGateScored, step=s, score=score, n_items=n)
+        eval_s = time.perf_counter() - t_eval
+        if self.emitter is not None:
+            for ev in self.reward.drain_events():
+                self.emitter.emit_event(ev)  # type: ignore[arg-type]
+        m = dict(rec.metrics)
+        extra = m.pop("extra")
+        self._emit(RolloutBatchCompleted, step=s, **rec.rollout)
+        self._emit(TrainerStepCompleted, step=s, algorithm="grpo", extra=extra, **m)
+        self._emit(
+            WeightSyncCompleted,
+            step=s,
+            policy_version=rec.policy_version,
+            duration_s=rec.phases["sync_s"],
+        )
+        p = rec.phases
+        for pool, phase, secs, kw in (
+            (
+                "rollout_fleet",
+                "rollout",
+                p["rollout_s"],
+                {"tokens_generated": rec.rollout["tokens_generated"]},
+            ),
+            ("trainer", "score", p["score_s"], {}),
+            ("trainer", "optim", p["optim_s"], {"tokens_trained": m["tokens_trained"]}),
+            ("trainer", "sync", p["sync_s"], {}),
+            ("trainer", "eval", eval_s, {}),
+        ):
+            self._emit(UsageRecorded, step=s, pool=pool, phase=phase, gpu_seconds=secs, **kw)
+        cut = time.perf_counter()
+        other = self._carry_other + eval_s
+        self._emit(
+            StepPhaseTimed,
+            step=s,
+            wall_s=cut - self._last_cut,
+            other_s=other,
+            **p,
+        )
+        self._last_cut = cut
+        t_flush = time.perf_counter()
+        self._flush()
+        self._carry_other = time.perf_counter() - t_flush
+
+    def save_checkpoint(self, before_publish: Callable[[], None] | None = None) -> ckpt.SaveResult:
+        t0 = time.perf_counter()
+        res = ckpt.write_checkpoint(
+            ckpt.checkpoint_dir(self.checkpoint_root, self.step),
+            step=self.step,
+            run_id=self.cfg.run_id,
+            state=self.parts(),
+            pins=self.pins,
+            digests=self.cfg.checkpoint.digests,
+            extra={"policy_version": self.engine.policy_version},
+            before_publish=before_publish,
+        )
+        info = res.info
+        self._emit(
+            CheckpointWritten,
+            step=self.step,
+            path=str(info.path),
+            checkpoint_schema=info.schema,
+            digest=info.digest,
+            sentinels=info.sentinels,
+            pins=info.pins,
+            size_bytes=info.size_bytes,
+            duration_s=res.total_s,
+        )
+        self._flush()
+        ckpt.prune(self.checkpoint_root, self.cfg.checkpoint.keep)
+        self._carry_other += time.perf_counter() - t0
+        return res
+
+    # -- whole runs ----------------------------------------------------------------------
+
+    def write_run_manifest(self) -> None:
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        tmp = self.run_dir / "config.json.tmp"
+        tmp.write_text(json.dumps({"config": self.cfg.model_dump(mode="json"), "pins": self.pins}))
+        tmp.replace(self.run_dir / "config.json")
+
+    def start(self) -> None:
+        """A fresh run: manifest, RunSubmitted/RunStarted, and the step-0 eval gate."""
+        self.write_run_manifest()
+        self._emit(
+            RunSubmitted,
+            algorithm="grpo",
+            config={
+                "config_json": self.cfg.model_dump_json(),
+                "run_dir": str(self.run_dir.resolve()),
+                **{f"pin.{k}": v for k, v in self.pins.items()},
+            },
+        )
+        self._emit(RunStarted)
+        score, n = self.evaluate()
+        self._emit(EvalGateScored, step=0, score=score, n_items=n)
+        self._flush()
+        self._last_cut = time.perf_counter()
+
+    def run_until(self, last_step: int) -> None:
+        """Train and publish steps until ``last_step``; checkpoint every N and at the end."""
+        while self.step < last_step:
+            rec = self.train_step()
+            self.publish_step(rec)
+            self.say(
+                f"step {rec.step} reward {rec.metrics['reward_mean']:.3f} "
+                f"kl {rec.metrics['kl_to_ref']:.4f}"
+                + (f" eval {rec.eval_score:.3f}" if rec.eval_score is not None else "")
+            )
+            if self.step % self.cfg.checkpoint.every == 0 or self.step == self.cfg.steps:
+                self.save_checkpoint()
+
+    def finish(self) -> None:
+        self._emit(RunCompleted, step=self.step)
+        self._flush()
+
+    def fail(self, exc: BaseException) -> None:
+        """Publish why the run stopped: RunPaused when the sandbox's failure policy paused
+        it for tenant action (resumable), else RunFailed with its attribution."""
+        if self.emitter is not None:
+            for ev in self.reward.drain_events():
+                self.emitter.emit_event(ev)  # type: ignore[arg-type]
+        if isinstance(exc, RewardUnavailable) and exc.action == "pause":
+            self._emit(RunPaused, step=self.step, reason=str(exc))
+            self._flush()
+            return
+        cls = exc.failure_class if isinstance(exc, RewardUnavailable) else "platform_fault"
+        self._emit(
+            RunFailed, step=self.step, failure_class=cls, reason=f"{type(exc).__name__}: {exc}"
+        )
+        self._flush()
+
+
+def train(
+    cfg: TrainerConfig,
+    run_dir: Path,
+    emitter: Emitter | None,
+    progress: Callable[[str], None] | None = None,
+) -> Trainer:
+    """A whole fresh run. Publishes RunFailed (and re-raises) on an error."""
+    trainer = Trainer(cfg, run_dir, emitter, progress)
+    try:
+        trainer.start()
+        trainer.run_until(cfg.steps)
+        trainer.finish()
+    except BaseException as exc:
+        if not isinstance(exc, KeyboardInterrupt):
+            trainer.fail(exc)
+        raise
+    finally:
+        trainer.reward.close()
+    return trainer
+
+
+__all__ = ["EOS", "METRIC_FIELDS", "StepRecord", "Trainer", "train"]

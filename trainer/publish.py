@@ -1,0 +1,73 @@
+"""The trainer's publishing path (producer SDK) and its way of reading a run back.
+
+Writing goes through :class:`producers.emitter.Emitter`; the sink is the embedded log
+(``log_dir``) unless a sink is passed in (``MemorySink`` in tests, ``KafkaSink`` in a
+deployment). Reading back (the resume gate's recorded metrics) uses the embedded log,
+read-only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+from events.catalog.trainer import TrainerStepCompleted
+from events.envelope import EventBase
+from producers.emitter import Emitter
+from producers.sinks import EmbeddedSink, EventSink
+
+#: The topics a trainer run writes.
+RUN_TOPICS = (
+    "runwatch.lifecycle",
+    "runwatch.telemetry",
+    "runwatch.checkpoints",
+    "runwatch.rewards",
+)
+
+
+def producer_name(run_id: str) -> str:
+    return f"trainer/{run_id}"
+
+
+def make_emitter(
+    run_id: str,
+    tenant_id: str,
+    *,
+    log_dir: Path | None = None,
+    sink: EventSink | None = None,
+    first_seq: int = 0,
+) -> Emitter:
+    if sink is None:
+        if log_dir is None:
+            raise ValueError("need a log directory or a sink to publish to")
+        sink = EmbeddedSink(log_dir)
+    return Emitter(
+        sink,
+        tenant_id=tenant_id,
+        run_id=run_id,
+        producer=producer_name(run_id),
+        batch_size=10_000,  # the trainer flushes explicitly, once per step
+        first_seq=first_seq,
+    )
+
+
+def run_events(log_dir: Path, run_id: str) -> Iterator[EventBase]:
+    """Every decodable event of ``run_id`` on the run topics, in log order."""
+    from events.log.embedded import EmbeddedLog
+
+    log = EmbeddedLog(log_dir, readonly=True)
+    log.open_sync()
+    topics = [t for t in RUN_TOPICS if t in log.topic_names()]
+    for ev in log.iter_events(topics):
+        if isinstance(ev, EventBase) and ev.run_id == run_id:
+            yield ev
+
+
+def recorded_steps(events: list[EventBase]) -> dict[int, TrainerStepCompleted]:
+    """The recorded metrics per step (the first record of a step wins: a resumed
+    segment never re-publishes replayed steps, so there is normally exactly one)."""
+    out: dict[int, TrainerStepCompleted] = {}
+    for ev in events:
+        if isinstance(ev, TrainerStepCompleted) and ev.step is not None:
+            out.setdefault(ev.step, ev)
+    return out

@@ -1,0 +1,225 @@
+"""Reward functions the optimizer trains on, and the reward pin.
+
+Every scorer maps ``(item, completion tokens)`` to a float. The built-ins are exact
+checks against the task's answer; the canary faults replace or bend them (constant,
+gameable); ``sandbox`` sends the batch to the tenant's function through the sandbox's
+typed client (:mod:`sandbox.client`), never by importing tenant code here.
+
+The *reward pin* (:meth:`RewardFn.digest`) is what a resume compares: a digest of the
+scoring code and its parameters (for a tenant file: of the file's bytes), so a resumed
+run scored by a different judge is refused by name.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from trainer.config import TrainerConfig
+from trainer.task import DIGIT0, EOS, Dataset
+
+
+@dataclass(frozen=True)
+class Parsed:
+    """A completion read as an answer: its digit tokens, or ``None`` if unparseable
+    (empty, or a non-digit token before EOS)."""
+
+    digits: tuple[int, ...] | None
+    length: int
+
+
+def parse(completion: Sequence[int]) -> Parsed:
+    out: list[int] = []
+    for t in completion:
+        if t == EOS:
+            break
+        if t < DIGIT0:
+            return Parsed(None, len(completion))
+        out.append(int(t))
+    return Parsed(tuple(out) if out else None, len(out))
+
+
+def exact_match(answer: tuple[int, ...], got: Parsed) -> float:
+    return 1.0 if got.digits == answer else 0.0
+
+
+def partial_credit(answer: tuple[int, ...], got: Parsed) -> float:
+    """1 for exact; else half the fraction of positions right (length mismatch counts
+    against), so the sparse exact-match signal is learnable from scratch."""
+    if got.digits is None:
+        return 0.0
+    if got.digits == answer:
+        return 1.0
+    hits = sum(a == b for a, b in zip(answer, got.digits))
+    return 0.5 * hits / max(len(answer), len(got.digits))
+
+
+def gameable(answer: tuple[int, ...], got: Parsed, token: int, bonus: float = 0.3) -> float:
+    """Canary: partial credit plus ``bonus`` per occurrence of one digit anywhere. Spamming
+    that digit out-earns a correct answer, so the reward climbs while held-out exact
+    match falls: the hacking signature."""
+    base = partial_credit(answer, got)
+    if got.digits is None:
+        return base
+    return base + bonus * sum(1 for d in got.digits if d == DIGIT0 + token)
+
+
+class RewardFn:
+    """Scores a batch. ``digest`` is the reward pin."""
+
+    def __init__(self, cfg: TrainerConfig, dataset: Dataset) -> None:
+        self.cfg = cfg
+        self.dataset = dataset
+        f = cfg.faults
+        if f.constant_reward is not None:
+            self.kind = "constant"
+        elif f.gameable_reward:
+            self.kind = "gameable"
+        else:
+            self.kind = cfg.reward.kind
+        self._sandbox: SandboxReward | None = None
+        if self.kind == "sandbox":
+            assert cfg.reward.sandbox_path
+            self._sandbox = SandboxReward(Path(cfg.reward.sandbox_path), cfg)
+
+    def digest(self) -> str:
+        params = {"kind": self.kind}
+        f = self.cfg.faults
+        if self.kind == "constant":
+            params["value"] = repr(f.constant_reward)
+        if self.kind == "gameable":
+            params["token"] = str(f.gameable_token)
+            params["bonus"] = repr(f.gameable_bonus)
+        h = hashlib.sha256(json.dumps(params, sort_keys=True).encode())
+        if self._sandbox is not None:
+            h.update(self._sandbox.file_digest().encode())
+        else:
+            for fn in (parse, exact_match, partial_credit, gameable):
+                h.update(inspect.getsource(fn).encode())
+        return "r-" + h.hexdigest()[:32]
+
+    def drain_events(self) -> list[object]:
+        """Reward events produced since the last call (sandbox scoring only)."""
+        if self._sandbox is None:
+            return []
+        out, self._sandbox.pending_events = self._sandbox.pending_events, []
+        return out
+
+    def close(self) -> None:
+        if self._sandbox is not None:
+            self._sandbox.close()
+
+    def score(
+        self,
+        items: Sequence[tuple[int, ...]],
+        completions: Sequence[Sequence[int]],
+        step: int | None = None,
+    ) -> list[float]:
+        """One float per completion; raises :class:`RewardUnavailable` if the sandbox could
+        not score the batch (never a substituted value)."""
+        if self.kind == "sandbox":
+            assert self._sandbox is not None
+            return self._sandbox.score(self.dataset, items, completions, step)
+        out: list[float] = []
+        for item, comp in zip(items, completions):
+            answer = self.dataset.answer_tokens(item)
+            got = parse(comp)
+            if self.kind == "constant":
+                out.append(float(self.cfg.faults.constant_reward))  # type: ignore[arg-type]
+            elif self.kind == "gameable":
+                f = self.cfg.faults
+                out.append(gameable(answer, got, f.gameable_token, f.gameable_bonus))
+            elif self.kind == "exact_match":
+                out.append(exact_match(answer, got))
+            else:
+                out.append(partial_credit(answer, got))
+        return out
+
+
+class RewardUnavailable(RuntimeError):
+    """The reward could not be computed; the caller must not train on the batch.
+
+    ``action`` is what the sandbox's failure policy decided: ``skip`` (leave this batch
+    out, try another), ``pause`` (stop the run for tenant action) or ``fail``;
+    ``failure_class`` is the attribution (tenant code or platform).
+    """
+
+    def __init__(
+        self, message: str, action: str = "fail", failure_class: str = "tenant_code_fault"
+    ) -> None:
+        super().__init__(message)
+        self.action = action
+        self.failure_class = failure_class
+
+
+class SandboxReward:
+    """A tenant reward file scored through :class:`sandbox.client.RewardClient`.
+
+    Batch sent to the tenant's ``reward(batch)``: one dict per completion,
+    ``{"prompt": "123", "completion": "321", "answer": "321"}`` (digit strings; the
+    completion is ``""`` when unparseable); one float per element comes back through the
+    sandbox's schema gate. The client's reward events (RewardBatchScored/Failed,
+    CanaryProbeScored) are queued in :attr:`pending_events` for the trainer to publish.
+    """
+
+    def __init__(self, path: Path, cfg: TrainerConfig) -> None:
+        if not path.is_file():
+            raise ValueError(f"reward file {path} does not exist")
+        self.path = path
+        self.cfg = cfg
+        self._client = None
+        self.pending_events: list[object] = []
+
+    def file_digest(self) -> str:
+        return hashlib.sha256(self.path.read_bytes()).hexdigest()
+
+    def _get_client(self):  # type: ignore[no-untyped-def]
+        if self._client is None:
+            from sandbox.client import RewardClient  # the sandbox's typed boundary
+
+            self._client = RewardClient(
+                self.path,
+                self.cfg.tenant_id,
+                run_id=self.cfg.run_id,
+                producer=f"sandbox/{self.cfg.run_id}",
+            )
+        return self._client
+
+    def close(self) -> None:
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+
+    def score(
+        self,
+        ds: Dataset,
+        items: Sequence[tuple[int, ...]],
+        completions: Sequence[Sequence[int]],
+        step: int | None = None,
+    ) -> list[float]:
+        batch = []
+        for item, comp in zip(items, completions):
+            got = parse(comp)
+            batch.append(
+                {
+                    "prompt": "".join(str(d) for d in item),
+                    "completion": "".join(str(d - DIGIT0) for d in got.digits or ()),
+                    "answer": "".join(str(d - DIGIT0) for d in ds.answer_tokens(item)),
+                }
+            )
+        client = self._get_client()
+        outcome = client.score(batch, step=step)
+        self.pending_events.extend(client.outcome_events(outcome))
+        if outcome.ok and outcome.scores is not None:
+            return [float(x) for x in outcome.scores]
+        status = outcome.status.value
+        cause = outcome.cause.value
+        action = {"skipped": "skip", "paused": "pause"}.get(status, "fail")
+        klass = "platform_fault" if cause == "platform_error" else "tenant_code_fault"
+        raise RewardUnavailable(
+            f"sandbox outcome {status} ({cause}): {outcome.message[:500]}", action, klass
+        )
