@@ -106,6 +106,7 @@ async def _latency(bootstrap: str, probes: int, rate: float) -> dict[str, Any]:
     async with KafkaLog(bootstrap):
         pass  # registry topics exist
     tag = uuid.uuid4().hex[:8]
+    log = Path(f"/tmp/rw-bench-worker-{tag}.log")
     worker = subprocess.Popen(
         [
             sys.executable,
@@ -117,8 +118,8 @@ async def _latency(bootstrap: str, probes: int, rate: float) -> dict[str, Any]:
             "--app-id",
             f"rw-bench-{tag}",
         ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+        stdout=open(log, "wb"),  # noqa: SIM115  (closed with the process)
+        stderr=subprocess.STDOUT,
         start_new_session=True,
     )
     producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=0)
@@ -160,11 +161,14 @@ async def _latency(bootstrap: str, probes: int, rate: float) -> dict[str, Any]:
     read_task = asyncio.create_task(reader())
     try:
         deadline = time.monotonic() + 180  # the worker joins its group, restores tables
-        while "warmup-" + tag not in seen and time.monotonic() < deadline:
-            await producer.send_and_wait("runwatch.telemetry", probe("warmup-" + tag), b"w")
+        n = 0
+        while not any(r.startswith("warmup-") for r in seen) and time.monotonic() < deadline:
+            n += 1  # a new run each time: an open NaN episode would not fire again
+            warm = f"warmup-{tag}-{n}"
+            await producer.send_and_wait("runwatch.telemetry", probe(warm), warm.encode())
             await asyncio.sleep(2.0)
-        if "warmup-" + tag not in seen:
-            raise RuntimeError("the faust worker produced no alert within 180 s")
+        if not any(r.startswith("warmup-") for r in seen):
+            raise RuntimeError(f"the faust worker produced no alert within 180 s (log: {log})")
         stop = asyncio.Event()
         bg = asyncio.create_task(background(stop))
         sent_at: dict[str, float] = {}

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from events import TenantUsageUpdated, TrainerStepCompleted, UsageRecorded
@@ -104,12 +104,16 @@ class AccountingFold:
             or event.step <= state.last_committed_step
         ):
             return state, ()
-        state = replace(
-            state,
-            tenant_id=event.tenant_id,
-            run_id=event.run_id,
-            committed_steps=state.committed_steps + 1,
-            last_committed_step=event.step,
+        state = RunUsage(
+            event.tenant_id,
+            event.run_id,
+            state.gpu_seconds_rollout_fleet,
+            state.gpu_seconds_trainer,
+            state.gpu_seconds_by_phase,
+            state.tokens_generated,
+            state.tokens_trained,
+            state.committed_steps + 1,
+            event.step,
         )
         return state, (self.update_event(state, event),)
 

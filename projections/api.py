@@ -15,7 +15,7 @@ fractions, alerts, the reward ledger and run mechanics are operator-only.
 # annotations (closures over the store and keys) at definition time.
 from typing import Annotated, Any
 
-from fastapi import Depends, FastAPI, Header, HTTPException, Query
+from fastapi import Depends, FastAPI, Header, HTTPException, Query, Response
 from pydantic import BaseModel
 
 from projections.keys import ApiKeys, Principal
@@ -133,6 +133,13 @@ def _failure(v: RunView) -> Failure | None:
     )
 
 
+def _json(model: BaseModel) -> Response:
+    """The model serialized once, by pydantic-core. The hot customer routes return this
+    instead of the model, so FastAPI does not dump and re-validate it (``response_model``
+    still documents the schema); NaN metric values become ``null``."""
+    return Response(model.model_dump_json(), media_type="application/json")
+
+
 def _points(pts: list[tuple[int, float]]) -> list[Point]:
     return [Point(step=s, value=v) for s, v in pts]
 
@@ -182,14 +189,14 @@ def create_app(store: ReadModel, keys: ApiKeys, title: str = "runwatch query API
         offset: Offset = 0,
         limit: Limit = 50,
         state: str | None = None,
-    ) -> RunPage:
+    ) -> Response:
         """Your runs, oldest first (operators: every run)."""
         tenant = None if who.operator else who.tenant_id
         views, total = store.list_runs(tenant, offset, limit, state)
-        return page(views, total, offset, limit)
+        return _json(page(views, total, offset, limit))
 
     @app.get("/v1/runs/{run_id}", response_model=CustomerRun, tags=["customer"])
-    async def get_run(run_id: str, who: Annotated[Principal, Depends(principal)]) -> CustomerRun:
+    async def get_run(run_id: str, who: Annotated[Principal, Depends(principal)]) -> Response:
         """State, reason, failure attribution and usage of one of your runs."""
         v = visible_run(run_id, who)
         usage = {k: v.usage[k] for k in Usage.model_fields if k in v.usage}
@@ -197,12 +204,14 @@ def create_app(store: ReadModel, keys: ApiKeys, title: str = "runwatch query API
             {k: t[k] for k in ("ts", "step", "from_state", "to_state", "reason", "failure_class")}
             for t in v.transitions
         ]
-        return CustomerRun(
-            **_summary(v),
-            algorithm=v.algorithm,
-            failure=_failure(v),
-            usage=Usage(**usage),
-            transitions=transitions,
+        return _json(
+            CustomerRun(
+                **_summary(v),
+                algorithm=v.algorithm,
+                failure=_failure(v),
+                usage=Usage(**usage),
+                transitions=transitions,
+            )
         )
 
     @app.get("/v1/runs/{run_id}/charts", response_model=Charts, tags=["customer"])
@@ -211,18 +220,20 @@ def create_app(store: ReadModel, keys: ApiKeys, title: str = "runwatch query API
         who: Annotated[Principal, Depends(principal)],
         since_step: Annotated[int, Query(ge=0)] = 0,
         limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
-    ) -> Charts:
+    ) -> Response:
         """The customer chart set: reward, KL, eval-gate scores, spend so far (by step)."""
         visible_run(run_id, who)
         s = store.series(run_id, CUSTOMER_METRICS, since_step, limit)
         last = [pts[-1][0] for pts in s.values() if len(pts) == limit]
-        return Charts(
-            run_id=run_id,
-            reward=_points(s["reward_mean"]),
-            kl=_points(s["kl_to_ref"]),
-            eval_gate=_points(s["eval_score"]),
-            spend_usd=_points(s["spend_usd"]),
-            next_since_step=min(last) + 1 if last else None,
+        return _json(
+            Charts(
+                run_id=run_id,
+                reward=_points(s["reward_mean"]),
+                kl=_points(s["kl_to_ref"]),
+                eval_gate=_points(s["eval_score"]),
+                spend_usd=_points(s["spend_usd"]),
+                next_since_step=min(last) + 1 if last else None,
+            )
         )
 
     @app.get("/v1/usage", response_model=TenantUsage, tags=["customer"])

@@ -16,13 +16,16 @@ the tenant's code".
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from bisect import bisect_left
+from dataclasses import dataclass
 
 from events import RewardBatchFailed, RewardBatchScored
 from events.catalog.lifecycle import FailureClass
 
 TENANT_CAUSES = ("tenant_timeout", "tenant_crash", "tenant_bad_output", "tenant_resource_exceeded")
 CAUSES = (*TENANT_CAUSES, "platform_error")
+#: How many of the newest reward facts a ledger keeps individually (see ``Ledger.recent``).
+RECENT_CAP = 256
 _VERB = {
     "tenant_crash": "raised",
     "tenant_timeout": "timed out",
@@ -37,6 +40,13 @@ class Ledger:
 
     ``examples``: the ``max_examples`` offending inputs with the smallest (ts, event id),
     so the kept set is the same whatever order the batches arrived in.
+
+    ``recent``: the newest :data:`RECENT_CAP` facts as (ts, event id, cause index or -1 for
+    ok, samples), so :meth:`as_of` can give the ledger *as of* a terminal event's time even
+    when reward facts from after it were read first (another topic ran ahead). Facts older
+    than the newest ``RECENT_CAP`` are settled; a terminal event arriving later than that
+    many reward batches behind would count them (a documented lag bound, not a silent one:
+    the replay orders it the same way whenever the lag stays under the cap).
     """
 
     ok_samples: int = 0
@@ -44,6 +54,7 @@ class Ledger:
     ok_batches: int = 0
     failed_batches: int = 0
     examples: tuple[tuple[float, str, str, str], ...] = ()  # (ts, event_id, cause, text)
+    recent: tuple[tuple[float, str, int, int], ...] = ()
 
     @property
     def total_samples(self) -> int:
@@ -59,6 +70,17 @@ class Ledger:
     def counts(self) -> dict[str, int]:
         return {"ok": self.ok_samples, **dict(zip(CAUSES, self.failed_samples))}
 
+    def _recent_with(
+        self, fact: tuple[float, str, int, int]
+    ) -> tuple[tuple[float, str, int, int], ...]:
+        recent = self.recent
+        if not recent or fact > recent[-1]:
+            out = (*recent, fact)
+        else:
+            i = bisect_left(recent, fact)
+            out = (*recent[:i], fact, *recent[i:])
+        return out[-RECENT_CAP:] if len(out) > RECENT_CAP else out
+
     def add(self, event: RewardBatchScored | RewardBatchFailed, max_examples: int) -> Ledger:
         if type(event) is RewardBatchScored:
             return Ledger(
@@ -67,6 +89,7 @@ class Ledger:
                 self.ok_batches + 1,
                 self.failed_batches,
                 self.examples,
+                self._recent_with((event.ts, str(event.event_id), -1, event.n)),
             )
         i = CAUSES.index(event.cause)
         fs = self.failed_samples
@@ -75,9 +98,29 @@ class Ledger:
         if event.examples and event.cause in TENANT_CAUSES:
             new = tuple((event.ts, str(event.event_id), event.cause, x) for x in event.examples)
             examples = tuple(sorted(examples + new))[:max_examples]
-        return replace(
-            self, failed_samples=failed, failed_batches=self.failed_batches + 1, examples=examples
+        return Ledger(
+            self.ok_samples,
+            failed,
+            self.ok_batches,
+            self.failed_batches + 1,
+            examples,
+            self._recent_with((event.ts, str(event.event_id), i, event.n)),
         )
+
+    def as_of(self, ts: float) -> Ledger:
+        """The ledger without the (recent) facts whose event time is after ``ts``."""
+        ok, failed = self.ok_samples, list(self.failed_samples)
+        ok_batches, failed_batches = self.ok_batches, self.failed_batches
+        for fact_ts, _, cause, n in self.recent:
+            if fact_ts <= ts:
+                continue
+            if cause < 0:
+                ok, ok_batches = ok - n, ok_batches - 1
+            else:
+                failed[cause] -= n
+                failed_batches -= 1
+        examples = tuple(x for x in self.examples if x[0] <= ts)
+        return Ledger(ok, tuple(failed), ok_batches, failed_batches, examples)
 
 
 @dataclass(frozen=True, slots=True)

@@ -224,7 +224,7 @@ class _Stepper:
             att = attribute_failure(
                 ev.failure_class,
                 ev.reason,
-                self.ledger,
+                self.ledger.as_of(ev.ts),  # not the reward facts from after the failure
                 self.policy.attribution.tenant_failure_ratio,
                 m.fired,
                 algorithmic,

@@ -18,6 +18,7 @@ import abc
 import json
 import sqlite3
 import threading
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -240,7 +241,16 @@ class SqliteReadModel(ReadModel):
         self._local = threading.local()
         con = self._con()
         con.executescript(_SCHEMA)
+        con.execute(
+            "INSERT OR IGNORE INTO meta VALUES ('instance', ?)", (json.dumps(uuid.uuid4().hex),)
+        )
         con.commit()
+
+    def instance_id(self) -> str:
+        """A random id made when this store file was created: a follower derives its
+        consumer group from it, so a new (or rebuilt) store never inherits the committed
+        offsets of another store's group and always starts from the beginning."""
+        return str(self._meta("instance"))
 
     def _con(self) -> sqlite3.Connection:
         con = getattr(self._local, "con", None)

@@ -12,10 +12,10 @@ alerts, the reward ledger and run mechanics are operator-only.
 
 from __future__ import annotations
 
-from bisect import bisect_left
 from dataclasses import asdict, dataclass, field
-from math import isfinite
 from typing import Any
+
+import numpy as np
 
 from events import (
     AlertFired,
@@ -112,24 +112,43 @@ class Fleet:
     dead_letters: int = 0
     events: dict[str, int] = field(default_factory=dict)  # topic
 
+    #: Phase timings not yet bucketed (folded in vectorized by :meth:`flush`, which every
+    #: read of the aggregates goes through); never persisted.
+    pending: dict[str, list[float]] = field(default_factory=dict)
+
     def to_doc(self) -> dict[str, Any]:
-        return asdict(self)
+        self.flush()
+        doc = asdict(self)
+        del doc["pending"]
+        return doc
 
     @classmethod
     def from_doc(cls, doc: dict[str, Any]) -> Fleet:
-        return cls(**doc)
+        return cls(**{k: v for k, v in doc.items() if k != "pending"})
 
     def observe_phase(self, phase: str, seconds: float) -> None:
-        """Count one observation in its (non-cumulative) bucket; the exporter cumulates.
-        The last slot counts observations above every bound (the +Inf remainder)."""
-        if not isfinite(seconds):
-            return
-        buckets = self.phase_buckets.get(phase)
-        if buckets is None:
-            buckets = self.phase_buckets[phase] = [0] * (len(PHASE_BUCKETS) + 1)
-        buckets[bisect_left(PHASE_BUCKETS, seconds)] += 1
-        self.phase_sum_us[phase] = self.phase_sum_us.get(phase, 0) + round(seconds * 1e6)
-        self.phase_count[phase] = self.phase_count.get(phase, 0) + 1
+        self.pending.setdefault(phase, []).append(seconds)
+
+    def flush(self) -> None:
+        """Bucket the pending timings: non-cumulative counts per bucket (the last slot is
+        above every bound), exact integer-microsecond sums; NaN/inf timings are skipped
+        (they stay in the run's series)."""
+        for phase, values in self.pending.items():
+            if not values:
+                continue
+            arr = np.asarray(values, dtype=np.float64)
+            arr = arr[np.isfinite(arr)]
+            values.clear()
+            if not arr.size:
+                continue
+            counts = np.bincount(
+                np.searchsorted(PHASE_BUCKETS, arr, side="left"), minlength=len(PHASE_BUCKETS) + 1
+            )
+            buckets = self.phase_buckets.setdefault(phase, [0] * (len(PHASE_BUCKETS) + 1))
+            self.phase_buckets[phase] = [a + int(b) for a, b in zip(buckets, counts)]
+            micros = int(np.rint(arr * 1e6).astype(np.int64).sum())
+            self.phase_sum_us[phase] = self.phase_sum_us.get(phase, 0) + micros
+            self.phase_count[phase] = self.phase_count.get(phase, 0) + int(arr.size)
 
 
 Points = dict[tuple[str, str, int], float]
@@ -150,33 +169,37 @@ def apply_primary(view: RunView, fleet: Fleet, points: Points, ev: EventBase) ->
     t = type(ev)
     rid = view.run_id
     if t is TrainerStepCompleted:
-        for name in TRAINER_METRICS:
-            value = getattr(ev, name)
-            if value is not None and step is not None:
-                points[(rid, name, step)] = value
+        if step is not None:
+            for name, value in (
+                ("reward_mean", ev.reward_mean),
+                ("reward_std", ev.reward_std),
+                ("kl_to_ref", ev.kl_to_ref),
+                ("entropy", ev.entropy),
+                ("grad_norm", ev.grad_norm),
+                ("clip_fraction", ev.clip_fraction),
+                ("loss", ev.loss),
+                ("lr", ev.lr),
+            ):
+                if value is not None:
+                    points[(rid, name, step)] = value
     elif t is StepPhaseTimed:
+        pending = fleet.pending
+        if not pending:
+            pending.update((p, []) for p in PHASES)
         if step is not None:
             points[(rid, "step_wall_s", step)] = ev.wall_s
-        buckets, sums, counts = fleet.phase_buckets, fleet.phase_sum_us, fleet.phase_count
-        for phase, metric, seconds in (
-            ("rollout", "rollout_s", ev.rollout_s),
-            ("score", "score_s", ev.score_s),
-            ("sync", "sync_s", ev.sync_s),
-            ("optim", "optim_s", ev.optim_s),
-            ("idle", "idle_s", ev.idle_s),
-            ("other", "other_s", ev.other_s),
-        ):
-            if step is not None:
-                points[(rid, metric, step)] = seconds
-            if not isfinite(seconds):
-                continue  # a NaN timing is kept in the run's series, not in the histogram
-            b = buckets.get(phase)
-            if b is None:
-                fleet.observe_phase(phase, seconds)
-                continue
-            b[bisect_left(PHASE_BUCKETS, seconds)] += 1
-            sums[phase] += round(seconds * 1e6)
-            counts[phase] += 1
+            points[(rid, "rollout_s", step)] = ev.rollout_s
+            points[(rid, "score_s", step)] = ev.score_s
+            points[(rid, "sync_s", step)] = ev.sync_s
+            points[(rid, "optim_s", step)] = ev.optim_s
+            points[(rid, "idle_s", step)] = ev.idle_s
+            points[(rid, "other_s", step)] = ev.other_s
+        pending["rollout"].append(ev.rollout_s)
+        pending["score"].append(ev.score_s)
+        pending["sync"].append(ev.sync_s)
+        pending["optim"].append(ev.optim_s)
+        pending["idle"].append(ev.idle_s)
+        pending["other"].append(ev.other_s)
     elif t is EvalGateScored:
         if step is not None:
             points[(rid, "eval_score", step)] = ev.score

@@ -3,7 +3,9 @@
 # (tests/integration/test_dashboard_browser.py drives /usr/bin/chromium through
 # /usr/bin/chromedriver with Selenium). No browser is ever downloaded by a test tool: the
 # machine only reaches package registries. Idempotent: does nothing when both binaries
-# answer; `apt-get update` runs only when a package is missing.
+# answer; `apt-get update` runs only when a package is missing. Also makes sure the
+# project's virtualenv ($RUNWATCH_VENV, default ~/.cache/runwatch/venv) has selenium, in
+# case the installed dependency set predates it.
 #
 # Exit status: 0 when chromium and chromedriver work afterwards, 1 otherwise (reason
 # printed), so a CI setup step fails loudly instead of letting the browser test skip.
@@ -17,7 +19,16 @@ report() {
   echo "setup-browser: $(chromium --version 2>/dev/null | head -1); $(chromedriver --version 2>/dev/null | head -1)"
 }
 
+ensure_selenium() {
+  local venv="${RUNWATCH_VENV:-$HOME/.cache/runwatch/venv}"
+  if [[ -x "$venv/bin/python" ]] && ! "$venv/bin/python" -c "import selenium" 2>/dev/null; then
+    echo "setup-browser: installing selenium into $venv"
+    "$venv/bin/pip" install -q "selenium>=4.20"
+  fi
+}
+
 if have; then
+  ensure_selenium
   report
   exit 0
 fi
@@ -34,4 +45,5 @@ if ! have; then
   echo "setup-browser: chromium/chromedriver still not on PATH after the install" >&2
   exit 1
 fi
+ensure_selenium
 report

@@ -47,7 +47,7 @@ class ModelConfig(_Frozen):
     embed: int = 32
     hidden: int = 96
     layers: int = 1
-    warm_start_steps: int = 0
+    warm_start_steps: int = 60
     warm_start_lr: float = 3e-3
     warm_start_batch: int = 64
 
@@ -59,7 +59,7 @@ class GrpoConfig(_Frozen):
     lr_schedule: Literal["cosine", "constant"] = "cosine"
     warmup_steps: int = 5
     min_lr_ratio: float = 0.1
-    kl_coef: float = 0.02
+    kl_coef: float = 0.4
     clip_eps: float = 0.2
     ppo_epochs: int = 2
     grad_clip: float = 1.0
@@ -107,7 +107,7 @@ class Faults(_Frozen):
     lr_multiplier: float = 1.0
     gameable_reward: bool = False
     gameable_token: int = 7
-    gameable_bonus: float = 0.3
+    gameable_bonus: float = 1.0
     freeze_weight_sync_after: int | None = None
 
 

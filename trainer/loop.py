@@ -506,6 +506,48 @@ class Trainer:
         self._flush()
 
 
+class RunBusy(RuntimeError):
+    """Another live process holds the run (a trainer still running, or a resume)."""
+
+
+class RunLock:
+    """An exclusive ``flock`` on ``<run_dir>/LOCK`` for as long as a process trains the run.
+
+    The kernel drops it when the holder dies (kill -9 included), so a crashed run is
+    resumable at once while a live one cannot be resumed twice.
+    """
+
+    def __init__(self, run_dir: Path) -> None:
+        self.path = Path(run_dir) / "LOCK"
+        self.fd: int | None = None
+
+    def acquire(self) -> RunLock:
+        import fcntl
+        import os
+
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_CREAT | os.O_RDWR, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.read(fd, 64).decode(errors="replace").strip() or "?"
+            os.close(fd)
+            raise RunBusy(
+                f"run directory {self.path.parent} is held by live pid {holder}"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.write(fd, str(os.getpid()).encode())
+        self.fd = fd
+        return self
+
+    def release(self) -> None:
+        import os
+
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+
 def train(
     cfg: TrainerConfig,
     run_dir: Path,
@@ -513,6 +555,7 @@ def train(
     progress: Callable[[str], None] | None = None,
 ) -> Trainer:
     """A whole fresh run. Publishes RunFailed (and re-raises) on an error."""
+    lock = RunLock(run_dir).acquire()
     trainer = Trainer(cfg, run_dir, emitter, progress)
     try:
         trainer.start()
@@ -524,6 +567,7 @@ def train(
         raise
     finally:
         trainer.reward.close()
+        lock.release()
     return trainer
 
 

@@ -48,7 +48,7 @@ from producers.emitter import Emitter
 from producers.sinks import EventSink
 from trainer import checkpoint as ckpt
 from trainer.config import TrainerConfig
-from trainer.loop import METRIC_FIELDS, Trainer
+from trainer.loop import METRIC_FIELDS, RunLock, Trainer
 from trainer.policy import weights_hash
 from trainer.publish import make_emitter, producer_name, recorded_steps, run_events
 
@@ -396,6 +396,23 @@ def resume(
     """
     cfg, recorded_dir, events = load_run(log_dir, run_id)
     run_dir = run_dir or recorded_dir
+    lock = RunLock(run_dir).acquire()  # RunBusy while the run's trainer is still alive
+    try:
+        return _resume_locked(log_dir, run_id, cfg, run_dir, events, sink, progress)
+    finally:
+        lock.release()
+
+
+def _resume_locked(
+    log_dir: Path,
+    run_id: str,
+    cfg: TrainerConfig,
+    run_dir: Path,
+    events: list[EventBase],
+    sink: EventSink | None,
+    progress: Callable[[str], None] | None,
+) -> tuple[GateResult, Trainer | None]:
+    events = list(run_events(log_dir, run_id))  # re-read under the lock: the final record
     if any(isinstance(e, RunCompleted) for e in events):
         raise ResumeError(f"run {run_id!r} already completed; nothing to resume")
     seqs = [e.seq for e in events if e.producer == producer_name(run_id)]

@@ -201,7 +201,8 @@ def build() -> dict[str, Any]:
     g.add(
         stat(
             "Infra-failure share (1h)",
-            "runwatch:runs_platform_fault:ratio_rate1h",
+            # 0, not "no data", when runs ended but none of this class
+            "runwatch:runs_platform_fault:ratio_rate1h or 0 * runwatch:runs_terminal:rate1h",
             "percentunit",
             "Terminal runs attributed to a platform fault (spends the platform error budget).",
             [{"color": "green", "value": None}, {"color": "red", "value": 0.05}],
@@ -212,7 +213,8 @@ def build() -> dict[str, Any]:
     g.add(
         stat(
             "Tenant-code failure share (1h)",
-            "runwatch:runs_tenant_code_fault:ratio_rate1h",
+            # 0, not "no data", when runs ended but none of this class
+            "runwatch:runs_tenant_code_fault:ratio_rate1h or 0 * runwatch:runs_terminal:rate1h",
             "percentunit",
             "Terminal runs attributed to the tenant's reward function or data (not ours).",
         ),
@@ -293,6 +295,16 @@ def build() -> dict[str, Any]:
                     "exporter read errors",
                     "C",
                 ),
+                target(
+                    "sum(increase(runwatch_run_state_corrections_total[1h]))",
+                    "state corrections (late facts)",
+                    "D",
+                ),
+                target(
+                    "sum(increase(runwatch_run_state_late_after_terminal_total[1h]))",
+                    "facts after a run ended",
+                    "E",
+                ),
             ],
         ),
         6,
@@ -329,7 +341,7 @@ def build() -> dict[str, Any]:
             "Trainer time waiting on the rollout fleet.",
             [{"color": "green", "value": None}, {"color": "orange", "value": 0.3}],
         ),
-        6,
+        4,
         8,
     )
     g.add(
@@ -344,18 +356,7 @@ def build() -> dict[str, Any]:
             ],
             "s",
         ),
-        6,
-        8,
-    )
-    g.add(
-        series(
-            "Reward-scoring failures by cause",
-            [target("runwatch:reward_samples_failed:ratio_rate15m", "{{cause}}")],
-            "percentunit",
-            "Share of reward samples that failed: tenant_* is the tenant's code, "
-            "platform_error is ours.",
-        ),
-        6,
+        10,
         8,
     )
     g.add(
@@ -369,7 +370,34 @@ def build() -> dict[str, Any]:
             ],
             desc="Weight-sync staleness, trainer idle, checkpoint cadence: never customer-facing.",
         ),
-        6,
+        10,
+        8,
+    )
+    g.add(
+        series(
+            "Reward samples scored per second, by outcome",
+            [
+                target(
+                    "sum by (cause) (rate(runwatch_reward_samples_total[$__rate_interval]))",
+                    "{{cause}}",
+                )
+            ],
+            "ops",
+            "ok, or the ledger cause of the failure (seed 002's per-cause ledger).",
+            stack=True,
+        ),
+        12,
+        8,
+    )
+    g.add(
+        series(
+            "Reward-scoring failures by cause",
+            [target("runwatch:reward_samples_failed:ratio_rate15m", "{{cause}}")],
+            "percentunit",
+            "Share of reward samples that failed: tenant_* is the tenant's code, "
+            "platform_error is ours.",
+        ),
+        12,
         8,
     )
 

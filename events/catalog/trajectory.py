@@ -170,6 +170,28 @@ class TrajectoryGroupRejected(EventBase):
     detail: str = ""
 
 
+class TrajectoryGroupBuffered(EventBase):
+    """A group whose size differs from its env's registered ``group_size`` waits in the
+    env's buffer until buffered groups add up to ``group_size`` (the reference server's
+    rule); ``buffer_sequences`` is what the buffer holds after this group's turn."""
+
+    TOPIC: ClassVar[str] = BATCHES_TOPIC
+    type: Literal["TrajectoryGroupBuffered"] = "TrajectoryGroupBuffered"
+    group_id: str
+    env_id: int
+    num_sequences: int
+    buffer_sequences: int
+
+
+class TrajectoryGroupsAdmitted(EventBase):
+    """Buffered groups that now add up to their env's ``group_size`` join the queue."""
+
+    TOPIC: ClassVar[str] = BATCHES_TOPIC
+    type: Literal["TrajectoryGroupsAdmitted"] = "TrajectoryGroupsAdmitted"
+    env_id: int
+    group_ids: tuple[str, ...]
+
+
 class TrajectoryBatchRequeued(EventBase):
     """A served batch was never delivered (released, or its instance restarted): its
     groups are back in the queue at their original arrival positions."""

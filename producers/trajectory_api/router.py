@@ -60,6 +60,8 @@ class IngressHost(Protocol):
 
     def backlog_groups(self) -> int: ...
 
+    def env_group_size(self, env_id: int | None) -> int | None: ...
+
     def expect(self, request_id: str) -> asyncio.Future[Any]: ...
 
     async def append(self, events: Sequence[EventBase], groups: int = 0) -> None: ...
@@ -97,18 +99,43 @@ def build_router(host: IngressHost) -> APIRouter:
                 f"trajectory queue full: {queued} groups queued, cap {host.max_queue_groups}; "
                 "retry later"
             )
-        await host.append([group_event(host, g) for g in groups], groups=len(groups))
+        events = [group_event(host, g) for g in groups]
+        # a group whose size differs from its env's group_size is buffered by the batching
+        # processor (the reference's rule); its answer carries the buffer size, so wait
+        # for the fold on those only
+        waits = [
+            host.expect(ev.group_id)
+            for ev in events
+            if (size := host.env_group_size(ev.env_id)) is not None and size != ev.num_sequences
+        ]
+        await host.append(events, groups=len(events))
+        buffered = [b for b in await asyncio.gather(*waits) if b is not None]
         request.state.groups = len(groups)
+        request.state.buffered = buffered
         return None
 
     @router.post("/scored_data")
     async def scored_data(request: Request) -> Any:
-        return await push(request, many=False) or {"status": "received"}
+        refused = await push(request, many=False)
+        if refused is not None:
+            return refused
+        if request.state.buffered:
+            return {
+                "status": "buffered",
+                "buffer_size": request.state.buffered[-1].buffer_sequences,
+            }
+        return {"status": "received"}
 
     @router.post("/scored_data_list")
     async def scored_data_list(request: Request) -> Any:
         refused = await push(request, many=True)
-        return refused or {"status": "received", "groups_processed": request.state.groups}
+        if refused is not None:
+            return refused
+        answer: dict[str, Any] = {"status": "received", "groups_processed": request.state.groups}
+        if request.state.buffered:
+            answer["buffered"] = len(request.state.buffered)
+            answer["last_buffer_size"] = request.state.buffered[-1].buffer_sequences
+        return answer
 
     @router.post("/register")
     async def register(registration: Registration) -> Any:

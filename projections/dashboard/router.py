@@ -4,7 +4,8 @@
   the API key (or takes it from the URL fragment ``#key=...``, which never reaches a server
   log) and sends it as ``X-API-Key`` to the customer API (``/v1/runs``, ``/v1/runs/{id}``,
   ``/v1/runs/{id}/charts``, ``/v1/usage``).
-- ``GET /dashboard/static/{name}``: its script, style sheet and icon (package files).
+- ``GET /dashboard/static/{name}``: its script and style sheet (package data files beside
+  this module: ``index.html``, ``app.js``, ``app.css``) and its icon.
 - ``GET /dashboard/api/runs/{run_id}/alerts``: the run's alerts as a customer sees them.
   Same key handling and tenant isolation as the query API (a foreign run and an unknown
   run are the same ``404``). Only the algorithmic layer is shown (seed 000 step 5: the
@@ -47,6 +48,12 @@ STATIC = {
     "app.css": "text/css; charset=utf-8",
     "icon.svg": "image/svg+xml",
 }
+ICON_SVG = (
+    b'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 32 32">'
+    b'<rect width="32" height="32" rx="7" fill="#1d4ed8"/>'
+    b'<path d="M5 21h5l3-9 5 13 3-8h6" fill="none" stroke="#fff" stroke-width="2.6" '
+    b'stroke-linecap="round" stroke-linejoin="round"/></svg>\n'
+)
 SECURITY_HEADERS = {
     "Content-Security-Policy": (
         "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
@@ -80,7 +87,9 @@ class AlertList(BaseModel):
 
 
 def _asset(name: str) -> bytes:
-    return resources.files("projections.dashboard").joinpath("static", name).read_bytes()
+    if name == "icon.svg":
+        return ICON_SVG
+    return resources.files("projections.dashboard").joinpath(name).read_bytes()
 
 
 def customer_alerts(alerts: dict[str, dict[str, Any]]) -> list[CustomerAlert]:

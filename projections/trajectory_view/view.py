@@ -30,7 +30,9 @@ from events.catalog.trajectory import (
     TrajectoryDataReset,
     TrajectoryEnvDisconnected,
     TrajectoryEnvRegistered,
+    TrajectoryGroupBuffered,
     TrajectoryGroupRejected,
+    TrajectoryGroupsAdmitted,
     TrajectoryTrainerRegistered,
 )
 from events.envelope import EventBase
@@ -70,6 +72,7 @@ class TrajectoryView:
         self.sizes: Counter[int] = Counter()
         self.reserved: dict[str, tuple[str, ...]] = {}  # request id -> group ids
         self.held: dict[str, tuple[int | None, int]] = {}  # reserved group id -> (env, size)
+        self.buffered: dict[str, tuple[int | None, int]] = {}  # size-mismatched, waiting
         self.latest: bytes | None = None
         self.payloads.clear()
         self.events_seen = 0
@@ -99,6 +102,15 @@ class TrajectoryView:
             self.reserved.pop(ev.batch_id, None)
             for gid in ev.group_ids:
                 meta = self.held.pop(gid, None)
+                if meta is not None:
+                    self._enqueue(gid, *meta)
+        elif isinstance(ev, TrajectoryGroupBuffered):
+            meta = self._dequeue(ev.group_id)
+            if meta is not None:
+                self.buffered[ev.group_id] = meta
+        elif isinstance(ev, TrajectoryGroupsAdmitted):
+            for gid in ev.group_ids:
+                meta = self.buffered.pop(gid, None)
                 if meta is not None:
                     self._enqueue(gid, *meta)
         elif isinstance(ev, TrajectoryGroupRejected):

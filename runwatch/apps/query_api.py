@@ -31,6 +31,9 @@ def add_api_arguments(api: argparse.ArgumentParser) -> None:
     api.add_argument("--no-follow", action="store_true", help="serve the store, do not tail")
     api.add_argument("--publish", action="store_true", help="append derived events to the log")
     api.add_argument("--settle-s", type=float, default=1.0, help="terminal-barrier settle time")
+    api.add_argument(
+        "--group", help="consumer group (default: derived from the store, one group per store)"
+    )
 
 
 def _open_backend(kafka: str | None, log_dir: str | None):  # type: ignore[no-untyped-def]
@@ -43,7 +46,7 @@ def _open_backend(kafka: str | None, log_dir: str | None):  # type: ignore[no-un
     return EmbeddedLog(settings.log_dir(log_dir))
 
 
-def start_follower(backend, engine, settle_s: float, publish: bool, term: Terminal):  # type: ignore[no-untyped-def]
+def start_follower(backend, engine, settle_s, publish, term, group_id):  # type: ignore[no-untyped-def]
     """Run :func:`projections.feed.follow` on a thread of its own; returns (thread, stop)."""
     from projections.feed import follow
 
@@ -54,7 +57,12 @@ def start_follower(backend, engine, settle_s: float, publish: bool, term: Termin
         await backend.start()
         try:
             await follow(
-                backend, engine, stop, publish_to=backend if publish else None, settle_s=settle_s
+                backend,
+                engine,
+                stop,
+                group_id=group_id,
+                publish_to=backend if publish else None,
+                settle_s=settle_s,
             )
         finally:
             await backend.close()
@@ -103,7 +111,8 @@ def serve(args: argparse.Namespace, term: Terminal) -> int:
         backend = _open_backend(kafka, args.log)
         where = f"Kafka at {kafka}" if kafka else f"embedded log {settings.log_dir(args.log)}"
         term.progress(f"projections: following {where} into {args.store}")
-        _, stop_follower = start_follower(backend, engine, args.settle_s, args.publish, term)
+        group = args.group or f"runwatch-projections-{store.instance_id()[:12]}"
+        _, stop_follower = start_follower(backend, engine, args.settle_s, args.publish, term, group)
     if args.metrics_port is not None:
         start_http_server(args.metrics_port, registry=make_registry(store, args.top_tenants))
         term.progress(f"projections: Prometheus metrics on :{args.metrics_port}/metrics")

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import itertools
 import logging
 import os
@@ -47,6 +48,7 @@ from events.catalog.trajectory import (
     TrajectoryBatchServed,
     TrajectoryBatchUnavailable,
     TrajectoryEnvRegistered,
+    TrajectoryGroupBuffered,
 )
 from events.codec import decode, encode
 from events.dead_letter import DeadLetter
@@ -103,6 +105,7 @@ class TrajectoryHost:
         self._own: dict[int, EventBase] = {}  # offset -> event this instance appended
         self._dedupe = Deduplicator(settings.dedupe_window)
         self._appended_groups = 0
+        self._churn_bytes = 0
         self._folded_own_groups = 0
         self._ready_event = asyncio.Event()
         self._wake = asyncio.Event()
@@ -130,6 +133,11 @@ class TrajectoryHost:
             seq=next(self._seq),
         )
 
+    def env_group_size(self, env_id: int | None) -> int | None:
+        if env_id is None or not 0 <= env_id < len(self.view.envs):
+            return None
+        return int(self.view.envs[env_id]["group_size"])
+
     def backlog_groups(self) -> int:
         """Queued groups as folded, plus this instance's appended-but-not-folded ones."""
         return len(self.view.queue) + max(0, self._appended_groups - self._folded_own_groups)
@@ -144,6 +152,7 @@ class TrajectoryHost:
         """Append to the run's partition; returns once the log acknowledged every record."""
         records = [(self.key, encode(ev)) for ev in events]
         self._appended_groups += groups
+        self._churn_bytes += sum(len(v) for _, v in records)
         try:
             where = await self.backend.append_many(TRAJECTORIES_TOPIC, records)
         except BaseException:
@@ -163,6 +172,7 @@ class TrajectoryHost:
         self._tasks = [
             asyncio.create_task(self._tail(), name="trajectory-tail"),
             asyncio.create_task(self._publish(), name="trajectory-publish"),
+            asyncio.create_task(self._trim_memory(), name="trajectory-trim"),
         ]
 
     async def wait_ready(self, timeout_s: float | None = None) -> None:
@@ -232,11 +242,17 @@ class TrajectoryHost:
         if mine and rec.offset > self.ready_offset:
             for d in derived:
                 self._outbox.put_nowait(d)
-        request_id = getattr(ev, "request_id", None)
+        if not self._waiters:
+            return
+        request_id = getattr(ev, "request_id", None) or getattr(ev, "group_id", None)
         fut = self._waiters.get(request_id) if request_id else None
         if fut is None or fut.done():
             return
-        if isinstance(ev, TrajectoryEnvRegistered):
+        if isinstance(ev, ScoredDataGroupAccepted):
+            fut.set_result(
+                next((d for d in derived if isinstance(d, TrajectoryGroupBuffered)), None)
+            )
+        elif isinstance(ev, TrajectoryEnvRegistered):
             fut.set_result(self.view.env_answer(ev.request_id))
         elif isinstance(ev, TrajectoryBatchRequested):
             answer = next(
@@ -245,6 +261,20 @@ class TrajectoryHost:
                 if isinstance(d, (TrajectoryBatchServed, TrajectoryBatchUnavailable))
             )
             fut.set_result(answer)
+
+    async def _trim_memory(self, every_s: float = 0.5, churn_bytes: int = 8 << 20) -> None:
+        """Give freed heap pages back to the OS after heavy pushes: request bodies and
+        payload copies are large, short-lived and interleaved with long-lived objects, so
+        glibc would otherwise keep the peak forever (RSS is a budget, seed 004)."""
+        try:
+            trim = ctypes.CDLL("libc.so.6").malloc_trim
+        except (OSError, AttributeError):
+            return
+        while True:
+            await asyncio.sleep(every_s)
+            if self._churn_bytes >= churn_bytes:
+                self._churn_bytes = 0
+                trim(0)
 
     async def _publish(self) -> None:
         while True:

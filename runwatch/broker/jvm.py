@@ -16,8 +16,9 @@ no Docker daemon (see ``../shared/notes/kafka-broker.md``):
    test needs.
 
 Settings assume a small box (2 cores): one replica everywhere, min ISR 1, a handful of
-partitions for the internal topics, no initial rebalance delay, topic auto-creation off
-(topics come from the registry in :mod:`events.topics`).
+partitions for the internal topics, no initial rebalance delay. Topic auto-creation
+stays on (Kafka's default) for faust's internal topics; runwatch's own topics are
+created explicitly from the registry in :mod:`events.topics`.
 
 Time semantics: the timeouts here are wall-clock seconds of this process.
 """
@@ -191,15 +192,14 @@ def _recv_exact(s: socket.socket, n: int) -> bytes:
     return bytes(buf)
 
 
-_LOG4J = """log4j.rootLogger=INFO, stdout
-log4j.appender.stdout=org.apache.log4j.ConsoleAppender
-log4j.appender.stdout.layout=org.apache.log4j.PatternLayout
-log4j.appender.stdout.layout.ConversionPattern=[%d] %p %m (%c)%n
-log4j.logger.kafka=INFO
-log4j.logger.org.apache.kafka=INFO
+_LOG4J = """log4j.rootLogger=INFO, file
+log4j.appender.file=org.apache.log4j.RollingFileAppender
+log4j.appender.file.File=${kafka.logs.dir}/broker.log
+log4j.appender.file.MaxFileSize=20MB
+log4j.appender.file.MaxBackupIndex=3
+log4j.appender.file.layout=org.apache.log4j.PatternLayout
+log4j.appender.file.layout.ConversionPattern=[%d] %p %m (%c)%n
 log4j.logger.kafka.request.logger=WARN
-log4j.logger.kafka.controller=INFO
-log4j.logger.kafka.log.LogCleaner=INFO
 log4j.logger.state.change.logger=WARN
 log4j.logger.kafka.authorizer.logger=WARN
 """
@@ -255,7 +255,13 @@ class JvmBroker:
 
     @property
     def log_path(self) -> Path:
+        """The broker's log4j log (rolled at 20 MB, 3 kept)."""
         return self.data_dir / "broker.log"
+
+    @property
+    def console_path(self) -> Path:
+        """The JVM's own stdout/stderr (start-up failures land here)."""
+        return self.data_dir / "console.log"
 
     @property
     def properties_path(self) -> Path:
@@ -297,7 +303,11 @@ class JvmBroker:
             # incarnation's session expired: keep that short so a restart takes seconds
             "broker.session.timeout.ms": "4000",
             "broker.heartbeat.interval.ms": "1000",
-            "auto.create.topics.enable": "false",
+            # runwatch creates its registry topics itself (partitions, retention), but
+            # faust-streaming's consumer races the declaration of its changelog topics
+            # and needs the broker to auto-create them (Kafka's default, as on
+            # testcontainers brokers)
+            "auto.create.topics.enable": "true",
             "delete.topic.enable": "true",
             "log.segment.bytes": str(256 * 1024 * 1024),
             "log.retention.hours": "168",
@@ -355,7 +365,7 @@ class JvmBroker:
         self._write_config()
         self._format(libs)
         self._log_offset = self.log_path.stat().st_size if self.log_path.exists() else 0
-        with open(self.log_path, "ab") as out:
+        with open(self.console_path, "ab") as out:
             self._proc = subprocess.Popen(
                 [*self._java(libs), "kafka.Kafka", str(self.properties_path)],
                 stdout=out,
@@ -394,17 +404,22 @@ class JvmBroker:
         """Whether the log of the current start says ``Kafka Server started``."""
         try:
             with open(self.log_path, "rb") as fh:
-                fh.seek(self._log_offset)
+                rolled = self.log_path.stat().st_size < self._log_offset
+                fh.seek(0 if rolled else self._log_offset)
                 return READY_LINE.encode() in fh.read()
         except OSError:
             return False
 
     def log_tail(self, n_bytes: int = 4000) -> str:
-        try:
-            data = self.log_path.read_bytes()
-        except OSError:
-            return "(no broker log)"
-        return data[-n_bytes:].decode(errors="replace")
+        """The end of the broker log and of the JVM console (for error messages)."""
+        parts = []
+        for path in (self.log_path, self.console_path):
+            try:
+                data = path.read_bytes()[-n_bytes:].decode(errors="replace")
+            except OSError:
+                continue
+            parts.append(f"--- {path.name}\n{data}")
+        return "\n".join(parts) or "(no broker log)"
 
     def stop(self, timeout_s: float = 30.0, *, remove_data: bool | None = None) -> None:
         """Clean stop: SIGTERM to the process group, SIGKILL after ``timeout_s``.

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 import traceback
 from collections.abc import Sequence
@@ -59,6 +60,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Abort as exc:
         term.error(str(exc))
         return exc.code
+    except BrokenPipeError:  # e.g. `runwatch log cat DIR | head`: the reader left
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 141
     except KeyboardInterrupt:
         term.error("interrupted")
         return 130

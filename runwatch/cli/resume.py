@@ -23,6 +23,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace, term: Terminal) -> int:
+    from trainer.loop import RunBusy
     from trainer.resume import ResumeError, describe, resume
 
     log = settings.log_dir(args.log)
@@ -31,7 +32,7 @@ def run(args: argparse.Namespace, term: Terminal) -> int:
     say = (lambda _m: None) if args.quiet else term.progress
     try:
         result, trainer = resume(log, args.run_id, progress=say)
-    except ResumeError as exc:
+    except (ResumeError, RunBusy) as exc:
         raise Abort(str(exc)) from None
     out = describe(result)
     if trainer is not None:

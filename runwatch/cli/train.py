@@ -36,7 +36,7 @@ def run_dir_for(cfg_run_dir: str | None, runs: str | None, log: Path, run_id: st
 
 def run(args: argparse.Namespace, term: Terminal) -> int:
     from trainer.config import load_config
-    from trainer.loop import train
+    from trainer.loop import RunBusy, train
     from trainer.publish import make_emitter, run_events
     from trainer.rewards import RewardUnavailable
 
@@ -57,6 +57,8 @@ def run(args: argparse.Namespace, term: Terminal) -> int:
     say = (lambda _m: None) if args.quiet else term.progress
     try:
         trainer = train(cfg, run_dir, emitter, progress=say)
+    except RunBusy as exc:
+        raise Abort(str(exc)) from None
     except RewardUnavailable as exc:
         if exc.action == "pause":
             raise Abort(f"run {cfg.run_id} paused for tenant action: {exc}", code=3) from None

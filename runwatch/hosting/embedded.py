@@ -8,8 +8,9 @@ stamped with where they were read), dedupe by ``event_id`` per key
 Durability (the eventsourcing tracking-record idea): every ``batch_records`` records the
 host appends the batch's derived events, *then* writes one state file per fold —
 positions and every key's slot together, atomically (temp file, fsync, rename) — at
-``<log>/_groups/<fold>.state.json``. A crash between the two re-runs the batch on restart:
-the same derived events (same ids) are appended again, which consumers deduplicate
+``<log>/_groups/<fold>.state.json`` (slots as base64 of their bytes). A crash between the
+two re-runs the batch on restart: the same derived events (same ids) are appended again,
+which consumers deduplicate
 (at-least-once, never lost). The positions can never run ahead of the state.
 
 :func:`replay` is the read-only twin: the same folds from offset 0, in memory, yielding
@@ -20,6 +21,7 @@ Time: nothing here reads a clock except :meth:`EmbeddedHost.run_forever`'s poll 
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import threading
@@ -86,12 +88,13 @@ class EmbeddedHost:
         except FileNotFoundError:
             return _Hosted(fold, {}, {}, {})
         slot_bytes = {k: str(v) for k, v in doc["slots"].items()}
-        slots = {k: load_slot(fold, v.encode()) for k, v in slot_bytes.items()}
+        slots = {k: load_slot(fold, base64.b64decode(v)) for k, v in slot_bytes.items()}
         return _Hosted(fold, {k: int(v) for k, v in doc["positions"].items()}, slots, slot_bytes)
 
     def _save(self, hosted: _Hosted) -> None:
         for key in hosted.dirty:
-            hosted.slot_bytes[key] = dump_slot(hosted.fold, hosted.slots[key]).decode()
+            raw = dump_slot(hosted.fold, hosted.slots[key])
+            hosted.slot_bytes[key] = base64.b64encode(raw).decode()
         hosted.dirty.clear()
         path = self.state_path(hosted.fold)
         path.parent.mkdir(parents=True, exist_ok=True)

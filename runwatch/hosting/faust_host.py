@@ -20,34 +20,62 @@ from events.codec import decode, encode
 from events.dead_letter import DeadLetter
 from events.fold import Fold
 from events.topics import DEAD_LETTER_TOPIC
-from runwatch.hosting.core import apply_event, dump_slot, load_slot
+from runwatch.hosting.core import Slot, apply_event, dump_slot, load_slot
 
 Output = tuple[str, bytes | None, bytes]
 
 
+class SlotCache:
+    """Live slots of one agent, valid while the table still holds the bytes we wrote
+    (checked by identity: after a rebalance or recovery the table holds other objects,
+    and the slot is loaded again from them). Saves a decode per event, nothing else."""
+
+    def __init__(self) -> None:
+        self._live: dict[bytes, tuple[bytes, Slot]] = {}
+
+    def get(self, fold: Fold[Any], key: bytes, raw: bytes | None) -> Slot:
+        hit = self._live.get(key)
+        if hit is not None and raw is not None and hit[0] is raw:
+            return hit[1]
+        return load_slot(fold, raw)
+
+    def put(self, key: bytes, raw: bytes, slot: Slot) -> None:
+        self._live[key] = (raw, slot)
+
+
 def fold_record(
-    fold: Fold[Any], table: Any, topic: str, partition: int, offset: int, raw: bytes
+    fold: Fold[Any],
+    table: Any,
+    cache: SlotCache,
+    topic: str,
+    partition: int,
+    offset: int,
+    raw: bytes,
 ) -> list[Output]:
     """Fold one raw record; the records to send as (topic, key, value)."""
     event = decode(raw)
     if isinstance(event, DeadLetter):
         return [(DEAD_LETTER_TOPIC, None, event.located(topic, partition, offset).encode())]
     key = fold.key_of(event).encode()
-    slot = load_slot(fold, table.get(key))
+    slot = cache.get(fold, key, table.get(key))
     derived = apply_event(fold, slot, event)
     if derived is None:
         return []  # a duplicate: already folded
-    table[key] = dump_slot(fold, slot)
+    value = dump_slot(fold, slot)
+    table[key] = value
+    cache.put(key, value, slot)
     return [(type(ev).TOPIC, ev.key(), encode(ev)) for ev in derived]
 
 
 def fold_agent(app: Any, fold: Fold[Any], source: Any, table: Any, sinks: Mapping[str, Any]) -> Any:
+    cache = SlotCache()
+
     @app.agent(source, name=f"runwatch.{fold.name}")
     async def agent(stream: Any) -> None:
         async for ev in stream.events():
             m = ev.message
             for topic, key, value in fold_record(
-                fold, table, m.topic, m.partition, m.offset, ev.value
+                fold, table, cache, m.topic, m.partition, m.offset, ev.value
             ):
                 await sinks[topic].send(key=key, value=value)
 

@@ -2,6 +2,14 @@
 batch requests into served batches, exactly ``batch_size`` sequences each."""
 
 from stream_processors.batching.fold import BatchingFold, BatchingState, fold_all
-from stream_processors.batching.selection import Queued, select_batch, unbatchable
+from stream_processors.batching.selection import Queued, select_batch, subset_sum, unbatchable
 
-__all__ = ["BatchingFold", "BatchingState", "Queued", "fold_all", "select_batch", "unbatchable"]
+__all__ = [
+    "BatchingFold",
+    "BatchingState",
+    "Queued",
+    "fold_all",
+    "select_batch",
+    "subset_sum",
+    "unbatchable",
+]

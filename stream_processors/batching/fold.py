@@ -41,11 +41,13 @@ from events.catalog.trajectory import (
     TrajectoryDataReset,
     TrajectoryEnvDisconnected,
     TrajectoryEnvRegistered,
+    TrajectoryGroupBuffered,
     TrajectoryGroupRejected,
+    TrajectoryGroupsAdmitted,
     TrajectoryTrainerRegistered,
 )
 from events.envelope import EventBase, derive_envelope
-from stream_processors.batching.selection import Queued, select_batch, unbatchable
+from stream_processors.batching.selection import Queued, select_batch, subset_sum, unbatchable
 
 
 class EnvSlot(NamedTuple):
@@ -71,6 +73,7 @@ class BatchingState(NamedTuple):
     queue: tuple[Queued, ...] = ()
     arrivals: int = 0
     reserved: tuple[Reservation, ...] = ()
+    buffered: tuple[Queued, ...] = ()  # size-mismatched groups, all envs, arrival order
 
 
 Derived = list[EventBase]
@@ -142,7 +145,38 @@ class BatchingFold:
             return state, [self._reject(ev, group, "empty", state)]
         if state.registered and group.size > state.batch_size:
             return state, [self._reject(ev, group, "too_large", state)]
-        return state._replace(queue=(*state.queue, group)), []
+        env_id = group.env_id
+        if env_id is None or not 0 <= env_id < len(state.envs):
+            return state._replace(queue=(*state.queue, group)), []
+        want = state.envs[env_id].group_size
+        if group.size == want:
+            return state._replace(queue=(*state.queue, group)), []
+        # the reference's rule: hold it until the env's buffered groups sum to group_size
+        pending = [g for g in state.buffered if g.env_id == env_id] + [group]
+        picked = subset_sum([g.size for g in pending], want) if want > 0 else None
+        admitted = [pending[i] for i in picked] if picked else []
+        gone = {g.group_id for g in admitted}
+        buffered = tuple(g for g in (*state.buffered, group) if g.group_id not in gone)
+        left = sum(g.size for g in buffered if g.env_id == env_id)
+        derived: Derived = [
+            TrajectoryGroupBuffered(
+                **derive_envelope(ev, self.name, "buffered"),
+                group_id=group.group_id,
+                env_id=env_id,
+                num_sequences=group.size,
+                buffer_sequences=left,
+            )
+        ]
+        if admitted:
+            derived.append(
+                TrajectoryGroupsAdmitted(
+                    **derive_envelope(ev, self.name, "admitted"),
+                    env_id=env_id,
+                    group_ids=tuple(g.group_id for g in admitted),
+                )
+            )
+        state = state._replace(queue=(*state.queue, *admitted), buffered=buffered)
+        return state, derived
 
     # -- batches out ----------------------------------------------------------------------
     def _request(
@@ -264,6 +298,7 @@ class BatchingFold:
             tuple(Queued(*g) for g in d[5]),
             d[6],
             tuple(Reservation(r[0], r[1], tuple(Queued(*g) for g in r[2])) for r in d[7]),
+            tuple(Queued(*g) for g in d[8]),
         )
 
 

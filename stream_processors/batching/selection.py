@@ -37,7 +37,7 @@ class Queued(NamedTuple):
     order: int
 
 
-def _subset_sum(sizes: Sequence[int], target: int) -> list[int] | None:
+def subset_sum(sizes: Sequence[int], target: int) -> list[int] | None:
     """Positions in ``sizes`` summing exactly to ``target``, preferring earlier ones."""
     if target == 0:
         return []
@@ -93,7 +93,7 @@ def select_batch(
             return None
         fixed_total = sum(queue[i].size for i in fixed)
         candidates = [i for i in range(len(queue)) if i not in fixed][:SEARCH_WINDOW]
-        picked = _subset_sum([queue[i].size for i in candidates], batch_size - fixed_total)
+        picked = subset_sum([queue[i].size for i in candidates], batch_size - fixed_total)
         if picked is None:
             return None
         taken = set(fixed) | {candidates[p] for p in picked}

@@ -93,7 +93,7 @@ class DeadRun:
                 return st._replace(gpu_s_trainer=st.gpu_s_trainer + gpu, usage_seen=True), ()
             return st._replace(gpu_s_rollout=st.gpu_s_rollout + gpu, usage_seen=True), ()
         p = cfg.params
-        step = ev.step or 0
+        step: int = ev.step  # type: ignore[assignment]  (the composite drops step-less)
         r, k = ev.reward_mean, ev.kl_to_ref  # type: ignore[attr-defined]
         out: list[AlertEvent] = []
         w = step // p.window
@@ -142,7 +142,8 @@ class DeadRun:
             ) / 3600.0
             end = (st.win + 1) * p.window - 1
             spend = (
-                f"${usd:,.2f} burned so far ({gpu_s / 3600:.2f} GPU-hours)"
+                f"${usd:,.2f} burned so far ("
+                + (f"{gpu_s / 3600:,.1f} GPU-hours)" if gpu_s >= 3600 else f"{gpu_s:,.0f} GPU-s)")
                 if st.usage_seen
                 else "spend unknown (no UsageRecorded for this run) while steps keep committing"
             )

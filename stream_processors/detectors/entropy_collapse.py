@@ -83,7 +83,7 @@ class EntropyCollapse:
         if x is None or not isfinite(x):
             return st, NO_ALERTS
         p = cfg.params
-        step = ev.step or 0
+        step: int = ev.step  # type: ignore[assignment]  (the composite drops step-less)
         out: list[AlertEvent] = []
         ewma = x if st.ewma is None else p.alpha * x + (1 - p.alpha) * st.ewma
         w = step // p.window

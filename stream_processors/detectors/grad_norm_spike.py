@@ -30,7 +30,6 @@ from stream_processors.detectors.base import (
     RunContext,
     Settings,
     alert_id,
-    band_update,
     fire,
     median_iqr,
     record,
@@ -92,7 +91,7 @@ class GradNormSpike:
         if g is None or not (0.0 < g < math.inf):
             return st, NO_ALERTS
         p = cfg.params
-        step = ev.step or 0
+        step: int = ev.step  # type: ignore[assignment]  (the composite drops step-less)
         lg = math.log(g)
         out: tuple[AlertEvent, ...] = NO_ALERTS
         episode, spikes, clipped, last = st.episode, st.spikes, st.clipped_spikes, st.last_spike
@@ -120,7 +119,10 @@ class GradNormSpike:
                 ),
             )
             episode = None
-        history, recent, refreshed = band_update(st.history, st.recent, lg, p.window, p.refresh)
+        history, recent = st.history, (*st.recent, lg)  # band_update, inlined (hot path)
+        refreshed = len(recent) >= p.refresh
+        if refreshed:
+            history, recent = (history + recent)[-p.window :], ()
         median, hi = st.median, st.hi
         if refreshed and len(history) >= p.min_points:
             median, iqr = median_iqr(history)

@@ -75,7 +75,7 @@ class KlBlowup:
         if kl is None or not isfinite(kl):
             return st, NO_ALERTS
         p = cfg.params
-        step = ev.step or 0
+        step: int = ev.step  # type: ignore[assignment]  (the composite drops step-less)
         out: list[AlertEvent] = []
         episode = st.episode
         w = step // p.window

@@ -27,7 +27,6 @@ from stream_processors.detectors.base import (
     RunContext,
     Settings,
     alert_id,
-    band_update,
     fire,
     median_iqr,
     record,
@@ -80,7 +79,7 @@ class RewardExplosionCollapse:
         if r is None or not isfinite(r):
             return st, NO_ALERTS
         p = cfg.params
-        step = ev.step or 0
+        step: int = ev.step  # type: ignore[assignment]  (the composite drops step-less)
         out: tuple[AlertEvent, ...] = NO_ALERTS
         side = (1 if r > st.hi else -1 if r < st.lo else 0) if st.ready else 0
         run = st.run + 1 if side and side == st.side else (1 if side else 0)
@@ -116,7 +115,10 @@ class RewardExplosionCollapse:
                     ),
                 )
                 episode, inside = None, 0
-        history, recent, refreshed = band_update(st.history, st.recent, r, p.window, p.refresh)
+        history, recent = st.history, (*st.recent, r)  # band_update, inlined (hot path)
+        refreshed = len(recent) >= p.refresh
+        if refreshed:
+            history, recent = (history + recent)[-p.window :], ()
         median, lo, hi, ready = st.median, st.lo, st.hi, st.ready
         if refreshed and len(history) >= p.min_points:
             median, iqr = median_iqr(history)

@@ -9,7 +9,8 @@ process's own follower folds everything into run states, accounting and charts. 
 derived is written by hand.
 
 Two tenants: ``acme`` (a healthy run that completes, a reward-hacked run, an oversized-LR
-run) and ``globex`` (a dead run burning money, a run whose reward function crashes). The
+run) and ``globex`` (a dead run burning money, a run whose reward function crashes, a run
+lost to a platform fault). The
 test asserts that the page loads, shows the key's runs with their states and reasons,
 draws a run's four charts and lists its alerts, and that a tenant never sees anything of
 the other tenant anywhere in the DOM.
@@ -62,6 +63,7 @@ RUNS: dict[str, tuple[str, int, str | None, int, int, str | None]] = {
     "acme-chat-grpo-003": ("acme", 5, "oversized_lr", 120, 200, None),
     "globex-summarize-004": ("globex", 7, "constant_reward", 60, 220, None),
     "globex-qa-grpo-005": ("globex", 9, None, 0, 90, "reward_crash"),
+    "globex-translate-006": ("globex", 13, None, 0, 60, "platform_fault"),
 }
 #: what the projections must conclude (the page shows these)
 EXPECTED_STATE = {
@@ -70,6 +72,7 @@ EXPECTED_STATE = {
     "acme-chat-grpo-003": "PAUSED_BY_GATE",
     "globex-summarize-004": "DEGRADED",
     "globex-qa-grpo-005": "FAILED",
+    "globex-translate-006": "FAILED",
 }
 
 
@@ -148,6 +151,13 @@ def build_log(log_dir: Path, t_end: float | None = None) -> dict[str, int]:
             sched.emit(RunCompleted, ts=at(steps, 30.0))
         elif ending == "reward_crash":
             sched.emit(RunFailed, ts=at(steps, 30.0), reason="the reward worker exited")
+        elif ending == "platform_fault":
+            sched.emit(
+                RunFailed,
+                ts=at(steps, 30.0),
+                reason="trainer node lost (GPU fell off the bus)",
+                failure_class="platform_fault",
+            )
         sched.flush()
         counts[run_id] = sched.seq + trainer.seq + scorer.seq
     EmbeddedHost(log, processor_folds()).run_once()  # the detectors derive the alerts
@@ -183,9 +193,14 @@ def _need_browser() -> Any:
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory):
+def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("dashboard")
+
+
+@pytest.fixture(scope="module")
+def server(workdir: Path):
     _need_browser()
-    root = tmp_path_factory.mktemp("dashboard")
+    root = workdir
     build_log(root / "log")
     keys = root / "keys.yaml"
     keys.write_text(
@@ -194,6 +209,7 @@ def server(tmp_path_factory: pytest.TempPathFactory):
         + '  - key: "k-ops-1"\n    operator: true\n'
     )
     port = _free_port()
+    server_log = (root / "server.log").open("w")
     proc = subprocess.Popen(
         [
             sys.executable,
@@ -213,13 +229,12 @@ def server(tmp_path_factory: pytest.TempPathFactory):
             "0.3",
         ],
         cwd=REPO,
-        stdout=subprocess.PIPE,
+        stdout=server_log,
         stderr=subprocess.STDOUT,
-        text=True,
     )
     base = f"http://127.0.0.1:{port}"
     try:
-        _wait_for_states(base, proc)
+        _wait_for_states(base, proc, root / "server.log")
         yield base
     finally:
         proc.terminate()
@@ -227,15 +242,17 @@ def server(tmp_path_factory: pytest.TempPathFactory):
             proc.wait(10)
         except subprocess.TimeoutExpired:
             proc.kill()
+        server_log.close()
 
 
-def _wait_for_states(base: str, proc: subprocess.Popen[str], timeout: float = 30.0) -> None:
+def _wait_for_states(
+    base: str, proc: subprocess.Popen[bytes], log: Path, timeout: float = 30.0
+) -> None:
     """Until the follower has folded the whole log (every run in its final state)."""
     deadline, states = time.monotonic() + timeout, {}
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            out = proc.stdout.read() if proc.stdout else ""
-            raise AssertionError(f"runwatch serve api exited {proc.returncode}:\n{out}")
+            raise AssertionError(f"runwatch serve api exited {proc.returncode}:\n{log.read_text()}")
         try:
             r = httpx.get(
                 f"{base}/v1/operator/runs", params={"limit": 50}, headers={"X-API-Key": "k-ops-1"}
@@ -247,7 +264,9 @@ def _wait_for_states(base: str, proc: subprocess.Popen[str], timeout: float = 30
         except httpx.TransportError:
             pass
         time.sleep(0.2)
-    raise AssertionError(f"projection did not reach the expected states: {states}")
+    raise AssertionError(
+        f"projection did not reach the expected states: {states}\n{log.read_text()}"
+    )
 
 
 @pytest.fixture(scope="module")
@@ -289,15 +308,12 @@ def _wait(driver: Any, css: str, timeout: float = 10.0) -> Any:
 
 
 def _rows(driver: Any) -> dict[str, dict[str, str]]:
-    from selenium.webdriver.common.by import By
-
-    out = {}
-    for row in driver.find_elements(By.CSS_SELECTOR, "#runs tbody tr[data-run-id]"):
-        out[row.get_attribute("data-run-id")] = {
-            "state": row.get_attribute("data-state"),
-            "text": row.text,
-        }
-    return out
+    """The run table as rendered, read in one script call (atomic w.r.t. a re-render)."""
+    rows = driver.execute_script(
+        "return [...document.querySelectorAll('#runs tbody tr[data-run-id]')]"
+        ".map(r => [r.dataset.runId, r.dataset.state, r.innerText])"
+    )
+    return {run_id: {"state": state, "text": text} for run_id, state, text in rows}
 
 
 def _open(driver: Any, base: str, fragment: str) -> None:
@@ -391,3 +407,27 @@ def test_sign_in_form_takes_the_key(server, browser):
     browser.find_element(By.CSS_SELECTOR, "#signin button[type=submit]").click()
     _wait(browser, "#runs tbody tr[data-run-id]")
     assert set(_rows(browser)) == {r for r in RUNS if r.startswith("globex-")}
+
+
+def test_the_page_follows_the_log(server, browser, workdir):
+    """A run submitted after the page loaded appears on Refresh: the API process tails the
+    embedded log, folds it, and the page reads the new projection."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    _open(browser, server, "key=k-acme-7d1c")
+    _wait(browser, "#runs tbody tr[data-run-id]")
+    run_id = "acme-live-grpo-007"
+    assert run_id not in _rows(browser)
+    with Emitter(
+        EmbeddedSink(workdir / "log"), tenant_id="acme", run_id=run_id, producer="scheduler"
+    ) as sched:
+        sched.emit(RunSubmitted, algorithm="grpo")
+        sched.emit(RunQueued)
+
+    def shows_it(driver: Any) -> bool:
+        driver.find_element(By.CSS_SELECTOR, "#refresh").click()
+        return _rows(driver).get(run_id, {}).get("state") == "QUEUED"
+
+    WebDriverWait(browser, 15, poll_frequency=0.5).until(shows_it)
+    assert "globex" not in browser.page_source

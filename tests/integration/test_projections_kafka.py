@@ -146,3 +146,103 @@ async def test_live_and_replay_agree_on_the_real_broker(kafka_bootstrap, tmp_pat
     )
     assert out.returncode == 0, out.stdout + out.stderr
     assert json.loads(out.stdout)["identical"]
+
+
+def test_serve_api_follows_kafka_and_audit_verify_agrees(kafka_bootstrap, tmp_path):
+    """`runwatch serve api --kafka` as a real process: it tails the broker into its own
+    SQLite store and serves it; `runwatch audit verify --kafka` then finds no difference."""
+    import socket
+    import time
+
+    import httpx
+    import yaml
+
+    tag = uuid.uuid4().hex[:8]
+    events = sorted(
+        (
+            e
+            for i in range(7)
+            for e in synth_run(f"ks-{tag}-{i}", "acme", SCENARIOS[i], steps=25, t0=1.9e9 + i)
+        ),
+        key=lambda e: e.ts,
+    )
+    keys = tmp_path / "keys.yaml"
+    keys.write_text(yaml.safe_dump({"keys": [{"key": "ops", "operator": True}]}))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    store = tmp_path / "served.sqlite"
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "runwatch.cli.main",
+            "serve",
+            "api",
+            "--kafka",
+            kafka_bootstrap,
+            "--store",
+            str(store),
+            "--keys",
+            str(keys),
+            "--port",
+            str(port),
+            "--settle-s",
+            "0.5",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+
+        async def produce() -> None:
+            backend = KafkaLog(kafka_bootstrap, client_id=f"serve-{tag}")
+            await backend.start()
+            try:
+                await _append(backend, events)
+            finally:
+                await backend.close()
+
+        asyncio.run(produce())
+        base, ops = f"http://127.0.0.1:{port}", {"Authorization": "Bearer ops"}
+        deadline = time.monotonic() + 120
+        states: dict[str, str | None] = {}
+        while time.monotonic() < deadline:
+            try:
+                for i in range(7):
+                    r = httpx.get(f"{base}/v1/operator/runs/ks-{tag}-{i}", headers=ops)
+                    states[f"ks-{tag}-{i}"] = (
+                        r.json()["run"]["state"] if r.status_code == 200 else None
+                    )
+            except httpx.HTTPError:
+                pass
+            if len(states) == 7 and all(
+                s in ("SUCCEEDED", "FAILED", "CANCELLED") for s in states.values()
+            ):
+                break
+            time.sleep(0.5)
+        else:
+            pytest.fail(f"served projection did not settle: {states}")
+    finally:
+        proc.terminate()
+        proc.wait(30)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "runwatch.cli.main",
+            "audit",
+            "verify",
+            "--store",
+            str(store),
+            "--kafka",
+            kafka_bootstrap,
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert json.loads(out.stdout)["identical"]

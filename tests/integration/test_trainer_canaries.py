@@ -1,7 +1,6 @@
 """The canary configs produce clearly anomalous signals (the detectors' inputs).
 
-Replaying these runs through the run-health detectors (KL blowup, dead run, staleness,
-hacking divergence) is added once the detectors have landed; this pins the raw signals.
+This pins the raw signals; test_trainer_detectors.py replays runs through the detectors.
 """
 
 from __future__ import annotations
@@ -68,4 +67,4 @@ def test_gameable_reward_diverges_from_heldout_eval(tmp_path: Path) -> None:
     assert statistics.mean(e.reward_mean for e in last) > statistics.mean(
         e.reward_mean for e in first
     )
-    assert evals[-1] < evals[0] - 0.3, evals
+    assert evals[-1] < evals[0] - 0.2, evals

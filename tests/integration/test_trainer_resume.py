@@ -235,3 +235,14 @@ def test_statistical_tier_certifies_a_clean_resume(tmp_path: Path) -> None:
     result, _ = resume(log, "crashed", run_dir=run_dir)
     assert result.certified and result.tier == "statistical" and result.tolerance == 4.0
     assert result.max_deviation <= 4.0
+
+
+def test_statistical_tier_rejects_a_scheduler_reset(tmp_path: Path) -> None:
+    log, run_dir = _crashed_run(tmp_path / "stat", resume={"tier": "statistical", "band_k": 4.0})
+    _rewrite(_reset_scheduler)(run_dir / "checkpoints" / "step-00000020")
+    result, _ = resume(log, "crashed", run_dir=run_dir)
+    events = list(run_events(log, "crashed"))
+    assert _rejections(events) == [(20, "deviation")]
+    rej = next(e for e in events if isinstance(e, ResumeRejected))
+    assert rej.max_deviation is None or rej.max_deviation > 4.0  # None: infinitely many sigmas
+    assert result.certified and result.checkpoint_step == 10

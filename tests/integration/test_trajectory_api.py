@@ -294,3 +294,24 @@ def test_restart_rebuilds_state_and_serves_nothing_twice(tmp_path: Path) -> None
         second = [g["scores"][0] for g in c.get("/batch").json()["batch"]]
         assert c.get("/batch").json() == {"batch": None}
     assert first == [0.0, 1.0] and second == [2.0, 3.0]
+
+
+def test_groups_of_another_size_than_the_env_are_buffered(api: TestClient) -> None:
+    start_training(api, batch_size=4)
+    env_id = api.post("/register-env", json={**ENV, "group_size": 4}).json()["env_id"]
+    assert api.post("/scored_data", json=group(0.0, env_id=env_id)).json() == {
+        "status": "buffered",
+        "buffer_size": 2,
+    }
+    settle(api)
+    assert api.get("/status").json()["queue_size"] == 0
+    r = api.post("/scored_data_list", json=[group(1.0, env_id=env_id), group(2.0, size=4)])
+    assert r.json() == {
+        "status": "received",
+        "groups_processed": 2,
+        "buffered": 1,
+        "last_buffer_size": 0,
+    }
+    settle(api)
+    assert api.get("/status").json()["queue_size"] == 3
+    assert [g["scores"][0] for g in api.get("/batch").json()["batch"]] == [0.0, 1.0]

@@ -375,3 +375,66 @@ def test_state_round_trips_through_dump_and_load():
         )
     ]
     assert fold.apply(back, rest[0]) == fold.apply(state, rest[0])
+
+
+def test_attribution_counts_only_reward_facts_from_before_the_failure():
+    """A reward batch scored after the run failed (in event time) may be read before the
+    RunFailed (its topic ran ahead): the attribution must not count it either way."""
+    from events import RewardBatchScored
+
+    f = RunFactory()
+    events = path_to(f, "RUNNING")
+    events += [
+        f.ev(
+            RewardBatchFailed,
+            i,
+            batch_id=f"b{i}",
+            n=5,
+            cause="tenant_crash",
+            message="boom",
+            examples=(f"x{i}",),
+        )
+        for i in range(2)
+    ]
+    events.append(
+        f.ev(
+            RewardBatchScored,
+            3,
+            batch_id="ok",
+            n=90,
+            score_mean=0.1,
+            score_std=0.1,
+            score_min=0.0,
+            score_max=1.0,
+            duration_s=0.1,
+        )
+    )
+    failed = f.ev(RunFailed, 4, reason="too many errors")
+    after = [
+        f.ev(
+            RewardBatchFailed,
+            5,
+            batch_id="late",
+            n=400,
+            cause="tenant_timeout",
+            message="t",
+            examples=("late",),
+        ),
+        f.ev(
+            RewardBatchScored,
+            5,
+            batch_id="late-ok",
+            n=1000,
+            score_mean=0.1,
+            score_std=0.1,
+            score_min=0.0,
+            score_max=1.0,
+            duration_s=0.1,
+        ),
+    ]
+    _, in_order = fold_all(RunStateFold(), [*events, failed, *after])
+    _, ahead = fold_all(RunStateFold(), [*events, *after, failed])
+    assert [encode(e) for e in ahead] == [encode(e) for e in in_order]
+    assert (
+        in_order[-1].reason == "your reward function raised on 10% of samples; 2 examples attached"
+    )

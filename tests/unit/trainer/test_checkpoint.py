@@ -15,7 +15,7 @@ from trainer.loop import Trainer
 TINY = {
     "steps": 6,
     "task": {"kind": "reverse", "digits": 2},
-    "model": {"embed": 8, "hidden": 16},
+    "model": {"embed": 8, "hidden": 16, "warm_start_steps": 2},
     "grpo": {"prompts_per_step": 4, "group_size": 4},
     "checkpoint": {"every": 2},
 }
@@ -145,3 +145,13 @@ def test_checkpoint_loads_weights_only(tmp_path: Path) -> None:
     ckpt.write_checkpoint(d, step=0, run_id="r", state={"x": {"f": print}}, pins={})
     with pytest.raises(Exception):  # noqa: B017 - torch's UnpicklingError
         ckpt.read_checkpoint(d)
+
+
+def test_run_lock_is_exclusive_and_released(tmp_path: Path) -> None:
+    from trainer.loop import RunBusy, RunLock
+
+    held = RunLock(tmp_path).acquire()
+    with pytest.raises(RunBusy, match="held by live pid"):
+        RunLock(tmp_path).acquire()
+    held.release()
+    RunLock(tmp_path).acquire().release()

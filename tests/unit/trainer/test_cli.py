@@ -15,7 +15,7 @@ TINY = {
     "run_id": "cli",
     "steps": 2,
     "task": {"kind": "reverse", "digits": 2},
-    "model": {"embed": 8, "hidden": 16},
+    "model": {"embed": 8, "hidden": 16, "warm_start_steps": 2},
     "grpo": {"prompts_per_step": 4, "group_size": 4},
 }
 

@@ -270,3 +270,18 @@ def test_released_batch_goes_back_to_its_place():
     assert derived[0].group_ids == ("g0",)
     assert [g.group_id for g in state.queue] == ["g0", "g2"]
     assert [r.request_id for r in state.reserved] == ["b2"]
+
+
+def test_size_mismatched_groups_wait_in_the_env_buffer_until_they_add_up():
+    from events.catalog.trajectory import TrajectoryGroupBuffered, TrajectoryGroupsAdmitted
+
+    fold = BatchingFold()
+    state, derived = fold_all(fold, [register(8), env_reg(4), group("a", 2, env_id=0)])
+    assert [(d.group_id, d.buffer_sequences) for d in derived] == [("a", 2)]
+    assert state.queue == () and [g.group_id for g in state.buffered] == ["a"]
+    state, derived = fold_all(fold, [group("b", 3, env_id=0), group("c", 2, env_id=0)], state)
+    assert isinstance(derived[-1], TrajectoryGroupsAdmitted) and derived[-1].group_ids == ("a", "c")
+    assert isinstance(derived[-2], TrajectoryGroupBuffered) and derived[-2].buffer_sequences == 3
+    assert [g.group_id for g in state.queue] == ["a", "c"]
+    assert [g.group_id for g in state.buffered] == ["b"]
+    assert fold.load_state(fold.dump_state(state)) == state

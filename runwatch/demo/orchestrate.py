@@ -1,0 +1,197 @@
+"""Run the demo's trainers as real processes publishing to one log.
+
+Each scenario is a ``runwatch train`` process; at most ``parallel`` run at once (the box
+has 2 cores). Kill scenarios watch the log for the run's recorded steps, SIGKILL the
+trainer past ``kill_after_step`` (a preemption: no clean shutdown, no final checkpoint),
+optionally damage the newest checkpoint the way a buggy writer would (optimizer moments
+dropped, digests still valid), and then ``runwatch resume`` it through the resume gate.
+
+Assumption: trainers write to the embedded log (the default) or to Kafka via
+``--kafka``; either way this module only starts, watches and kills processes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from runwatch.demo.scenarios import CONFIGS, Scenario
+
+Say = Callable[[str], None]
+
+
+@dataclass
+class RunOutcome:
+    scenario: Scenario
+    exit_code: int | None = None
+    killed_at_step: int | None = None
+    resume: dict[str, Any] | None = None
+    wall_s: float = 0.0
+    stderr_tail: str = ""
+    notes: list[str] = field(default_factory=list)
+
+
+def _config_file(s: Scenario, out: Path) -> Path:
+    """The scenario's config: the packaged base config with its overrides, as JSON."""
+    from trainer.config import load_config
+
+    cfg = load_config(CONFIGS / s.base_config, run_id=s.run_id, **s.overrides)
+    cfg = cfg.with_overrides(tenant_id=s.tenant_id)
+    path = out / "configs" / f"{s.run_id}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(cfg.model_dump_json(indent=2))
+    return path
+
+
+def _cli(*args: str) -> list[str]:
+    return [sys.executable, "-m", "runwatch.cli.main", *args]
+
+
+class Orchestrator:
+    def __init__(self, out: Path, log: Path, say: Say, parallel: int = 2) -> None:
+        self.out = out
+        self.log = log
+        self.runs = out / "runs"
+        self.say = say
+        self.parallel = parallel
+
+    def run_all(self, scenarios: list[Scenario]) -> list[RunOutcome]:
+        pending = list(scenarios)
+        active: list[_Active] = []
+        done: list[RunOutcome] = []
+        while pending or active:
+            while pending and len(active) < self.parallel:
+                active.append(self._start(pending.pop(0)))
+            time.sleep(0.25)
+            for a in list(active):
+                if a.poll(self):
+                    active.remove(a)
+                    done.append(a.outcome)
+        order = {s.run_id: i for i, s in enumerate(scenarios)}
+        return sorted(done, key=lambda o: order[o.scenario.run_id])
+
+    def _start(self, s: Scenario) -> _Active:
+        cfg = _config_file(s, self.out)
+        self.say(f"  start  {s.tenant_id:<7} {s.run_id:<28} {s.title}")
+        proc = self._spawn(
+            _cli("train", "--config", str(cfg), "--log", str(self.log), "--runs",
+                 str(self.runs), "--quiet", "--json"),
+            s.run_id,
+        )  # fmt: skip
+        return _Active(s, proc, time.monotonic())
+
+    def _spawn(self, argv: list[str], name: str) -> subprocess.Popen[bytes]:
+        logs = self.out / "process-logs"
+        logs.mkdir(parents=True, exist_ok=True)
+        return subprocess.Popen(
+            argv,
+            stdout=open(logs / f"{name}.out", "ab"),
+            stderr=open(logs / f"{name}.err", "ab"),
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            start_new_session=True,
+        )
+
+    def recorded_step(self, run_id: str) -> int:
+        """The newest step the run recorded on the log (0 when none)."""
+        from trainer.publish import run_events  # reads the embedded log, read-only
+
+        last = 0
+        for ev in run_events(self.log, run_id):
+            if ev.type == "TrainerStepCompleted" and ev.step is not None:
+                last = max(last, ev.step)
+        return last
+
+    def damage_newest_checkpoint(self, run_id: str) -> str | None:
+        """Drop the optimizer moments from the newest checkpoint, keeping digests valid:
+        only the resume gate's replay can tell."""
+        from trainer import checkpoint as ckpt
+
+        checkpoints = ckpt.list_checkpoints(self.runs / run_id / "checkpoints")
+        if not checkpoints:
+            return None
+        newest = checkpoints[-1]
+
+        def drop_moments(parts: dict[str, Any]) -> dict[str, Any]:
+            parts["optimizer"]["state"] = {}
+            return parts
+
+        tmp = newest.with_name(newest.name + ".rewrite")
+        ckpt.rewrite_checkpoint(newest, tmp, drop_moments)
+        shutil.rmtree(newest)
+        tmp.rename(newest)
+        return newest.name
+
+    def resume(self, s: Scenario) -> subprocess.Popen[bytes]:
+        self.say(f"  resume {s.tenant_id:<7} {s.run_id:<28} through the resume gate")
+        return self._spawn(
+            _cli("resume", "--run-id", s.run_id, "--log", str(self.log), "--quiet", "--json"),
+            s.run_id + ".resume",
+        )
+
+
+@dataclass
+class _Active:
+    scenario: Scenario
+    proc: subprocess.Popen[bytes]
+    started: float
+    phase: str = "train"
+    outcome: RunOutcome = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.outcome = RunOutcome(self.scenario)
+
+    def poll(self, orch: Orchestrator) -> bool:
+        """Advance this run; True once it is finished for good."""
+        s = self.scenario
+        if self.phase == "train" and s.kind != "train" and self.proc.poll() is None:
+            step = orch.recorded_step(s.run_id)
+            if s.kill_after_step is not None and step >= s.kill_after_step:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+                self.outcome.killed_at_step = step
+                orch.say(f"  kill   {s.tenant_id:<7} {s.run_id:<28} SIGKILL after step {step}")
+                if s.kind == "kill_drop_optimizer_resume":
+                    name = orch.damage_newest_checkpoint(s.run_id)
+                    self.outcome.notes.append(f"optimizer moments dropped from {name}")
+                    orch.say(f"  damage {s.tenant_id:<7} {s.run_id:<28} optimizer state of {name}")
+                self.proc = orch.resume(s)
+                self.phase = "resume"
+            return False
+        code = self.proc.poll()
+        if code is None:
+            return False
+        self.outcome.exit_code = code
+        self.outcome.wall_s = time.monotonic() - self.started
+        name = s.run_id + (".resume" if self.phase == "resume" else "")
+        err = orch.out / "process-logs" / f"{name}.err"
+        self.outcome.stderr_tail = _tail(err)
+        if self.phase == "resume":
+            self.outcome.resume = _last_json(orch.out / "process-logs" / f"{name}.out")
+        orch.say(
+            f"  done   {s.tenant_id:<7} {s.run_id:<28} exit {code} in {self.outcome.wall_s:.0f}s"
+        )
+        return True
+
+
+def _tail(path: Path, n: int = 2000) -> str:
+    try:
+        return path.read_text(errors="replace")[-n:]
+    except OSError:
+        return ""
+
+
+def _last_json(path: Path) -> dict[str, Any] | None:
+    try:
+        lines = [ln for ln in path.read_text().splitlines() if ln.startswith("{")]
+        return json.loads(lines[-1]) if lines else None
+    except (OSError, ValueError):
+        return None

@@ -1,0 +1,92 @@
+"""The demo's runs: what each one is, for which tenant, and what the plane must show.
+
+Every run is a real GRPO training run (``runwatch train``) configured from the trainer's
+packaged configs; faults are config switches. ``expect_state`` / ``expect_alerts`` are
+what the customer-facing state and alert catalog must say at the end; the demo table
+prints them beside what actually happened, and the CI test asserts them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+CONFIGS = Path(__file__).resolve().parents[2] / "trainer" / "configs"
+TENANT_REWARDS = Path(__file__).resolve().parent / "tenant_rewards"
+
+Kind = Literal["train", "kill_resume", "kill_drop_optimizer_resume"]
+
+
+@dataclass(frozen=True)
+class Scenario:
+    run_id: str
+    tenant_id: str
+    title: str
+    base_config: str
+    overrides: dict[str, Any] = field(default_factory=dict)
+    kind: Kind = "train"
+    #: for kill scenarios: SIGKILL the trainer once this step was recorded
+    kill_after_step: int | None = None
+    expect_states: tuple[str, ...] = ()
+    expect_alerts: tuple[str, ...] = ()
+    expect_failure_class: str | None = None
+
+
+def scenarios(short: bool = False) -> list[Scenario]:
+    """The demo's runs. ``short`` shrinks step counts for CI (same faults, same story)."""
+    s = 0.6 if short else 1.0
+
+    def steps(n: int) -> int:
+        return max(30, int(n * s))
+
+    return [
+        Scenario(
+            "acme-healthy", "acme", "healthy run", "default.yaml",
+            {"steps": steps(100)},
+            expect_states=("SUCCEEDED",),
+        ),
+        Scenario(
+            "acme-constant-reward", "acme", "reward is constant: nothing to learn",
+            "canary-constant-reward.yaml", {"steps": 120},
+            expect_states=("DEGRADED", "FAILED"), expect_alerts=("dead_run",),
+            expect_failure_class="algorithmic_non_convergence",
+        ),
+        Scenario(
+            "globex-oversized-lr", "globex", "learning rate 30x too large",
+            "canary-oversized-lr.yaml", {"steps": steps(60)},
+            expect_states=("DEGRADED", "PAUSED_BY_GATE", "FAILED"),
+            expect_alerts=("kl_blowup",),
+        ),
+        Scenario(
+            "globex-gameable-reward", "globex", "reward can be gamed (eval gate disagrees)",
+            "canary-gameable-reward.yaml", {"steps": steps(60)},
+            expect_states=("DEGRADED", "PAUSED_BY_GATE", "FAILED"),
+            expect_alerts=("reward_hacking",),
+        ),
+        Scenario(
+            "acme-flaky-reward", "acme", "tenant reward function hangs and crashes",
+            "test.yaml",
+            {
+                "steps": 30,
+                "reward": {
+                    "kind": "sandbox",
+                    "sandbox_path": str(TENANT_REWARDS / "flaky_reward.py"),
+                },
+            },
+            expect_states=("FAILED",), expect_failure_class="tenant_code_fault",
+        ),
+        Scenario(
+            "globex-preempted", "globex", "killed mid-run (preempted) and resumed",
+            "default.yaml", {"steps": steps(100), "resume": {"tier": "bitwise"}},
+            kind="kill_resume", kill_after_step=steps(100) // 2 + 5,
+            expect_states=("SUCCEEDED",),
+        ),
+        Scenario(
+            "acme-resume-bad-optimizer", "acme",
+            "killed, then resumed from a checkpoint whose optimizer state was dropped",
+            "default.yaml", {"steps": steps(100), "resume": {"tier": "bitwise"}},
+            kind="kill_drop_optimizer_resume", kill_after_step=steps(100) // 2 + 5,
+            expect_states=("SUCCEEDED",),
+        ),
+    ]  # fmt: skip
