@@ -64,7 +64,11 @@ class Orchestrator:
         self.say = say
         self.parallel = parallel
 
-    def run_all(self, scenarios: list[Scenario]) -> list[RunOutcome]:
+    def run_all(
+        self, scenarios: list[Scenario], on_tick: Callable[[], None] | None = None
+    ) -> list[RunOutcome]:
+        """Run every scenario to its end; ``on_tick`` is called about every 0.25 s (the
+        demo folds the log there while the trainers run)."""
         pending = list(scenarios)
         active: list[_Active] = []
         done: list[RunOutcome] = []
@@ -72,6 +76,8 @@ class Orchestrator:
             while pending and len(active) < self.parallel:
                 active.append(self._start(pending.pop(0)))
             time.sleep(0.25)
+            if on_tick is not None:
+                on_tick()
             for a in list(active):
                 if a.poll(self):
                     active.remove(a)

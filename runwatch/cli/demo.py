@@ -1,0 +1,123 @@
+"""``runwatch demo``: several real runs for two tenants, and the plane watching them.
+
+On the embedded default log (no Kafka): real GRPO trainers run as processes (two at a
+time), one healthy and the rest each with one real-world failure — constant reward,
+oversized LR, a gameable reward, a tenant reward function that hangs and crashes, a
+preempted run resumed through the resume gate, and a resume from a checkpoint whose
+optimizer state was dropped. While they train, the stream processors and projections
+fold the log; alerts and state changes are printed as they happen. At the end: a table
+of runs (state, reason, failure class, alerts, spend), detection lags, and a report with
+charts in ``--out``. Exit 1 if the plane missed anything a scenario expects.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import time
+from pathlib import Path
+
+from runwatch.cli.terminal import Abort, Terminal
+
+HELP = "train several real runs and show the whole plane working"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--out", default="runwatch-data/demo", help="output directory")
+    parser.add_argument("--short", action="store_true", help="fewer steps (CI)")
+    parser.add_argument("--parallel", type=int, default=2, help="trainers at once")
+    parser.add_argument("--only", action="append", help="run only these run ids")
+    parser.add_argument("--json", action="store_true", help="print the final table as JSON")
+
+
+def run(args: argparse.Namespace, term: Terminal) -> int:
+    from events import AlertFired, RunStateChanged
+    from runwatch.demo.orchestrate import Orchestrator
+    from runwatch.demo.plane import EmbeddedPlane
+    from runwatch.demo.report import rows, write_report
+    from runwatch.demo.scenarios import scenarios
+
+    out = Path(args.out)
+    chosen = [s for s in scenarios(args.short) if not args.only or s.run_id in args.only]
+    if not chosen:
+        raise Abort(f"no scenario named {', '.join(args.only or [])}")
+    marker = out / ".runwatch-demo"
+    if out.exists():
+        if not marker.exists() and any(out.iterdir()):
+            raise Abort(f"{out} exists and is not a runwatch demo directory; pick another --out")
+        shutil.rmtree(out)
+    out.mkdir(parents=True)
+    marker.touch()
+    log_dir = out / "log"
+    started = time.monotonic()
+    term.progress(f"runwatch demo: {len(chosen)} runs, 2 tenants, log at {log_dir}")
+
+    plane = EmbeddedPlane(log_dir)
+    last_tick = [0.0]
+
+    def show(events: list) -> None:  # type: ignore[type-arg]
+        for ev in events:
+            if isinstance(ev, AlertFired):
+                term.progress(
+                    f"  ALERT  {ev.tenant_id:<7} {ev.run_id:<28} {ev.detector} at step "
+                    f"{ev.window_end} [{ev.routing}]: {ev.reason[:90]}"
+                )
+            elif isinstance(ev, RunStateChanged):
+                term.progress(
+                    f"  state  {ev.tenant_id:<7} {ev.run_id:<28} {ev.from_state} -> "
+                    f"{ev.to_state}" + (f" ({ev.failure_class})" if ev.failure_class else "")
+                )
+
+    def tick() -> None:
+        if time.monotonic() - last_tick[0] >= 2.0:
+            last_tick[0] = time.monotonic()
+            show(plane.tick())
+
+    outcomes = Orchestrator(out, log_dir, term.progress, args.parallel).run_all(chosen, tick)
+    show(plane.tick(final=True))
+    wall = time.monotonic() - started
+    table = rows(chosen, outcomes, plane.views, plane.derived)
+    alerts = sum(1 for e in plane.derived if isinstance(e, AlertFired))
+    summary = {
+        "wall_clock_s": round(wall, 1),
+        "runs": len(chosen),
+        "events_processed": plane.records,
+        "alerts_fired": alerts,
+        "state_changes": sum(1 for e in plane.derived if isinstance(e, RunStateChanged)),
+        "log": str(log_dir),
+    }
+    report = write_report(out / "report", table, log_dir, summary)
+    summary["report"] = str(report)
+    if args.json:
+        term.json({"summary": summary, "runs": [r.as_dict() for r in table]})
+    else:
+        term.table(
+            [
+                (
+                    r.tenant_id,
+                    r.run_id,
+                    r.state,
+                    r.failure_class,
+                    _short(r.reason, 60),
+                    ", ".join(f"{a}@{s}" for a, s in r.first_alert_step.items()) or "-",
+                    f"${r.spend_usd:.2f}",
+                    "yes" if r.expected_ok else "NO",
+                )
+                for r in table
+            ],
+            ["tenant", "run", "state", "class", "reason", "alerts (first step)", "spend", "ok"],
+        )
+        for r in table:
+            if r.resume:
+                term.info(f"{r.run_id}: {r.resume}")
+            for p in r.problems:
+                term.info(f"{r.run_id}: NOT AS EXPECTED: {p}")
+        term.info(
+            f"{summary['events_processed']} events processed, {alerts} alerts, "
+            f"{summary['state_changes']} state changes in {wall:.0f}s; report: {report}"
+        )
+    return 0 if all(r.expected_ok for r in table) else 1
+
+
+def _short(text: str, n: int) -> str:
+    return text if len(text) <= n else text[: n - 1] + "…"

@@ -1,0 +1,68 @@
+"""The plane on the embedded log, hosted in one process for the demo and the canary.
+
+One :meth:`EmbeddedPlane.tick` runs the stream processors (:func:`runwatch.folds.
+processor_folds`: profiling, the run-health detectors) over what is new on the log,
+appending their alerts to it, then folds the new records into the projections (run
+states, attribution, accounting) and appends *their* derived events (RunStateChanged,
+TenantUsageUpdated) too — so the log ends up holding the whole story, and ``runwatch
+replay`` over it reproduces the same derived events.
+
+Time: ticks are driven by the caller (wall clock); everything folded is event time.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from events.codec import decode
+from events.envelope import EventBase
+from events.log.embedded import EmbeddedLog
+from projections.engine import INPUTS, ProjectionEngine
+from projections.store import InMemoryReadModel
+from projections.views import RunView
+from runwatch.folds import processor_folds
+from runwatch.hosting.embedded import EmbeddedHost
+
+ALERTS = "runwatch.alerts"
+
+
+class EmbeddedPlane:
+    def __init__(self, log_dir: Path, catalog: str | None = None) -> None:
+        self.log = EmbeddedLog(log_dir)
+        self.log.open_sync()
+        self.host = EmbeddedHost(self.log, processor_folds(catalog))
+        self.engine = ProjectionEngine(InMemoryReadModel())
+        self.derived: list[EventBase] = []
+        self.records = 0
+        self._alerts_seen = 0
+
+    def tick(self, final: bool = False) -> list[EventBase]:
+        """Process what is new; return the events derived this time (alerts, state
+        changes, usage). ``final``: the log is complete, release every held terminal."""
+        self.host.run_once()
+        alerts = self._new_alerts()
+        starts = {k.rsplit(":", 1)[0]: v for k, v in self.engine.positions.items()}
+        records = list(self.log.iter_records(list(INPUTS), from_offsets=starts))
+        self.records += len(records)
+        projected = self.engine.process(records)
+        if final:
+            projected += self.engine.release_held(force=True)
+        self.engine.checkpoint()  # fold decisions -> views, with the positions
+        if projected:
+            self.log.append_events_sync(projected)
+        out = alerts + projected
+        self.derived.extend(out)
+        return out
+
+    def _new_alerts(self) -> list[EventBase]:
+        out: list[EventBase] = []
+        for rec in self.log.read_sync(ALERTS, self._alerts_seen):
+            self._alerts_seen = rec.offset + 1
+            ev = decode(rec.value)
+            if isinstance(ev, EventBase):
+                out.append(ev)
+        return out
+
+    @property
+    def views(self) -> dict[str, RunView]:
+        return self.engine.views
