@@ -50,6 +50,7 @@ import statistics
 import threading
 import time
 import uuid
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
@@ -354,7 +355,7 @@ class RewardClient:
                         result.duration_s,
                         result.message,
                         action,
-                        result.examples,
+                        result.examples or _input_examples(batch, result.cause),
                     )
                 )
         assert result is not None
@@ -507,3 +508,17 @@ class RewardClient:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _input_examples(batch: Sequence[Mapping[str, Any]], cause: Cause) -> tuple[str, ...]:
+    """For a tenant-side failure with no offending output to show (a timeout, a crash, a
+    resource limit), the first inputs of the batch: what the customer needs to reproduce
+    it. Platform errors attach nothing (the tenant's inputs are not the problem)."""
+    if cause in (Cause.OK, Cause.PLATFORM_ERROR):
+        return ()
+    out = []
+    for item in list(batch)[:3]:
+        prompt = str(item.get("prompt", ""))[:200]
+        completion = str(item.get("completion", ""))[:200]
+        out.append(f"prompt={prompt!r} completion={completion!r}")
+    return tuple(out)

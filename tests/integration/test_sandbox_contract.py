@@ -136,6 +136,10 @@ def test_crash_and_timeout_land_in_different_columns(tmp_path: Path) -> None:
             "platform_error": 0,
         }
         events = [e for o in (crash, hang, exit_, segv, ok) for e in c.outcome_events(o)]
+    # a crash or timeout has no bad output to show: the failing inputs are the examples
+    failed = [e for e in events if e.type == "RewardBatchFailed"]
+    assert failed and all(e.examples for e in failed)
+    assert "raise RuntimeError('tenant bug')" in failed[0].examples[0]
     # the customer-visible counters come from the log: same columns after a codec trip
     decoded = [decode(encode(e)) for e in events]
     assert ledger_from_events(decoded) == ledger
