@@ -34,7 +34,9 @@ Scalar = str | int | float | bool | None
 
 
 def _to_pairs(value: Any) -> Any:
-    if isinstance(value, Mapping):
+    if type(value) is tuple:  # already pairs (the common path when copying an event)
+        return value
+    if type(value) is dict or isinstance(value, Mapping):
         return tuple(sorted((str(k), v) for k, v in value.items()))
     return value
 

@@ -18,11 +18,12 @@ from __future__ import annotations
 import abc
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 
-@dataclass(frozen=True, slots=True)
-class Record:
-    """One stored record: where it sits, its key and its raw bytes."""
+class Record(NamedTuple):
+    """One stored record: where it sits, its key and its raw bytes (a NamedTuple: built
+    once per consumed record, so it is kept as cheap as possible)."""
 
     topic: str
     partition: int
