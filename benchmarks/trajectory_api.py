@@ -113,13 +113,17 @@ def peak_rss_mb(pid: int) -> float:
     return float("nan")
 
 
-def wait_up(url: str, proc: subprocess.Popen[bytes], timeout_s: float = 60.0) -> None:
+def wait_up(url: str, proc: subprocess.Popen[bytes], timeout_s: float = 300.0) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise RuntimeError(f"server exited with {proc.returncode}")
         try:
-            if httpx.get(url + "/status", timeout=1.0).status_code == 200:
+            # runwatch: /health is 200 once caught up with the log; the reference has none
+            r = httpx.get(url + "/health", timeout=1.0)
+            if r.status_code == 200 or (
+                r.status_code == 404 and httpx.get(url + "/status").is_success
+            ):
                 return
         except httpx.HTTPError:
             pass
@@ -161,7 +165,8 @@ def drain(url: str, groups: int, seqs: int) -> tuple[list[float], int, int]:
             r = client.get(url + "/batch")
             raw = r.content  # body read (and inflated): the trainer has it now
             latencies.append((time.perf_counter() - t0) * 1000)
-            r.raise_for_status()
+            if r.status_code != 200:
+                raise RuntimeError(f"/batch answered {r.status_code}: {r.text[:300]}")
             batch = json.loads(raw)["batch"]
             if not batch:
                 latencies.pop()
@@ -244,11 +249,11 @@ def main() -> int:
     try:
         if args.only != "reference":
             port = free_port()
-            payload_dir = tempfile.mkdtemp(prefix="rw-bench-payloads-")
+            state_dir = tempfile.mkdtemp(prefix="rw-bench-state-")
             cmd = [
                 sys.executable, "-m", "runwatch.cli.main", "serve", "trajectories",
                 "--port", str(port), "--kafka", bootstrap,
-                "--run-id", f"bench-{uuid.uuid4().hex[:8]}", "--payload-dir", payload_dir,
+                "--run-id", f"bench-{uuid.uuid4().hex[:8]}", "--state-dir", state_dir,
             ]  # fmt: skip
             results.append(
                 run_server(

@@ -15,6 +15,7 @@ stored position are skipped), so a replay can be resumed or repeated safely.
 
 from __future__ import annotations
 
+import gc
 import heapq
 import os
 import time
@@ -88,17 +89,26 @@ def _feed(
 ) -> ReplayResult:
     result = ReplayResult(engine)
     started = time.perf_counter()
-    for chunk in _chunks(records, commit_every):
-        derived = engine.process(chunk)
-        result.records += len(chunk)
-        if collect:
-            result.derived.extend(derived)
+    # The cyclic GC is paused for the replay: views, fold states and events form no
+    # reference cycles (reference counting frees them), and the collector's repeated scans
+    # of millions of live series points cost a third of the replay's CPU time.
+    gc_was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        for chunk in _chunks(records, commit_every):
+            derived = engine.process(chunk)
+            result.records += len(chunk)
+            if collect:
+                result.derived.extend(derived)
+            engine.checkpoint()
+        if force_release:
+            derived = engine.release_held(force=True)
+            if collect:
+                result.derived.extend(derived)
         engine.checkpoint()
-    if force_release:
-        derived = engine.release_held(force=True)
-        if collect:
-            result.derived.extend(derived)
-    engine.checkpoint()
+    finally:
+        if gc_was_enabled:
+            gc.enable()
     result.seconds = time.perf_counter() - started
     return result
 

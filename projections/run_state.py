@@ -340,8 +340,30 @@ class RunStateFold:
         ), out
 
     def dump_state(self, state: RunStatus) -> bytes:
-        doc = asdict(state)
-        doc["history"] = [encode(e).decode() for e in state.history]
+        """JSON; built field by field (tuples of scalars serialize as they are), so the
+        kept events are encoded once by the codec rather than deep-copied by ``asdict``."""
+        m = state.machine
+        machine = {
+            "state": m.state,
+            "reason": m.reason,
+            "failure_class": m.failure_class,
+            "entered_step": m.entered_step,
+            "active": [asdict(a) for a in m.active],
+            "fired": m.fired,
+            "rejected": m.rejected,
+            "late_after_terminal": m.late_after_terminal,
+            "attribution": asdict(m.attribution) if m.attribution else None,
+        }
+        led = state.ledger
+        doc = {
+            "tenant_id": state.tenant_id,
+            "run_id": state.run_id,
+            "machine": machine,
+            "ledger": {f: getattr(led, f) for f in led.__dataclass_fields__},
+            "history": [encode(e).decode() for e in state.history],
+            "emitted": state.emitted,
+            "corrections": state.corrections,
+        }
         return json.dumps(doc, allow_nan=True).encode()
 
     def load_state(self, raw: bytes) -> RunStatus:

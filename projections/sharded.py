@@ -15,6 +15,7 @@ single-process :func:`projections.replay.rebuild_from_log`.
 
 from __future__ import annotations
 
+import gc
 import multiprocessing
 import os
 import sqlite3
@@ -36,6 +37,7 @@ def _shard(job: tuple[str, int, int, str, str, str, int]) -> dict[str, Any]:
     from projections.replay import _chunks
 
     log_dir, shard, workers, out, policy_json, prices_json, commit_every = job
+    gc.disable()  # a dedicated worker; see projections.replay._feed for why
     log = EmbeddedLog(log_dir, readonly=True)
     engine = ProjectionEngine(
         SqliteReadModel(out),

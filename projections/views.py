@@ -86,7 +86,8 @@ class RunView:
     counters: dict[str, int] = field(default_factory=dict)
 
     def to_doc(self) -> dict[str, Any]:
-        return asdict(self)
+        """A shallow dict (callers serialize it; the in-memory store copies through JSON)."""
+        return {name: getattr(self, name) for name in self.__dataclass_fields__}
 
     @classmethod
     def from_doc(cls, doc: dict[str, Any]) -> RunView:
@@ -118,9 +119,9 @@ class Fleet:
 
     def to_doc(self) -> dict[str, Any]:
         self.flush()
-        doc = asdict(self)
-        del doc["pending"]
-        return doc
+        return {
+            name: getattr(self, name) for name in self.__dataclass_fields__ if name != "pending"
+        }
 
     @classmethod
     def from_doc(cls, doc: dict[str, Any]) -> Fleet:

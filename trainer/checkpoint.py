@@ -3,7 +3,7 @@
 Layout of one checkpoint (a directory ``step-00000040`` under ``<run_dir>/checkpoints``)::
 
     data.bin     every part serialized (torch.save, weights-only loadable), back to back
-    .metadata    JSON: schema, step, run, pins, and per part {offset, size, sha256}
+    .metadata    JSON: schema, step, run, pins, and per part {offset, size, digest}
 
 Write protocol (torch.distributed.checkpoint's ``_FileSystemWriter.finish`` shape):
 
@@ -21,8 +21,15 @@ Verification on load (:func:`read_checkpoint`), before anything is trusted:
 
 - the metadata must parse and carry this module's :data:`SCHEMA_VERSION`, else
   :class:`SchemaMismatch` (never loaded);
-- the metadata's own digest, ``data.bin``'s size and every part's sha256 sentinel must
-  match, else :class:`CorruptCheckpoint` (a flipped byte or a truncated file).
+- the metadata's own digest (sha256), ``data.bin``'s size and every part's sentinel
+  digest must match, else :class:`CorruptCheckpoint` (a flipped byte or a truncated file).
+
+Sentinel algorithm: ``crc32`` by default, ``sha256`` on request; the value is prefixed with
+its algorithm (``crc32:1a2b3c4d``). The digests sit unsigned next to the data, so they
+detect corruption, not tampering (whoever can rewrite ``data.bin`` can rewrite
+``.metadata``); for that job CRC-32 is the usual tool (Kafka and the embedded log use it)
+and it is ~4x cheaper than SHA-256 here: 0.12 vs 0.41 ms for an 830 KB checkpoint, which
+is what keeps the digests under 2 % of the save (benchmarks/trainer_bench.py).
 
 Parts are deserialized with ``weights_only=True``: a checkpoint can carry tensors and
 plain containers, never code.
@@ -37,10 +44,11 @@ import os
 import shutil
 import threading
 import time
+import zlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, runtime_checkable
 
 import torch
 
@@ -88,7 +96,7 @@ class CheckpointInfo:
 
     @property
     def sentinels(self) -> dict[str, str]:
-        return {name: p["sha256"] for name, p in self.parts.items()}
+        return {name: p["digest"] for name, p in self.parts.items()}
 
 
 @dataclass(frozen=True)
@@ -98,6 +106,20 @@ class SaveResult:
     digest_s: float
     write_s: float
     total_s: float
+
+
+DigestAlgo = Literal["crc32", "sha256", "none"]
+
+
+def part_digest(blob: bytes, algo: str) -> str:
+    """``algo:hex`` of ``blob``; ``none`` gives ``""`` (benchmark only, never loads)."""
+    if algo == "crc32":
+        return f"crc32:{zlib.crc32(blob):08x}"
+    if algo == "sha256":
+        return "sha256:" + hashlib.sha256(blob).hexdigest()
+    if algo == "none":
+        return ""
+    raise ValueError(f"unknown digest algorithm {algo!r}")
 
 
 def _meta_digest(meta: Mapping[str, Any]) -> str:
@@ -131,7 +153,7 @@ def write_checkpoint(
     run_id: str,
     state: Mapping[str, Any],
     pins: Mapping[str, str],
-    digests: bool = True,
+    digest: DigestAlgo = "crc32",
     extra: Mapping[str, Any] | None = None,
     schema: int = SCHEMA_VERSION,
     before_publish: Callable[[], None] | None = None,
@@ -139,7 +161,7 @@ def write_checkpoint(
     """Write ``state`` (part name -> Stateful or plain value) as one checkpoint.
 
     ``before_publish`` runs after the data and the temp metadata are durable and before
-    the rename (tests use it to crash there). ``digests=False`` writes empty sentinels;
+    the rename (tests use it to crash there). ``digest="none"`` writes empty sentinels;
     it exists only to measure what the digests cost and such a checkpoint never loads.
     Raises ``FileExistsError`` if a published checkpoint is already at ``directory``.
     """
@@ -149,14 +171,17 @@ def write_checkpoint(
     directory.mkdir(parents=True, exist_ok=True)
     blobs = serialize_parts(state)
     t1 = time.perf_counter()
-    # The sentinels are hashed on a helper thread while this one writes and fsyncs the
-    # data (hashlib releases the GIL on large buffers): the digests add CPU, not latency.
-    shas: list[str] = []
+    # Sentinels are computed on a helper thread while this one writes and fsyncs the data
+    # (zlib and hashlib release the GIL on large buffers): with a free core the digests
+    # add CPU, not latency. ``digest_s`` counts only the wait for them after the fsync.
+    digests: list[str] = []
     hasher = threading.Thread(
-        target=lambda: shas.extend(hashlib.sha256(b).hexdigest() for b in blobs.values()),
+        target=lambda: digests.extend(part_digest(b, digest) for b in blobs.values()),
         daemon=True,
     )
-    if digests:
+    if digest == "none":  # the benchmark's baseline: no thread, no digest
+        digests.extend("" for _ in blobs)
+    else:
         hasher.start()
     with open(directory / DATA, "wb") as f:
         for blob in blobs.values():
@@ -164,13 +189,13 @@ def write_checkpoint(
         f.flush()
         os.fsync(f.fileno())
     t2 = time.perf_counter()
-    if digests:
+    if digest != "none":
         hasher.join()
     t2b = time.perf_counter()
     parts: dict[str, dict[str, Any]] = {}
     offset = 0
-    for i, (name, blob) in enumerate(blobs.items()):
-        parts[name] = {"offset": offset, "size": len(blob), "sha256": shas[i] if digests else ""}
+    for d, (name, blob) in zip(digests, blobs.items()):
+        parts[name] = {"offset": offset, "size": len(blob), "digest": d}
         offset += len(blob)
     meta: dict[str, Any] = {
         "schema": schema,
@@ -183,7 +208,7 @@ def write_checkpoint(
         "extra": dict(extra or {}),
     }
     t3 = time.perf_counter()
-    meta["digest"] = _meta_digest(meta) if digests else ""
+    meta["digest"] = _meta_digest(meta) if digest != "none" else ""
     t4 = time.perf_counter()
     tmp = directory / (META + ".tmp")
     with open(tmp, "w") as f:
@@ -196,7 +221,6 @@ def write_checkpoint(
     _fsync_dir(directory)
     t5 = time.perf_counter()
     info = _info(directory, meta)
-    # digest_s: the latency the digests add (waiting for the hasher + the metadata digest)
     return SaveResult(info, t1 - t0, (t2b - t2) + (t4 - t3), (t2 - t1) + (t5 - t4), t5 - t0)
 
 
@@ -253,7 +277,8 @@ def read_checkpoint(directory: Path) -> tuple[CheckpointInfo, dict[str, Any]]:
     out: dict[str, Any] = {}
     for name, p in info.parts.items():
         blob = data[p["offset"] : p["offset"] + p["size"]]
-        if hashlib.sha256(blob).hexdigest() != p["sha256"]:
+        algo = str(p.get("digest", "")).partition(":")[0]
+        if algo not in ("crc32", "sha256") or part_digest(blob, algo) != p["digest"]:
             raise CorruptCheckpoint(f"{directory}: sentinel digest mismatch in part {name!r}")
         out[name] = torch.load(io.BytesIO(blob), weights_only=True)
     return info, out

@@ -80,6 +80,10 @@ class RewardConfig(_Frozen):
 
     kind: Literal["exact_match", "partial", "sandbox"] = "partial"
     sandbox_path: str | None = None
+    #: Wall-clock deadline per scored batch inside the sandbox (None: the sandbox default).
+    sandbox_deadline_s: float | None = None
+    #: Wall-clock deadline per batch in the sandbox (the tenant's contract).
+    sandbox_deadline_s: float = Field(10.0, gt=0, le=600)
     #: Batches the sandbox's failure policy may skip within one step before the run
     #: fails (each skip draws fresh prompts; nothing is trained on an unscored batch).
     max_skips_per_step: int = 3
@@ -114,8 +118,9 @@ class Faults(_Frozen):
 class CheckpointConfig(_Frozen):
     every: int = 10
     keep: int = 5
-    #: Sentinel digests on save (sha256 per part). Off only to measure their cost.
-    digests: bool = True
+    #: Sentinel digest per part: crc32 (default: detects corruption at <2 % of the save)
+    #: or sha256 (see trainer/checkpoint.py for why not sha256 by default).
+    digest: Literal["crc32", "sha256"] = "crc32"
 
 
 class ResumeConfig(_Frozen):

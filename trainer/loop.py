@@ -42,6 +42,8 @@ from events.catalog.lifecycle import (
     RunCompleted,
     RunFailed,
     RunPaused,
+    RunProvisioning,
+    RunQueued,
     RunStarted,
     RunSubmitted,
 )
@@ -425,7 +427,7 @@ class Trainer:
             run_id=self.cfg.run_id,
             state=self.parts(),
             pins=self.pins,
-            digests=self.cfg.checkpoint.digests,
+            digest=self.cfg.checkpoint.digest,
             extra={"policy_version": self.engine.policy_version},
             before_publish=before_publish,
         )
@@ -455,7 +457,11 @@ class Trainer:
         tmp.replace(self.run_dir / "config.json")
 
     def start(self) -> None:
-        """A fresh run: manifest, RunSubmitted/RunStarted, and the step-0 eval gate."""
+        """A fresh run: manifest, the lifecycle up to RunStarted, and the step-0 eval gate.
+
+        ``runwatch train`` is its own launcher on one machine: admission is immediate
+        (RunQueued) and provisioning is building the policy and the data (RunProvisioning),
+        so the customer-facing state machine sees the same lifecycle as on a cluster."""
         self.write_run_manifest()
         self._emit(
             RunSubmitted,
@@ -466,6 +472,8 @@ class Trainer:
                 **{f"pin.{k}": v for k, v in self.pins.items()},
             },
         )
+        self._emit(RunQueued)
+        self._emit(RunProvisioning)
         self._emit(RunStarted)
         score, n = self.evaluate()
         self._emit(EvalGateScored, step=0, score=score, n_items=n)

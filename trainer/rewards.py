@@ -180,12 +180,15 @@ class SandboxReward:
     def _get_client(self):  # type: ignore[no-untyped-def]
         if self._client is None:
             from sandbox.client import RewardClient  # the sandbox's typed boundary
+            from sandbox.types import ResourceLimits, SandboxConfig
 
+            limits = ResourceLimits(deadline_s=self.cfg.reward.sandbox_deadline_s)
             self._client = RewardClient(
                 self.path,
                 self.cfg.tenant_id,
                 run_id=self.cfg.run_id,
                 producer=f"sandbox/{self.cfg.run_id}",
+                config=SandboxConfig(limits=limits),
             )
         return self._client
 

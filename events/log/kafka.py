@@ -272,7 +272,9 @@ class KafkaLog(LogBackend):
 
         for key, value in records:
             partition = sticky if key is None else parts[partition_for(key, n)]
-            batch = open_batches.get(partition) or open_batch(partition)
+            batch = open_batches.get(partition)
+            if batch is None:
+                batch = open_batch(partition)
             if batch.append(key=key, value=value, timestamp=None) is None:
                 if counts[partition] == 0:
                     raise ValueError(f"a record of {len(value)} bytes exceeds the batch size")

@@ -9,8 +9,8 @@ server (see :mod:`producers.trajectory_api.models`); on top of it:
 - backpressure: when the run's queue holds ``max_queue_groups`` groups (plus what this
   instance appended and has not folded yet), pushes get 503 with ``Retry-After`` and
   nothing is appended (a list is all or nothing);
-- a server that is still catching up with the log answers 503 ``Retry-After`` where the
-  answer depends on the folded state (``/register-env``).
+- a server still catching up with the log answers ``/register-env`` with "wait for
+  trainer to start", which rollout handlers already retry on.
 
 The router knows the host only through :class:`IngressHost` (the composition root
 provides it); it never imports the batching processor or the view.
@@ -151,9 +151,7 @@ def build_router(host: IngressHost) -> APIRouter:
 
     @router.post("/register-env")
     async def register_env(body: RegisterEnv) -> Any:
-        if not host.ready:
-            return unavailable("trajectory API is catching up with the log")
-        if not host.started:
+        if not host.ready or not host.started:  # (catching up: the same "come back later")
             return {"status": "wait for trainer to start"}
         request_id = uuid.uuid4().hex
         answer = host.expect(request_id)

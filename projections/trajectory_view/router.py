@@ -1,5 +1,9 @@
 """The serving half of the trajectory API: reads answered from the view.
 
+While the instance is still folding the log up to its start, ``/batch`` answers
+``{"batch": null}`` (what Atropos trainers already wait on) with ``Retry-After``, and
+``/health`` answers 503.
+
 ``/batch`` is the one read with a write: it appends ``TrajectoryBatchRequested``, waits
 until the batching processor's answer for that request has been folded into the view,
 commits ``TrajectoryBatchDelivered`` (acks=all; gzip runs meanwhile) and only then writes
@@ -38,6 +42,9 @@ from projections.trajectory_view.view import EMPTY_EXAMPLE, TrajectoryView
 class ServingHost(Protocol):
     view: TrajectoryView
     ready: bool
+    position: int
+    ready_offset: int
+    resumed_from: int | None
     batch_timeout_s: float
     gzip_level: int
 
@@ -74,8 +81,8 @@ def build_router(host: ServingHost) -> APIRouter:
 
     @router.get("/batch")
     async def batch(request: Request) -> Any:
-        if not host.ready:
-            return _retry("trajectory API is catching up with the log")
+        if not host.ready:  # catching up with the log: "no batch yet", as clients expect
+            return JSONResponse({"batch": None}, headers={"Retry-After": "1"})
         if view.registration is None:
             return NOT_REGISTERED
         request_id = uuid.uuid4().hex
@@ -111,6 +118,19 @@ def build_router(host: ServingHost) -> APIRouter:
             )
             raise
         return Response(body, media_type="application/json", headers=headers)
+
+    @router.get("/health")
+    async def health() -> Any:
+        """runwatch's own readiness probe (not in the Atropos contract): 200 once this
+        instance has folded the log up to its start, 503 while it catches up."""
+        body = {
+            "ready": host.ready,
+            "position": host.position,
+            "start_offset": host.ready_offset,
+            "resumed_from": host.resumed_from,
+            "queued_groups": len(view.queue),
+        }
+        return JSONResponse(body, status_code=200 if host.ready else 503)
 
     @router.get("/latest_example")
     async def latest_example() -> Any:

@@ -6,6 +6,12 @@ files and read back with ``pread``, so a queue of thousands of 8 x 512-token gro
 an index entry each in memory, not the group. The files are a cache of the log, not a
 source of truth: a restarted server rebuilds them by folding the log again, so nothing is
 fsync'd. A segment is deleted once every payload in it is gone.
+
+A server that snapshots its view keeps the files (``keep_files``) and saves the index
+with the snapshot (:meth:`SpillPayloads.dump_index`); on restart :meth:`load_index`
+reopens the segments it names. Entries whose segment is gone (every payload in it was
+dropped after the snapshot) are forgotten; the replay after the snapshot drops them again.
+Each entry carries a CRC32, checked on read, so bytes lost to an OS crash are found.
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ import abc
 import contextlib
 import os
 import tempfile
+import zlib
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -38,6 +45,17 @@ class PayloadStore(abc.ABC):
 
     def close(self) -> None:
         return None
+
+    def dump_index(self) -> dict[str, object] | None:
+        """A JSON-able index to resume from (None: this store cannot resume)."""
+        return None
+
+    def load_index(self, index: dict[str, object]) -> None:
+        raise NotImplementedError
+
+
+class CorruptPayload(KeyError):
+    """A payload's bytes do not match the checksum stored with its index entry."""
 
 
 class MemoryPayloads(PayloadStore):
@@ -65,18 +83,26 @@ class SpillPayloads(PayloadStore):
     """Payloads in append-only local segment files of about ``segment_bytes`` each."""
 
     def __init__(
-        self, directory: str | os.PathLike[str] | None = None, segment_bytes: int = 256 << 20
+        self,
+        directory: str | os.PathLike[str] | None = None,
+        segment_bytes: int = 256 << 20,
+        keep_files: bool = False,
     ):
         self._owned = directory is None
         self.dir = Path(directory or tempfile.mkdtemp(prefix="runwatch-payloads-"))
         self.dir.mkdir(parents=True, exist_ok=True)
         self.segment_bytes = segment_bytes
-        self._index: dict[str, tuple[int, int, int]] = {}  # id -> (segment, offset, length)
+        self.keep_files = keep_files
+        # id -> (segment, offset, length, crc32)
+        self._index: dict[str, tuple[int, int, int, int]] = {}
         self._live: dict[int, int] = {}  # segment -> live payloads
         self._fds: dict[int, int] = {}
-        self._active = -1
+        self._active = max(self._on_disk(), default=-1)
         self._size = 0
         self._roll()
+
+    def _on_disk(self) -> list[int]:
+        return [int(p.stem) for p in self.dir.glob("*.payloads") if p.stem.isdigit()]
 
     def _path(self, segment: int) -> Path:
         return self.dir / f"{segment:08d}.payloads"
@@ -92,7 +118,9 @@ class SpillPayloads(PayloadStore):
             self._delete(old)
 
     def _delete(self, segment: int) -> None:
-        os.close(self._fds.pop(segment))
+        fd = self._fds.pop(segment, None)
+        if fd is not None:
+            os.close(fd)
         self._live.pop(segment, None)
         self._path(segment).unlink(missing_ok=True)
 
@@ -103,13 +131,16 @@ class SpillPayloads(PayloadStore):
             self._roll()
         fd = self._fds[self._active]
         os.pwrite(fd, payload, self._size)
-        self._index[group_id] = (self._active, self._size, len(payload))
+        self._index[group_id] = (self._active, self._size, len(payload), zlib.crc32(payload))
         self._live[self._active] += 1
         self._size += len(payload)
 
     def get(self, group_id: str) -> bytes:
-        segment, offset, length = self._index[group_id]
-        return os.pread(self._fds[segment], length, offset)
+        segment, offset, length, crc = self._index[group_id]
+        data = os.pread(self._fds[segment], length, offset)
+        if zlib.crc32(data) != crc:
+            raise CorruptPayload(group_id)
+        return data
 
     def drop(self, group_ids: Iterable[str]) -> None:
         for gid in group_ids:
@@ -125,15 +156,40 @@ class SpillPayloads(PayloadStore):
         for segment in list(self._fds):
             self._delete(segment)
         self._index.clear()
-        self._active = -1
         self._roll()
 
     def __len__(self) -> int:
         return len(self._index)
 
+    def dump_index(self) -> dict[str, object] | None:
+        if not self.keep_files:
+            return None
+        return {"entries": {gid: list(where) for gid, where in self._index.items()}}
+
+    def load_index(self, index: dict[str, object]) -> None:
+        """Adopt the entries of a saved index whose bytes are still on disk."""
+        entries: dict[str, list[int]] = index["entries"]  # type: ignore[assignment]
+        sizes: dict[int, int] = {}
+        for gid, (segment, offset, length, crc) in entries.items():
+            if segment not in sizes:
+                path = self._path(segment)
+                sizes[segment] = path.stat().st_size if path.exists() else -1
+                if sizes[segment] >= 0 and segment not in self._fds:
+                    self._fds[segment] = os.open(path, os.O_RDWR)
+                    self._live.setdefault(segment, 0)
+            if sizes[segment] >= offset + length:
+                self._index[gid] = (segment, offset, length, crc)
+                self._live[segment] += 1
+        for segment in self._on_disk():  # files no entry needs any more
+            if segment != self._active and not self._live.get(segment):
+                self._delete(segment)
+
     def close(self) -> None:
         for segment in list(self._fds):
-            self._delete(segment)
+            if self.keep_files:
+                os.close(self._fds.pop(segment))
+            else:
+                self._delete(segment)
         if self._owned:
             with contextlib.suppress(OSError):
                 self.dir.rmdir()

@@ -163,6 +163,44 @@ class TrajectoryView:
         )
         self.env_of_request[ev.request_id] = env_id
 
+    # -- snapshots ------------------------------------------------------------------------
+    def dump(self) -> dict[str, Any]:
+        """The view as JSON-able data (payload bytes stay in the store; its index is
+        saved by the host beside this)."""
+        reg = self.registration
+        return {
+            "registration": reg.model_dump(mode="json") if reg is not None else None,
+            "started": self.started,
+            "step": self.step,
+            "envs": self.envs,
+            "env_of_request": self.env_of_request,
+            "queue": self.queue,
+            "reserved": self.reserved,
+            "held": self.held,
+            "buffered": self.buffered,
+            "latest": self.latest.decode() if self.latest is not None else None,
+            "events_seen": self.events_seen,
+        }
+
+    def load(self, d: dict[str, Any]) -> None:
+        """Restore :meth:`dump` output (the payload store is restored separately)."""
+        reg = d["registration"]
+        self.registration = TrajectoryTrainerRegistered(**reg) if reg is not None else None
+        self.started = d["started"]
+        self.step = d["step"]
+        self.envs = d["envs"]
+        self.env_of_request = d["env_of_request"]
+        self.queue = {}
+        self.queued_sequences = 0
+        self.sizes = Counter()
+        for gid, (env_id, size) in d["queue"].items():
+            self._enqueue(gid, env_id, size)
+        self.reserved = {k: tuple(v) for k, v in d["reserved"].items()}
+        self.held = {k: (v[0], v[1]) for k, v in d["held"].items()}
+        self.buffered = {k: (v[0], v[1]) for k, v in d["buffered"].items()}
+        self.latest = d["latest"].encode() if d["latest"] is not None else None
+        self.events_seen = d["events_seen"]
+
     # -- answers --------------------------------------------------------------------------
     def batch_body(self, group_ids: tuple[str, ...]) -> bytes:
         """The ``/batch`` response body: the stored payloads spliced, no re-encoding."""

@@ -27,12 +27,15 @@ import asyncio
 import contextlib
 import ctypes
 import itertools
+import json
 import logging
 import os
 import socket
 import uuid
+import zlib
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI
@@ -75,7 +78,11 @@ class TrajectorySettings:
     max_queue_groups: int = 50_000
     batch_timeout_s: float = 30.0
     gzip_level: int = 1
-    payload_dir: str | None = None
+    #: Where this instance keeps its payload cache and view snapshots (None: a temporary
+    #: directory and no snapshots, so a restart replays the run's partition from 0).
+    state_dir: str | None = None
+    snapshot_every_records: int = 2000
+    snapshot_every_s: float = 5.0
     dedupe_window: int = 200_000
 
 
@@ -94,7 +101,16 @@ class TrajectoryHost:
         self.gzip_level = settings.gzip_level
         self.fold = BatchingFold()
         self.state = self.fold.initial()
-        self.view = TrajectoryView(SpillPayloads(settings.payload_dir))
+        state_dir = Path(settings.state_dir) if settings.state_dir else None
+        self.snapshot_path = state_dir / "snapshot.json" if state_dir else None
+        payload_dir = state_dir / "payloads" if state_dir else None
+        self.view = TrajectoryView(SpillPayloads(payload_dir, keep_files=state_dir is not None))
+        self.start_offset = 0
+        self.resumed_from: int | None = None
+        self._since_snapshot = 0
+        self._snapshot_at = 0.0
+        self._snapshot_task: asyncio.Task[None] | None = None
+        self._last_value = b""
         self.ready = False
         self.partition: int | None = None
         self.ready_offset = 0
@@ -169,6 +185,9 @@ class TrajectoryHost:
         marker = TrajectoryApiStarted(**self.envelope(), incarnation=uuid.uuid4().hex)
         (where,) = await self.backend.append_many(TRAJECTORIES_TOPIC, [(self.key, encode(marker))])
         self.partition, self.ready_offset = where.partition, where.offset
+        await self._resume()
+        self.position = self.start_offset
+        self._snapshot_at = asyncio.get_running_loop().time()
         self._tasks = [
             asyncio.create_task(self._tail(), name="trajectory-tail"),
             asyncio.create_task(self._publish(), name="trajectory-publish"),
@@ -179,6 +198,9 @@ class TrajectoryHost:
         await asyncio.wait_for(self._ready_event.wait(), timeout_s)
 
     async def stop(self) -> None:
+        if self._snapshot_task is not None:
+            with contextlib.suppress(Exception):
+                await self._snapshot_task
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
@@ -194,11 +216,11 @@ class TrajectoryHost:
         read_sync = getattr(self.backend, "read_sync", None)
         if read_sync is None:  # Kafka: a long-polling reader of the partition
             async for rec in self.backend.read(
-                TRAJECTORIES_TOPIC, self.partition or 0, 0, until_end=False
+                TRAJECTORIES_TOPIC, self.partition or 0, self.start_offset, until_end=False
             ):
                 yield rec
             return
-        position = 0  # embedded: read files; woken by our own appends, else poll 10 ms
+        position = self.start_offset  # embedded: woken by our own appends, else poll 10 ms
         while True:
             self._wake.clear()
             got = 0
@@ -219,6 +241,10 @@ class TrajectoryHost:
             if not self.ready and rec.offset >= self.ready_offset:
                 self.ready = True
                 self._ready_event.set()
+            self._last_value = rec.value
+            self._since_snapshot += 1
+            if self.snapshot_path is not None and self._snapshot_due():
+                self._snapshot()
             n += 1
             if n % 64 == 0:
                 await asyncio.sleep(0)  # let requests in while catching up
@@ -262,6 +288,77 @@ class TrajectoryHost:
             )
             fut.set_result(answer)
 
+    # -- snapshots: restart without replaying the whole partition -----------------------
+    def _snapshot_due(self) -> bool:
+        if self._snapshot_task is not None and not self._snapshot_task.done():
+            return False
+        if self._since_snapshot >= self.settings.snapshot_every_records:
+            return True
+        elapsed = asyncio.get_running_loop().time() - self._snapshot_at
+        return self._since_snapshot > 0 and elapsed >= self.settings.snapshot_every_s
+
+    def _snapshot(self) -> None:
+        """Capture fold state, view and payload index at the current record boundary
+        (synchronously, so it is consistent), then write it atomically in a thread."""
+        assert self.snapshot_path is not None
+        snap = {
+            "tenant_id": self.settings.tenant_id,
+            "run_id": self.settings.run_id,
+            "partition": self.partition,
+            "offset": self.position,
+            "last_crc": zlib.crc32(self._last_value),
+            "fold": self.fold.dump_state(self.state).decode(),
+            "view": self.view.dump(),
+            "payloads": self.view.payloads.dump_index(),
+        }
+        data = json.dumps(snap, separators=(",", ":")).encode()
+        self._since_snapshot = 0
+        self._snapshot_at = asyncio.get_running_loop().time()
+        self._snapshot_task = asyncio.create_task(
+            asyncio.to_thread(_write_atomically, self.snapshot_path, data)
+        )
+
+    async def _resume(self) -> None:
+        """Start from this instance's last snapshot if it belongs to this log: same run,
+        same partition, not past the start marker, and the record just before its offset
+        is the one it last folded (a recreated log fails that check)."""
+        path = self.snapshot_path
+        if path is None:
+            return
+        if not path.exists():
+            self.view.payloads.load_index({"entries": {}})  # no snapshot: stale files go
+            return
+        try:
+            snap = json.loads(path.read_bytes())
+            offset = int(snap["offset"])
+            fits = (
+                snap["tenant_id"] == self.settings.tenant_id
+                and snap["run_id"] == self.settings.run_id
+                and snap["partition"] == self.partition
+                and offset <= self.ready_offset
+                and snap["payloads"] is not None
+                and (offset == 0 or await self._crc_at(offset - 1) == snap["last_crc"])
+            )
+            if fits:
+                self.state = self.fold.load_state(snap["fold"].encode())
+                self.view.load(snap["view"])
+                self.view.payloads.load_index(snap["payloads"])
+                self.start_offset = self.resumed_from = offset
+                return
+            log.warning("snapshot %s does not match this log; replaying from 0", path)
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            log.warning("unreadable snapshot %s (%s); replaying from 0", path, exc)
+        self.state = self.fold.initial()
+        self.view.reset()
+        self.view.payloads.load_index({"entries": {}})
+
+    async def _crc_at(self, offset: int) -> int | None:
+        records = self.backend.read(TRAJECTORIES_TOPIC, self.partition or 0, offset)
+        async with contextlib.aclosing(records) as it:  # type: ignore[type-var]
+            async for rec in it:
+                return zlib.crc32(rec.value) if rec.offset == offset else None
+        return None
+
     async def _trim_memory(self, every_s: float = 0.5, churn_bytes: int = 8 << 20) -> None:
         """Give freed heap pages back to the OS after heavy pushes: request bodies and
         payload copies are large, short-lived and interleaved with long-lived objects, so
@@ -293,6 +390,16 @@ class TrajectoryHost:
             batch.append(self._outbox.get_nowait())
         if batch:
             await self.backend.append_many(BATCHES_TOPIC, [(e.key(), encode(e)) for e in batch])
+
+
+def _write_atomically(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
 
 
 def build_app(host: TrajectoryHost) -> FastAPI:

@@ -59,7 +59,7 @@ def run(args: argparse.Namespace, term: Terminal) -> int:
             size_bytes=info.size_bytes,
             digest=info.digest,
             pins=info.pins,
-            parts={k: {"size": v["size"], "sha256": v["sha256"]} for k, v in info.parts.items()},
+            parts={k: {"size": v["size"], "digest": v["digest"]} for k, v in info.parts.items()},
             extra=info.extra,
         )
     if args.json:
@@ -73,7 +73,7 @@ def run(args: argparse.Namespace, term: Terminal) -> int:
             )
             term.table([(k, v) for k, v in sorted(info.pins.items())], ["pin", "value"])
             term.table(
-                [(k, v["size"], v["sha256"][:16]) for k, v in info.parts.items()],
-                ["part", "bytes", "sha256"],
+                [(k, v["size"], v["digest"]) for k, v in info.parts.items()],
+                ["part", "bytes", "digest"],
             )
     return 0 if verdict == "ok" else 1

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+from pathlib import Path
 
 from runwatch import settings
 from runwatch.cli.terminal import Abort, Terminal
@@ -53,7 +54,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=50_000,
         help="queue cap; pushes beyond it get 503 + Retry-After",
     )
-    t.add_argument("--payload-dir", help="local cache of undelivered payloads (default: tmp)")
+    t.add_argument(
+        "--state-dir",
+        help="this instance's payload cache and snapshots, so a restart resumes instead of "
+        "replaying the partition (default: ./runwatch-data/trajectories/RUN/INSTANCE; "
+        "'none': a temporary cache, replay on restart)",
+    )
+    t.add_argument(
+        "--snapshot-every-s", type=float, default=5.0, help="snapshot interval (seconds)"
+    )
     t.add_argument("--gzip-level", type=int, default=1, help="response gzip level (1-9)")
 
 
@@ -86,14 +95,20 @@ def _trajectories(args: argparse.Namespace, term: Terminal) -> int:
             )
     if not 1 <= args.gzip_level <= 9:
         raise Abort("--gzip-level must be 1..9")
+    instance = args.instance or f"{args.host}:{args.port}"
+    state_dir = args.state_dir
+    if state_dir is None:
+        safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in instance)
+        state_dir = str(Path("runwatch-data") / "trajectories" / args.run_id / safe)
     config = TrajectorySettings(
         tenant_id=args.tenant,
         run_id=args.run_id,
-        instance=args.instance or f"{args.host}:{args.port}",
+        instance=instance,
         max_off_policy_steps=args.max_off_policy_steps,
         max_queue_groups=args.max_queue_groups,
-        payload_dir=args.payload_dir,
+        state_dir=None if state_dir == "none" else state_dir,
         gzip_level=args.gzip_level,
+        snapshot_every_s=args.snapshot_every_s,
     )
     backend = open_backend(kafka, args.log)
     where = f"Kafka at {kafka}" if kafka else f"embedded log {settings.log_dir(args.log)}"

@@ -72,6 +72,7 @@ def scenarios(short: bool = False) -> list[Scenario]:
                 "reward": {
                     "kind": "sandbox",
                     "sandbox_path": str(TENANT_REWARDS / "flaky_reward.py"),
+                    "sandbox_deadline_s": 2.0,
                 },
             },
             expect_states=("FAILED",), expect_failure_class="tenant_code_fault",

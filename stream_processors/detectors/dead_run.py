@@ -121,63 +121,49 @@ class DeadRun:
         gpu_s = st.gpu_s_trainer + st.gpu_s_rollout
         if not flat:
             if st.episode is not None:
-                out.append(
-                    resolve(
-                        ev,
-                        cfg,
-                        st.episode,
-                        f"reward moved again (std {st.reward.std:.4g}, "
-                        f"slope {st.reward.slope:.4g}/step)",
-                    )
-                )
+                why = f"reward moved again (std {st.reward.std:.3g}, slope {st.reward.slope:.3g})"
+                out.append(resolve(ev, cfg, st.episode, why))
             return st._replace(flat=0, episode=None)
         start = st.streak_start if st.flat else st.win * p.window
         at_streak = st.gpu_s_at_streak if st.flat else gpu_s
         flat_n = st.flat + 1
         accruing = not st.usage_seen or gpu_s > at_streak or flat_n == 1
         if flat_n >= p.windows and accruing and st.episode is None:
-            usd = (
-                st.gpu_s_trainer * p.usd_per_gpu_hour_trainer
-                + st.gpu_s_rollout * p.usd_per_gpu_hour_rollout
-            ) / 3600.0
-            end = (st.win + 1) * p.window - 1
-            spend = (
-                f"${usd:,.2f} burned so far ("
-                + (f"{gpu_s / 3600:,.1f} GPU-hours)" if gpu_s >= 3600 else f"{gpu_s:,.0f} GPU-s)")
-                if st.usage_seen
-                else "spend unknown (no UsageRecorded for this run) while steps keep committing"
-            )
-            kl_text = f", KL {st.kl.mean:.4g}" if st.kl.n else ""
-            out.append(
-                fire(
-                    ev,
-                    cfg,
-                    first_step=start,
-                    window=(start, end),
-                    observed={
-                        "reward_mean": st.reward.mean,
-                        "reward_std": st.reward.std,
-                        "kl_mean": st.kl.mean if st.kl.n else None,
-                        "flat_windows": flat_n,
-                        "gpu_hours": gpu_s / 3600.0,
-                        "spend_usd": usd if st.usage_seen else None,
-                    },
-                    thresholds={
-                        "windows": p.windows,
-                        "reward_flat_abs": p.reward_flat_abs,
-                        "kl_flat_abs": p.kl_flat_abs,
-                    },
-                    reason=(
-                        f"reward {st.reward.mean:.4g}{kl_text} flat within noise for {flat_n} "
-                        f"windows (steps {start}-{end}): no learning signal; {spend}"
-                    ),
-                )
-            )
+            out.append(self._fire(ev, cfg, st, start, flat_n))
             episode = alert_id(ev.run_id, self.name, start)
             return st._replace(
                 flat=flat_n, streak_start=start, gpu_s_at_streak=at_streak, episode=episode
             )
         return st._replace(flat=flat_n, streak_start=start, gpu_s_at_streak=at_streak)
+
+    def _fire(
+        self, ev: EventBase, cfg: Settings[Params], st: DeadRunState, start: int, flat_n: int
+    ) -> AlertEvent:
+        p = cfg.params
+        gpu_s = st.gpu_s_trainer + st.gpu_s_rollout
+        usd = (
+            st.gpu_s_trainer * p.usd_per_gpu_hour_trainer
+            + st.gpu_s_rollout * p.usd_per_gpu_hour_rollout
+        ) / 3600.0
+        gpu = f"{gpu_s / 3600:,.1f} GPU-hours" if gpu_s >= 3600 else f"{gpu_s:,.0f} GPU-s"
+        spend = f"${usd:,.2f} burned so far ({gpu})" if st.usage_seen else (
+            "spend unknown (no UsageRecorded for this run) while steps keep committing"
+        )  # fmt: skip
+        end = (st.win + 1) * p.window - 1
+        kl_mean = st.kl.mean if st.kl.n else None
+        kl_text = f", KL {kl_mean:.4g}" if kl_mean is not None else ""
+        observed = {"reward_mean": st.reward.mean, "reward_std": st.reward.std, "kl_mean": kl_mean}
+        observed |= {"flat_windows": flat_n, "gpu_hours": gpu_s / 3600.0}
+        observed["spend_usd"] = usd if st.usage_seen else None
+        thresholds = {"windows": p.windows, "reward_flat_abs": p.reward_flat_abs}
+        thresholds["kl_flat_abs"] = p.kl_flat_abs
+        reason = (
+            f"reward {st.reward.mean:.4g}{kl_text} flat within noise for {flat_n} "
+            f"windows (steps {start}-{end}): no learning signal; {spend}"
+        )
+        window = (start, end)
+        return fire(ev, cfg, first_step=start, window=window, observed=observed,
+                    thresholds=thresholds, reason=reason)  # fmt: skip
 
 
 DETECTOR = DeadRun()

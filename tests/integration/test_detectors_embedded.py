@@ -7,8 +7,10 @@ import csv
 import itertools
 import json
 import math
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -179,3 +181,26 @@ def test_nan_history_is_reported_not_dropped(tmp_path: Path) -> None:
     assert _cli("process", "--log", str(log_dir), "--once").returncode == 0
     nan = [a for a in _alerts(log_dir) if a.detector == "nan_metric"]
     assert len(nan) == 1 and nan[0].step == 7 and "loss=nan" in nan[0].reason
+
+
+def test_process_follows_the_log_until_terminated(tmp_path: Path) -> None:
+    log_dir = tmp_path / "log"
+    log = EmbeddedLog(log_dir, sync=False)
+    log.open_sync()
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "runwatch.cli.main", "process", "--log", str(log_dir), "--json"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        _append_in_order(log, synthetic_run(8, steps=120, fault="nan_loss", fault_step=30))
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not _alerts(log_dir):
+            time.sleep(0.2)
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        out, err = worker.communicate(timeout=30)
+    assert worker.returncode == 0, err
+    assert [a.detector for a in _alerts(log_dir)] == ["nan_metric"]
+    assert json.loads(out)["derived"]["AlertFired"] == 1

@@ -315,3 +315,35 @@ def test_groups_of_another_size_than_the_env_are_buffered(api: TestClient) -> No
     settle(api)
     assert api.get("/status").json()["queue_size"] == 3
     assert [g["scores"][0] for g in api.get("/batch").json()["batch"]] == [0.0, 1.0]
+
+
+def test_snapshot_restart_resumes_mid_log_with_payloads(tmp_path: Path) -> None:
+    state = str(tmp_path / "state")
+    with client_for(tmp_path / "log", state_dir=state, snapshot_every_records=1) as c:
+        wait_ready(c)
+        start_training(c)
+        c.post("/scored_data_list", json=[group(float(i)) for i in range(6)])
+        settle(c)
+        assert [g["scores"][0] for g in c.get("/batch").json()["batch"]] == [0.0, 1.0]
+        settle(c)
+    with client_for(tmp_path / "log", state_dir=state) as c:
+        wait_ready(c)
+        host = c.app.state.host  # type: ignore[attr-defined]
+        assert host.resumed_from and host.resumed_from > 5  # not a replay from 0
+        assert c.get("/status").json() == {"current_step": 1, "queue_size": 4}
+        assert [g["scores"][0] for g in c.get("/batch").json()["batch"]] == [2.0, 3.0]
+        assert c.get("/latest_example").json()["scores"] == [5.0, 5.0]
+
+
+def test_snapshot_of_another_log_is_ignored(tmp_path: Path) -> None:
+    state = str(tmp_path / "state")
+    with client_for(tmp_path / "log1", state_dir=state, snapshot_every_records=1) as c:
+        wait_ready(c)
+        start_training(c)
+        c.post("/scored_data_list", json=[group(float(i)) for i in range(6)])
+        settle(c)
+    with client_for(tmp_path / "log2", state_dir=state) as c:  # a different, fresh log
+        wait_ready(c)
+        assert c.app.state.host.resumed_from is None  # type: ignore[attr-defined]
+        assert c.get("/status").json() == {"current_step": 0, "queue_size": 0}
+        assert c.get("/info").json()["batch_size"] == -1

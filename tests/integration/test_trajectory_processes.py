@@ -48,7 +48,7 @@ class Server:
         cmd = [
             sys.executable, "-m", "runwatch.cli.main", "serve", "trajectories",
             "--port", str(self.port), "--instance", self.instance, "--run-id", self.run_id,
-            "--payload-dir", str(self.tmp / f"payloads-{self.instance}-{time.time_ns()}"),
+            "--state-dir", str(self.tmp / f"state-{self.instance}"), "--snapshot-every-s", "0.3",
             *self.backend,
         ]  # fmt: skip
         with open(self.tmp / "err.log", "ab") as err:
@@ -57,7 +57,7 @@ class Server:
         while time.monotonic() < deadline:
             assert self.proc.poll() is None, (self.tmp / "err.log").read_text()[-3000:]
             try:
-                if httpx.get(self.url + "/status", timeout=1).status_code == 200:
+                if httpx.get(self.url + "/health", timeout=1).status_code == 200:
                     return self
             except httpx.HTTPError:
                 pass
@@ -153,9 +153,12 @@ def run_kill9_scenario(backend: list[str], tmp_path: Path) -> None:
                 got = get_batch(client, server.url)
                 served.update(got or [])
         assert served, "nothing served before the crash"
+        time.sleep(0.5)  # let a snapshot land
         server.kill9()  # pushes in flight; no /batch in flight
         time.sleep(0.3)
         server.start()
+        health = httpx.get(server.url + "/health").json()
+        assert health["resumed_from"], health  # restarted from its snapshot, not from 0
         time.sleep(1.0)  # more pushes after the restart
         pusher.halt.set()
         pusher.join(20)

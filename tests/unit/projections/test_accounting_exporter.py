@@ -153,3 +153,18 @@ def test_packaged_policy_names_every_detector_of_the_catalog():
     names = set((doc.get("detectors") or {}).keys()) if isinstance(doc, dict) else set()
     assert names, "catalog lists no detectors"
     assert names <= set(policy.detectors), names - set(policy.detectors)
+
+
+def test_trusted_usage_events_equal_validated_ones_byte_for_byte():
+    from events import TenantUsageUpdated, encode
+    from events.codec import decode
+
+    fold = AccountingFold(PRICES)
+    state, out = fold.initial(), []
+    for ev in synth_run("r", "t", "healthy", steps=4):
+        state, derived = fold.apply(state, ev)
+        out.extend(derived)
+    for ev in out:
+        validated = TenantUsageUpdated(**ev.model_dump())
+        assert ev == validated and encode(ev) == encode(validated)
+        assert decode(encode(ev)) == ev and hash(ev) == hash(validated)

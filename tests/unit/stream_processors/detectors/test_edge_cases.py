@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 from events.codec import encode
-from stream_processors.detectors import RunHealthFold
+from stream_processors.detectors import Catalog, RunHealthFold
 from tests.unit.stream_processors.detectors._builders import (
     Run,
     detector_state,
@@ -57,10 +57,9 @@ def test_gaps_in_steps_use_real_step_numbers() -> None:
     run = Run()  # logging every 5th step: windows still aligned on step numbers
     events = [run.step(s, entropy=2.0 if s < 150 else 2.0 * math.exp(-(s - 150) / 40))
               for s in range(0, 400, 5)]  # fmt: skip
-    fold = RunHealthFold()
     # windows of 25 steps hold 5 points here; let them count
-    fold = RunHealthFold(fold.catalog.__class__(
-        version="test", detectors={"entropy_collapse": {"params": {"min_points": 4}}}))  # fmt: skip
+    catalog = Catalog("test", detectors={"entropy_collapse": {"params": {"min_points": 4}}})
+    fold = RunHealthFold(catalog)
     _, derived = fold_all(events, fold)
     alerts = fired(derived, "entropy_collapse")
     assert alerts and 150 <= alerts[0].step <= 250

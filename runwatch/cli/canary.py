@@ -1,0 +1,73 @@
+"""``runwatch canary [--json]``: inject seed 000's four faults; fail unless every alert fires.
+
+Trains four real short runs (frozen weight sync, constant reward, oversized LR, gameable
+reward) on a fresh embedded log, folds them through the stream processors and the
+projections, and prints per fault: the expected alert, the step it fired at (and the
+detection lag), the customer state reached. Exit 0 only if every canary passed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import tempfile
+from pathlib import Path
+
+from runwatch.cli.terminal import Terminal
+
+HELP = "inject the four canary faults; fail unless alerts fire"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--out", help="keep the log and process logs here (default: temp)")
+    parser.add_argument("--parallel", type=int, default=2, help="trainers at once")
+    parser.add_argument("--json", action="store_true", help="print the results as JSON")
+
+
+def run(args: argparse.Namespace, term: Terminal) -> int:
+    from runwatch.demo.canary import canaries, judge
+    from runwatch.demo.orchestrate import Orchestrator
+    from runwatch.demo.plane import EmbeddedPlane
+
+    tmp = None
+    if args.out:
+        out = Path(args.out)
+        if out.exists():
+            shutil.rmtree(out)
+        out.mkdir(parents=True)
+    else:
+        tmp = tempfile.mkdtemp(prefix="runwatch-canary-")
+        out = Path(tmp)
+    try:
+        chosen = canaries()
+        log_dir = out / "log"
+        plane = EmbeddedPlane(log_dir)
+        say = (lambda _m: None) if args.json else term.progress
+        Orchestrator(out, log_dir, say, args.parallel).run_all([c.scenario for c in chosen])
+        plane.tick(final=True)
+        views = {v.run_id: v for v in plane.views.values()}
+        results = [judge(c, views.get(c.scenario.run_id), plane.derived) for c in chosen]
+    finally:
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+    if args.json:
+        term.json({"passed": all(r.passed for r in results), "canaries": results})
+    else:
+        term.table(
+            [
+                (
+                    r.fault,
+                    r.expected_alert,
+                    r.fired_at_step,
+                    r.detection_lag_steps,
+                    r.state_reached,
+                    "PASS" if r.passed else "FAIL",
+                )
+                for r in results
+            ],
+            ["fault", "expected alert", "fired at step", "lag (steps)", "state reached", ""],
+        )
+        for r in results:
+            for p in r.problems:
+                term.info(f"{r.fault}: {p}")
+    return 0 if all(r.passed for r in results) else 1

@@ -1,0 +1,125 @@
+"""Canary fault injection (seed 000, Verification): every alert proven to fire.
+
+Four real training runs, each with one fault switched on in its config (the trainer's
+packaged ``canary-*.yaml``): frozen weight sync, constant reward, oversized LR, gameable
+reward. Each must fire its expected alert, and move the customer-facing state as the
+run-state policy says — and a platform fault (frozen sync) must show up as run mechanics,
+never as an algorithmic alert or an algorithmic customer state.
+
+``onset`` is the step the fault starts acting; the detection lag is the step the alert's
+window ended minus the onset.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from events import AlertFired, EventBase
+from projections.views import RunView
+from runwatch.demo.scenarios import Scenario
+
+
+@dataclass(frozen=True)
+class Canary:
+    fault: str
+    scenario: Scenario
+    onset: int
+    expected_alert: str
+    #: the customer state must pass through one of these after the alert (None: no
+    #: algorithmic state at all — the platform-side canary)
+    expected_states: tuple[str, ...] | None
+    #: alerts of the algorithmic layer must not fire at all
+    no_algorithmic_alerts: bool = False
+
+
+def canaries(tenant: str = "canary") -> list[Canary]:
+    def scn(run_id: str, config: str, title: str, steps: int | None = None) -> Scenario:
+        over = {"steps": steps} if steps else {}
+        return Scenario(run_id, tenant, title, config, over)
+
+    return [
+        Canary(
+            "frozen weight sync", scn("canary-frozen-sync", "canary-frozen-sync.yaml",
+                                      "weight sync stops after step 20"),
+            onset=20, expected_alert="weight_sync_staleness", expected_states=None,
+            no_algorithmic_alerts=True,
+        ),
+        Canary(
+            "constant reward", scn("canary-constant-reward", "canary-constant-reward.yaml",
+                                   "every completion scores 1.0"),
+            onset=1, expected_alert="dead_run", expected_states=("DEGRADED",),
+        ),
+        Canary(
+            "oversized LR", scn("canary-oversized-lr", "canary-oversized-lr.yaml",
+                                "learning rate x30"),
+            onset=1, expected_alert="kl_blowup", expected_states=("DEGRADED", "PAUSED_BY_GATE"),
+        ),
+        Canary(
+            "gameable reward", scn("canary-gameable-reward", "canary-gameable-reward.yaml",
+                                   "reward pays for one token"),
+            onset=1, expected_alert="reward_hacking",
+            expected_states=("DEGRADED", "PAUSED_BY_GATE"),
+        ),
+    ]  # fmt: skip
+
+
+@dataclass
+class CanaryResult:
+    fault: str
+    run_id: str
+    expected_alert: str
+    fired_at_step: int | None
+    detection_lag_steps: int | None
+    state_reached: str | None
+    passed: bool
+    problems: list[str]
+
+    def as_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+def judge(c: Canary, view: RunView | None, derived: list[EventBase]) -> CanaryResult:
+    """Did the canary's alert fire, and did the customer state move as it should?"""
+    run = c.scenario.run_id
+    alerts = [e for e in derived if isinstance(e, AlertFired) and e.run_id == run]
+    hit = next((a for a in alerts if a.detector == c.expected_alert), None)
+    problems: list[str] = []
+    fired = hit.window_end if hit else None
+    if hit is None:
+        fired_names = sorted({a.detector for a in alerts}) or ["none"]
+        problems.append(f"{c.expected_alert} did not fire (fired: {', '.join(fired_names)})")
+    transitions = view.transitions if view else []
+    # the state in effect when the alert fired (another alert may have moved it first),
+    # and every state after it
+    at = fired or 0
+    before = [t for t in transitions if (t.get("step") or 0) <= at]
+    after = before[-1:] + [t for t in transitions if (t.get("step") or 0) > at]
+    reached: str | None = None
+    if c.expected_states is not None:
+        reached = next((t["to_state"] for t in after if t["to_state"] in c.expected_states), None)
+        if reached is None:
+            seen = [t["to_state"] for t in transitions]
+            problems.append(
+                f"state never reached {'/'.join(c.expected_states)} after the alert "
+                f"(states: {' -> '.join(s for s in seen if s) or 'none'})"
+            )
+    else:
+        reached = view.state if view else None
+        algorithmic = sorted({a.detector for a in alerts if a.layer == "algorithmic"})
+        if c.no_algorithmic_alerts and algorithmic:
+            problems.append(f"platform fault raised algorithmic alerts: {', '.join(algorithmic)}")
+        if reached in ("DEGRADED", "PAUSED_BY_GATE"):
+            problems.append(f"platform fault moved the customer state to {reached}")
+    if hit is not None and hit.layer == "algorithmic" and c.no_algorithmic_alerts:
+        problems.append(f"{c.expected_alert} was reported on the algorithmic layer")
+    return CanaryResult(
+        fault=c.fault,
+        run_id=run,
+        expected_alert=c.expected_alert,
+        fired_at_step=fired,
+        detection_lag_steps=None if fired is None else max(0, fired - c.onset),
+        state_reached=reached,
+        passed=not problems,
+        problems=problems,
+    )
