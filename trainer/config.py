@@ -80,8 +80,6 @@ class RewardConfig(_Frozen):
 
     kind: Literal["exact_match", "partial", "sandbox"] = "partial"
     sandbox_path: str | None = None
-    #: Wall-clock deadline per scored batch inside the sandbox (None: the sandbox default).
-    sandbox_deadline_s: float | None = None
     #: Wall-clock deadline per batch in the sandbox (the tenant's contract).
     sandbox_deadline_s: float = Field(10.0, gt=0, le=600)
     #: Batches the sandbox's failure policy may skip within one step before the run

@@ -51,7 +51,9 @@ def run(args: argparse.Namespace, term: Terminal) -> int:
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
     if args.json:
-        term.json({"passed": all(r.passed for r in results), "canaries": results})
+        term.json(
+            {"passed": all(r.passed for r in results), "canaries": [r.as_dict() for r in results]}
+        )
     else:
         term.table(
             [

@@ -34,7 +34,13 @@ class Scenario:
 
 
 def scenarios(short: bool = False) -> list[Scenario]:
-    """The demo's runs. ``short`` shrinks step counts for CI (same faults, same story)."""
+    """The demo's runs. ``short`` shrinks step counts for CI (same faults, same story);
+    the constant-reward and gameable runs keep theirs: the dead-run and hacking detectors
+    need their whole windows (documented lags in the detector catalog).
+
+    Healthy runs stop at 80 steps: the toy task converges, and past ~100 steps a healthy
+    policy's entropy falls fast enough for the entropy-collapse detector to (rightly) say so.
+    """
     s = 0.6 if short else 1.0
 
     def steps(n: int) -> int:
@@ -43,7 +49,7 @@ def scenarios(short: bool = False) -> list[Scenario]:
     return [
         Scenario(
             "acme-healthy", "acme", "healthy run", "default.yaml",
-            {"steps": steps(100)},
+            {"steps": steps(80)},
             expect_states=("SUCCEEDED",),
         ),
         Scenario(
@@ -60,7 +66,7 @@ def scenarios(short: bool = False) -> list[Scenario]:
         ),
         Scenario(
             "globex-gameable-reward", "globex", "reward can be gamed (eval gate disagrees)",
-            "canary-gameable-reward.yaml", {"steps": steps(60)},
+            "canary-gameable-reward.yaml", {"steps": 60},
             expect_states=("DEGRADED", "PAUSED_BY_GATE", "FAILED"),
             expect_alerts=("reward_hacking",),
         ),
@@ -79,15 +85,15 @@ def scenarios(short: bool = False) -> list[Scenario]:
         ),
         Scenario(
             "globex-preempted", "globex", "killed mid-run (preempted) and resumed",
-            "default.yaml", {"steps": steps(100), "resume": {"tier": "bitwise"}},
-            kind="kill_resume", kill_after_step=steps(100) // 2 + 5,
+            "default.yaml", {"steps": steps(80), "resume": {"tier": "bitwise"}},
+            kind="kill_resume", kill_after_step=steps(80) // 2 + 5,
             expect_states=("SUCCEEDED",),
         ),
         Scenario(
             "acme-resume-bad-optimizer", "acme",
             "killed, then resumed from a checkpoint whose optimizer state was dropped",
-            "default.yaml", {"steps": steps(100), "resume": {"tier": "bitwise"}},
-            kind="kill_drop_optimizer_resume", kill_after_step=steps(100) // 2 + 5,
+            "default.yaml", {"steps": steps(80), "resume": {"tier": "bitwise"}},
+            kind="kill_drop_optimizer_resume", kill_after_step=steps(80) // 2 + 5,
             expect_states=("SUCCEEDED",),
         ),
     ]  # fmt: skip

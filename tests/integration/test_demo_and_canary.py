@@ -1,0 +1,73 @@
+"""The main job end to end: ``runwatch canary`` and a shortened ``runwatch demo``, as a
+user runs them (real processes: trainers, sandbox workers, the plane on a real log)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from events import RunStateChanged
+from events.log.embedded import EmbeddedLog
+
+pytestmark = pytest.mark.timeout(900)
+
+
+def _runwatch(*args: str, timeout: int = 800) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "runwatch.cli.main", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def test_canary_every_fault_fires_its_alert_and_moves_the_state(tmp_path: Path) -> None:
+    proc = _runwatch("canary", "--json", "--out", str(tmp_path / "canary"))
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+    doc = json.loads(proc.stdout)
+    assert doc["passed"] is True
+    by_fault = {c["fault"]: c for c in doc["canaries"]}
+    assert set(by_fault) == {"frozen weight sync", "constant reward", "oversized LR",
+                             "gameable reward"}  # fmt: skip
+    assert by_fault["constant reward"]["expected_alert"] == "dead_run"
+    assert by_fault["oversized LR"]["expected_alert"] == "kl_blowup"
+    assert by_fault["gameable reward"]["expected_alert"] == "reward_hacking"
+    assert by_fault["frozen weight sync"]["expected_alert"] == "weight_sync_staleness"
+    for c in doc["canaries"]:
+        assert c["fired_at_step"] is not None and c["passed"], c
+    # the platform fault never became a customer-visible algorithmic state
+    assert by_fault["frozen weight sync"]["state_reached"] == "SUCCEEDED"
+
+
+def test_short_demo_ends_in_the_expected_states(tmp_path: Path) -> None:
+    out = tmp_path / "demo"
+    proc = _runwatch("demo", "--short", "--json", "--out", str(out))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    doc = json.loads(proc.stdout)
+    runs = {r["run_id"]: r for r in doc["runs"]}
+    assert runs["acme-healthy"]["state"] == "SUCCEEDED"
+    assert runs["acme-constant-reward"]["state"] in ("DEGRADED", "FAILED")
+    assert "dead_run" in runs["acme-constant-reward"]["alerts"]
+    assert "kl_blowup" in runs["globex-oversized-lr"]["alerts"]
+    assert "reward_hacking" in runs["globex-gameable-reward"]["alerts"]
+    flaky = runs["acme-flaky-reward"]
+    assert (flaky["state"], flaky["failure_class"]) == ("FAILED", "tenant_code_fault")
+    assert "certified" in runs["globex-preempted"]["resume"]
+    assert runs["globex-preempted"]["state"] == "SUCCEEDED"
+    bad_opt = runs["acme-resume-bad-optimizer"]
+    assert "deviation" in bad_opt["resume"] and "certified" in bad_opt["resume"]
+    assert all(r["expected_ok"] for r in doc["runs"])
+    # the report and its charts are on disk
+    report = Path(doc["summary"]["report"])
+    assert report.is_file() and "acme-healthy" in report.read_text()
+    assert all((report.parent / f"{r}.png").stat().st_size > 5000 for r in runs)
+    # the log holds the whole story: every run's state changes are on the append-only topic
+    log = EmbeddedLog(out / "log", readonly=True)
+    log.open_sync()
+    changed = {e.run_id for e in log.iter_events(["runwatch.run-states"])
+               if isinstance(e, RunStateChanged)}  # fmt: skip
+    assert changed == set(runs)
