@@ -124,7 +124,7 @@ class Orchestrator:
         checkpoints = ckpt.list_checkpoints(self.runs / run_id / "checkpoints")
         if not checkpoints:
             return None
-        newest = checkpoints[-1]
+        newest = checkpoints[0]  # newest step first
 
         def drop_moments(parts: dict[str, Any]) -> dict[str, Any]:
             parts["optimizer"]["state"] = {}
