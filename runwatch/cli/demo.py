@@ -28,6 +28,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--parallel", type=int, default=2, help="trainers at once")
     parser.add_argument("--only", action="append", help="run only these run ids")
     parser.add_argument("--json", action="store_true", help="print the final table as JSON")
+    parser.add_argument(
+        "--kafka",
+        nargs="?",
+        const="auto",
+        metavar="BOOTSTRAP",
+        help="run the plane on a real Kafka broker with the faust-hosted processors "
+        "(no value: $KAFKA_BOOTSTRAP_SERVERS, `runwatch kafka up`, or a JVM broker of "
+        "the demo's own)",
+    )
 
 
 def run(args: argparse.Namespace, term: Terminal) -> int:
@@ -37,6 +46,11 @@ def run(args: argparse.Namespace, term: Terminal) -> int:
     from runwatch.demo.report import rows, write_report
     from runwatch.demo.scenarios import scenarios
 
+    if args.kafka:
+        import logging
+
+        # aiokafka logs every coordinator re-discovery at ERROR; the demo's output is ours
+        logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
     out = Path(args.out)
     chosen = [s for s in scenarios(args.short) if not args.only or s.run_id in args.only]
     if not chosen:
@@ -52,7 +66,29 @@ def run(args: argparse.Namespace, term: Terminal) -> int:
     started = time.monotonic()
     term.progress(f"runwatch demo: {len(chosen)} runs, 2 tenants, log at {log_dir}")
 
-    plane = EmbeddedPlane(log_dir)
+    broker = None
+    if args.kafka:
+        from dataclasses import replace
+
+        from runwatch import settings
+        from runwatch.demo.kafka_plane import KafkaPlane
+
+        bootstrap = settings.kafka_bootstrap(None if args.kafka == "auto" else args.kafka)
+        if bootstrap is None:
+            from runwatch.broker.provision import start_jvm
+
+            term.progress("starting a Kafka broker of the demo's own (JVM, KRaft) ...")
+            broker = start_jvm()
+            bootstrap = broker.bootstrap
+        else:
+            # a shared broker may hold an earlier demo's runs: give these runs fresh ids
+            tag = time.strftime("%H%M%S")
+            chosen = [replace(s, run_id=f"{s.run_id}-{tag}") for s in chosen]
+        term.progress(f"plane on Kafka at {bootstrap}: faust worker + projections follower")
+        plane = KafkaPlane(log_dir, bootstrap, out)
+        plane.watch_runs([s.run_id for s in chosen])
+    else:
+        plane = EmbeddedPlane(log_dir)
     last_tick = [0.0]
 
     def show(events: list) -> None:  # type: ignore[type-arg]
@@ -73,8 +109,27 @@ def run(args: argparse.Namespace, term: Terminal) -> int:
             last_tick[0] = time.monotonic()
             show(plane.tick())
 
-    outcomes = Orchestrator(out, log_dir, term.progress, args.parallel).run_all(chosen, tick)
-    show(plane.tick(final=True))
+    report_log = log_dir
+    try:
+        outcomes = Orchestrator(out, log_dir, term.progress, args.parallel).run_all(chosen, tick)
+        if args.kafka:
+            term.progress("  waiting for the processors and projections on Kafka to settle ...")
+        show(plane.tick(final=True))
+        if args.kafka:
+            # the auditor's copy: every topic of the broker, as an embedded log
+            import asyncio
+
+            from events.topics import TOPICS
+            from runwatch.cli.log import export
+
+            report_log = out / "kafka-export"
+            asyncio.run(export(plane.bootstrap, sorted(TOPICS), str(report_log)))
+            term.progress(f"  exported the broker's topics to {report_log}")
+    finally:
+        if args.kafka:
+            plane.close()
+        if broker is not None:
+            broker.stop()
     wall = time.monotonic() - started
     table = rows(chosen, outcomes, plane.views, plane.derived)
     alerts = sum(1 for e in plane.derived if isinstance(e, AlertFired))
@@ -85,8 +140,9 @@ def run(args: argparse.Namespace, term: Terminal) -> int:
         "alerts_fired": alerts,
         "state_changes": sum(1 for e in plane.derived if isinstance(e, RunStateChanged)),
         "log": str(log_dir),
+        "backend": f"kafka {args.kafka}" if args.kafka else "embedded",
     }
-    report = write_report(out / "report", table, log_dir, summary)
+    report = write_report(out / "report", table, report_log, summary)
     summary["report"] = str(report)
     if args.json:
         term.json({"summary": summary, "runs": [r.as_dict() for r in table]})

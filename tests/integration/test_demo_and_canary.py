@@ -74,3 +74,41 @@ def test_short_demo_ends_in_the_expected_states(tmp_path: Path) -> None:
     changed = {e.run_id for e in log.iter_events(["runwatch.run-states"])
                if isinstance(e, RunStateChanged)}  # fmt: skip
     assert changed == set(runs)
+
+
+def test_replay_of_the_demo_log_reproduces_its_alerts_byte_for_byte(tmp_path: Path) -> None:
+    out = tmp_path / "demo"
+    proc = _runwatch("demo", "--short", "--json", "--out", str(out), "--only",
+                     "globex-oversized-lr", "--only", "acme-healthy")  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    log = EmbeddedLog(out / "log", readonly=True)
+    log.open_sync()
+    live = [r.value for r in log.read_sync("runwatch.alerts")]
+    assert live, "the oversized-LR run must have alerted"
+    replayed = _runwatch("replay", str(out / "log"), "--json")
+    assert replayed.returncode == 0, replayed.stderr[-2000:]
+    alert_lines = [
+        line.encode() for line in replayed.stdout.splitlines() if '"type":"Alert' in line
+    ]
+    assert alert_lines == live
+
+
+@pytest.mark.kafka
+def test_demo_on_kafka_with_the_faust_hosted_processors(
+    tmp_path: Path, kafka_bootstrap: str
+) -> None:
+    proc = _runwatch("demo", "--short", "--json", "--out", str(tmp_path / "demo"),
+                     "--kafka", kafka_bootstrap,
+                     "--only", "acme-healthy", "--only", "globex-oversized-lr")  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    doc = json.loads(proc.stdout)
+    runs = {r["run_id"].rsplit("-", 1)[0]: r for r in doc["runs"]}  # ids carry a tag
+    assert runs["acme-healthy"]["state"] == "SUCCEEDED"
+    assert runs["globex-oversized-lr"]["state"] == "FAILED"
+    assert "kl_blowup" in runs["globex-oversized-lr"]["alerts"]
+    assert doc["summary"]["backend"].startswith("kafka")
+    # the auditor's export of the broker holds the derived facts too
+    export = EmbeddedLog(tmp_path / "demo" / "kafka-export", readonly=True)
+    export.open_sync()
+    assert export.end_offset_sync("runwatch.alerts") >= 1
+    assert export.end_offset_sync("runwatch.run-states") >= 1

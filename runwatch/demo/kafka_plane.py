@@ -1,0 +1,192 @@
+"""The plane on a real Kafka broker: what ``runwatch demo --kafka`` runs.
+
+- Trainers write to their local spool (an embedded log) as always; the shipper
+  (:mod:`producers.shipper`) forwards every record to Kafka with acks=all.
+- The stream processors run as a real faust-streaming worker process
+  (``runwatch process --kafka``), reading and writing Kafka topics.
+- The projections follow Kafka (:func:`projections.feed.follow`) into an in-memory read
+  model and publish their derived events (run states, usage) back to Kafka.
+
+Everything runs on one asyncio loop on a background thread; :meth:`KafkaPlane.tick`
+hands the events derived since the last call to the caller's thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from events.codec import decode
+from events.envelope import EventBase
+from events.log.embedded import EmbeddedLog
+from events.log.kafka import KafkaLog
+from producers.shipper import ship_once
+from projections.engine import ProjectionEngine
+from projections.feed import follow
+from projections.store import InMemoryReadModel
+from projections.views import RunView
+
+SHIPPED_TOPICS = (
+    "runwatch.lifecycle",
+    "runwatch.telemetry",
+    "runwatch.rewards",
+    "runwatch.checkpoints",
+    "runwatch.traces",
+)
+
+
+class KafkaPlane:
+    def __init__(self, log_dir: Path, bootstrap: str, out: Path) -> None:
+        self.spool = EmbeddedLog(log_dir)
+        self.spool.open_sync()
+        self.bootstrap = bootstrap
+        self.out = out
+        self.demo_id = uuid.uuid4().hex[:8]
+        self.engine = ProjectionEngine(InMemoryReadModel())
+        self.derived: list[EventBase] = []
+        self.records = 0
+        self._inbox: queue.Queue[EventBase] = queue.Queue()
+        self._loop = asyncio.new_event_loop()
+        self._stop: asyncio.Event | None = None
+        self._ready = threading.Event()
+        self._errors: list[BaseException] = []
+        self._last_activity = time.monotonic()
+        self._worker = self._start_worker()
+        self._thread = threading.Thread(target=self._run, daemon=True, name="kafka-plane")
+        self._thread.start()
+        if not self._ready.wait(60):
+            raise RuntimeError(f"could not connect to Kafka at {bootstrap}")
+        if self._errors:
+            raise RuntimeError(f"Kafka plane failed: {self._errors[0]!r}")
+
+    # -- the faust worker process ---------------------------------------------------------
+
+    def _start_worker(self) -> subprocess.Popen[bytes]:
+        logs = self.out / "process-logs"
+        logs.mkdir(parents=True, exist_ok=True)
+        argv = [sys.executable, "-m", "runwatch.cli.main", "process", "--kafka",
+                self.bootstrap, "--app-id", f"runwatch-demo-{self.demo_id}"]  # fmt: skip
+        return subprocess.Popen(
+            argv,
+            stdout=open(logs / "faust-worker.out", "ab"),
+            stderr=open(logs / "faust-worker.err", "ab"),
+            start_new_session=True,
+        )
+
+    # -- the loop thread -------------------------------------------------------------------
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self._loop)
+        try:
+            self._loop.run_until_complete(self._main())
+        except BaseException as exc:  # reported to the caller's thread
+            self._errors.append(exc)
+            self._ready.set()
+
+    async def _main(self) -> None:
+        self._stop = asyncio.Event()
+        kafka = KafkaLog(self.bootstrap, client_id=f"runwatch-demo-{self.demo_id}")
+        await kafka.start()
+        self._ready.set()
+        try:
+            await asyncio.gather(
+                self._ship(kafka),
+                self._watch_alerts(kafka),
+                follow(
+                    kafka, self.engine, self._stop,
+                    group_id=f"runwatch-demo-projections-{self.demo_id}",
+                    publish_to=kafka, settle_s=3.0, on_batch=self._on_projected,
+                ),
+            )  # fmt: skip
+        finally:
+            await kafka.close()
+
+    async def _ship(self, kafka: KafkaLog) -> None:
+        assert self._stop is not None
+        while not self._stop.is_set():
+            n = await ship_once(self.spool, kafka, SHIPPED_TOPICS)
+            if n:
+                self.records += n
+                self._last_activity = time.monotonic()
+            await asyncio.sleep(0.3)
+
+    async def _watch_alerts(self, kafka: KafkaLog) -> None:
+        assert self._stop is not None
+        consumer = await kafka.consumer(f"runwatch-demo-alerts-{self.demo_id}",
+                                        ["runwatch.alerts"])  # fmt: skip
+        try:
+            while not self._stop.is_set():
+                for rec in await consumer.poll(500, timeout_s=0.3):
+                    ev = decode(rec.value)
+                    if isinstance(ev, EventBase) and ev.run_id in self._runs:
+                        self._inbox.put(ev)
+                        self._last_activity = time.monotonic()
+        finally:
+            await consumer.close()
+
+    def _on_projected(self, n_records: int, derived: list[EventBase]) -> None:
+        for ev in derived:
+            if ev.type != "TenantUsageUpdated":
+                self._inbox.put(ev)
+        if derived:
+            self._last_activity = time.monotonic()
+
+    # -- the caller's side -------------------------------------------------------------------
+
+    _runs: frozenset[str] = frozenset()
+
+    def watch_runs(self, run_ids: list[str]) -> None:
+        """Show alerts of these runs only (a shared broker may hold other runs)."""
+        self._runs = frozenset(run_ids)
+
+    def tick(self, final: bool = False) -> list[EventBase]:
+        if self._errors:
+            raise RuntimeError(f"Kafka plane failed: {self._errors[0]!r}")
+        if final:
+            self._settle()
+        out: list[EventBase] = []
+        while True:
+            try:
+                out.append(self._inbox.get_nowait())
+            except queue.Empty:
+                break
+        self.derived.extend(out)
+        return out
+
+    def _settle(self, quiet_s: float = 8.0, timeout_s: float = 180.0) -> None:
+        """Wait until the spool is shipped and the processors and projections went quiet,
+        then stop the loop and the faust worker."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if time.monotonic() - self._last_activity >= quiet_s and not self.engine.held:
+                break
+            time.sleep(0.5)
+        if self._stop is not None:
+            self._loop.call_soon_threadsafe(self._stop.set)
+        self._thread.join(30)
+        self.close()
+
+    def close(self) -> None:
+        if self._worker.poll() is None:
+            os.killpg(self._worker.pid, signal.SIGTERM)
+            try:
+                self._worker.wait(20)
+            except subprocess.TimeoutExpired:
+                os.killpg(self._worker.pid, signal.SIGKILL)
+                self._worker.wait()
+
+    @property
+    def views(self) -> dict[str, RunView]:
+        return self.engine.views
+
+    def stats(self) -> dict[str, Any]:
+        return {"shipped": self.records, "demo_id": self.demo_id}
