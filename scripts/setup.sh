@@ -16,9 +16,12 @@ if [ ! -x "$venv/bin/python" ]; then
   "$py" -m venv "$venv"
   "$venv/bin/pip" install -q --upgrade pip
 fi
-# Re-install only when the dependency list changed (a stamp keyed on pyproject.toml).
-stamp="$venv/.runwatch-deps-$(sha256sum "$here/pyproject.toml" | cut -c1-16)"
-if [ ! -f "$stamp" ] || ! "$venv/bin/python" -c "import runwatch, events" 2>/dev/null; then
+# Re-install only when the dependency list or the checkout changed: the stamp is keyed on
+# pyproject.toml and on this checkout's path (the editable install must point here, not
+# at another clone that shares the cached environment).
+key="$( (cat "$here/pyproject.toml"; echo "$here") | sha256sum | cut -c1-16)"
+stamp="$venv/.runwatch-deps-$key"
+if [ ! -f "$stamp" ] || ! (cd / && "$venv/bin/python" -c "import runwatch, events" 2>/dev/null); then
   echo "setup: installing runwatch and its dependencies into $venv"
   "$venv/bin/pip" install -q -e "$here[dev,torch]"
   rm -f "$venv"/.runwatch-deps-*
