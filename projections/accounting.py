@@ -10,6 +10,11 @@ ordered on one partition and the output cannot depend on topic interleaving.
   beyond every step committed before; steps recomputed after a resume are progress
   already paid for, so they add cost but not committed steps.
 - Spend = GPU-seconds x per-pool price + tokens x per-million price (``prices.yaml``).
+- Duplicates are never billed twice: a :class:`~events.UsageRecorded` whose ``seq`` is
+  not beyond the last one billed from the same ``producer`` is a redelivery (a retry, a
+  re-shipped spool tail, a history imported twice) and is ignored. Assumption (DESIGN's
+  envelope): ``seq`` is monotonic per producer name, across restarts (a resumed trainer
+  continues its sequence).
 
 On every committed step the fold emits :class:`~events.TenantUsageUpdated` with the
 running totals (id: uuid5 of the step event). Per-tenant aggregates are sums over runs,
@@ -42,6 +47,8 @@ class RunUsage:
     tokens_trained: int = 0
     committed_steps: int = 0
     last_committed_step: int = -1
+    #: (producer, last billed seq) of every producer that metered this run
+    billed_seq: tuple[tuple[str, int], ...] = ()
 
     def by_pool(self) -> tuple[tuple[str, float], ...]:
         return (
@@ -102,6 +109,10 @@ class AccountingFold:
     def apply(self, state: RunUsage, event: EventBase) -> tuple[RunUsage, Sequence[EventBase]]:
         t = type(event)
         if t is UsageRecorded:
+            billed = dict(state.billed_seq)
+            if event.seq <= billed.get(event.producer, -1):
+                return state, ()  # a redelivered or replayed usage fact: billed already
+            billed[event.producer] = event.seq
             fleet = event.pool == "rollout_fleet"
             seconds = event.gpu_seconds
             return RunUsage(
@@ -114,6 +125,7 @@ class AccountingFold:
                 state.tokens_trained + event.tokens_trained,
                 state.committed_steps,
                 state.last_committed_step,
+                tuple(sorted(billed.items())),
             ), ()
         if (
             t is not TrainerStepCompleted
@@ -131,6 +143,7 @@ class AccountingFold:
             state.tokens_trained,
             state.committed_steps + 1,
             event.step,
+            state.billed_seq,
         )
         return state, (self.update_event(state, event),)
 
@@ -159,4 +172,5 @@ class AccountingFold:
     def load_state(self, raw: bytes) -> RunUsage:
         doc: dict[str, Any] = json.loads(raw)
         doc["gpu_seconds_by_phase"] = tuple(tuple(p) for p in doc["gpu_seconds_by_phase"])
+        doc["billed_seq"] = tuple(tuple(p) for p in doc.get("billed_seq", ()))
         return RunUsage(**doc)

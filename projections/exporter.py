@@ -26,7 +26,7 @@ from prometheus_client.core import (
 from prometheus_client.registry import CollectorRegistry
 
 from projections.run_state import TERMINAL
-from projections.store import ReadModel, tenant_totals
+from projections.store import ReadModel
 from projections.views import PHASE_BUCKETS, RunView
 
 OTHER = "other"
@@ -44,11 +44,21 @@ STATES = (
 
 
 def bounded_tenants(views: list[RunView], top: int) -> dict[str, str]:
-    """tenant -> label: the ``top`` tenants by spend (ties by name) keep their id."""
-    totals = tenant_totals(views)
-    ranked = sorted(totals, key=lambda t: (-t["spend_usd"], t["tenant_id"]))
-    keep = {t["tenant_id"] for t in ranked[:top]}
-    return {t["tenant_id"]: t["tenant_id"] if t["tenant_id"] in keep else OTHER for t in totals}
+    """tenant -> label: the first ``top`` tenants to appear (by their earliest run's event
+    time, ties by name) keep their id; later ones are summed under ``other``.
+
+    Why first appearance and not top spend: the tenant families are counters, and a
+    ranking that changes between scrapes would move a tenant's total into or out of
+    ``other`` — a counter going down, which ``rate()`` reads as a reset. A new tenant
+    only ever arrives after the labelled ones, so every series here only grows."""
+    first_seen: dict[str, float] = {}
+    for v in views:
+        ts = v.created_ts if v.created_ts is not None else v.updated_ts
+        if v.tenant_id not in first_seen or ts < first_seen[v.tenant_id]:
+            first_seen[v.tenant_id] = ts
+    ranked = sorted(first_seen, key=lambda t: (first_seen[t], t))
+    keep = set(ranked[:top])
+    return {t: t if t in keep else OTHER for t in first_seen}
 
 
 class ProjectionCollector:

@@ -219,6 +219,7 @@ def write_checkpoint(
         before_publish()
     os.replace(tmp, directory / META)
     _fsync_dir(directory)
+    _fsync_dir(directory.parent)  # the new step directory's own entry, before we announce it
     t5 = time.perf_counter()
     info = _info(directory, meta)
     return SaveResult(info, t1 - t0, (t2b - t2) + (t4 - t3), (t2 - t1) + (t5 - t4), t5 - t0)

@@ -253,6 +253,17 @@ class ResumeGate:
                 rejections.append((name, "missing", detail))
                 reason = "fall back after missing metrics"
                 continue
+            if info_step == self.last and cand is not None and self.last > 0:
+                # nothing recorded after this checkpoint: an empty overlap window proves
+                # nothing (a state part could be lost), so verify from the one before
+                detail = (
+                    f"no recorded step after checkpoint step {info_step}: an empty overlap "
+                    "window cannot certify it"
+                )
+                self._reject(name, info_step, "no_overlap", detail, older_name)
+                rejections.append((name, "no_overlap", detail))
+                reason = f"fall back after {name} had no overlap window"
+                continue
             self.say(f"replaying steps {info_step + 1}..{self.last} from {name}")
             t0 = time.perf_counter()
             worst = 0.0

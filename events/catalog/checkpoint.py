@@ -14,7 +14,8 @@ class _Checkpoint(EventBase):
 class CheckpointWritten(_Checkpoint):
     """Published only after the checkpoint's metadata was renamed into place.
 
-    ``sentinels``: part name -> sha256 of that part; ``pins``: pin name -> value
+    ``sentinels``: part name -> digest of that part, algorithm-prefixed (``crc32:…``,
+    ``sha256:…``); ``pins``: pin name -> value
     (reward-function digest, KL-reference weights hash, dataset revision).
     """
 
@@ -50,12 +51,15 @@ class ResumeCertified(_Checkpoint):
 
 class ResumeRejected(_Checkpoint):
     """Resume refused. ``reason`` is a code (schema_mismatch, corrupt, pin_mismatch,
-    deviation); ``fell_back_to`` names the older checkpoint tried next, if any."""
+    deviation, missing, no_overlap: nothing was recorded after the checkpoint, so its
+    state cannot be verified); ``fell_back_to`` names the older checkpoint tried next."""
 
     type: Literal["ResumeRejected"] = "ResumeRejected"
     checkpoint_path: str
     checkpoint_step: int
-    reason: Literal["schema_mismatch", "corrupt", "pin_mismatch", "deviation", "missing"]
+    reason: Literal[
+        "schema_mismatch", "corrupt", "pin_mismatch", "deviation", "missing", "no_overlap"
+    ]
     detail: str
     max_deviation: float | None = None
     fell_back_to: str | None = None

@@ -9,8 +9,13 @@ Semantics:
 - Every topic has one partition (0), so a topic is totally ordered.
 - Reading several topics merges them by append time (``timestamp_ns``, strictly
   increasing per appending process), ties broken by topic name then offset. For one
-  appending process this is exactly the order it appended in; the merge is deterministic,
-  so a replay of a copied log sees the same order every time.
+  appending process this is exactly the order it appended in (a multi-topic batch is
+  stamped in the caller's order before it is split by topic); the merge is
+  deterministic, so a replay of a copied log sees the same order every time.
+  Assumption: a live reader tailing several topics can see a later-stamped record of one
+  topic before an earlier-stamped record of another becomes visible (stamps are taken
+  under per-topic locks); hosts that need cross-topic order hold back as the projection
+  engine's terminal barrier does, and a replay of the finished log is exact.
 - Consumer groups store their committed positions in ``_groups/<group>.json``, written
   atomically (temp file, fsync, rename).
 - Opening a log writable (:meth:`EmbeddedLog.open_sync`) recovers every topic: a torn or
@@ -33,7 +38,13 @@ from events.codec import decode, encode
 from events.dead_letter import DeadLetter
 from events.envelope import EventBase
 from events.log.base import Appended, LogBackend, LogConsumer, Record
-from events.log.segments import DEFAULT_SEGMENT_BYTES, RawRecord, Recovery, TopicLog
+from events.log.segments import (
+    DEFAULT_SEGMENT_BYTES,
+    RawRecord,
+    Recovery,
+    TopicLog,
+    monotonic_ns,
+)
 from events.topics import TOPICS
 
 GROUPS_DIR = "_groups"
@@ -94,24 +105,31 @@ class EmbeddedLog(LogBackend):
         return tlog
 
     def append_many_sync(
-        self, topic: str, records: Sequence[tuple[bytes | None, bytes]]
+        self,
+        topic: str,
+        records: Sequence[tuple[bytes | None, bytes]],
+        timestamps_ns: Sequence[int] | None = None,
     ) -> list[Appended]:
         if self.readonly:
             raise PermissionError(f"embedded log {self.root} is open read-only")
-        offsets = self._topic(topic).append(records)
+        offsets = self._topic(topic).append(records, timestamps_ns)
         return [Appended(topic, 0, o) for o in offsets]
 
     def append_sync(self, topic: str, key: bytes | None, value: bytes) -> Appended:
         return self.append_many_sync(topic, [(key, value)])[0]
 
     def append_events_sync(self, events: Iterable[EventBase]) -> list[Appended]:
-        """Encode and append events to their topics: one write per topic, order kept."""
-        by_topic: dict[str, list[tuple[bytes | None, bytes]]] = {}
+        """Encode and append events to their topics: one write per topic, and the
+        caller's order kept across topics — every event is stamped in the order given
+        before the batch is split by topic, so the merged read order is the given one."""
+        by_topic: dict[str, tuple[list[tuple[bytes | None, bytes]], list[int]]] = {}
         for ev in events:
-            by_topic.setdefault(type(ev).TOPIC, []).append((ev.key(), encode(ev)))
+            records, stamps = by_topic.setdefault(type(ev).TOPIC, ([], []))
+            records.append((ev.key(), encode(ev)))
+            stamps.append(monotonic_ns())
         out: list[Appended] = []
-        for topic, records in by_topic.items():
-            out.extend(self.append_many_sync(topic, records))
+        for topic, (records, stamps) in by_topic.items():
+            out.extend(self.append_many_sync(topic, records, stamps))
         return out
 
     def end_offset_sync(self, topic: str) -> int:
@@ -177,6 +195,11 @@ class EmbeddedLog(LogBackend):
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, final)
+        fd = os.open(directory, os.O_RDONLY)  # the rename itself survives a power loss
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
     # -- the async LogBackend interface ---------------------------------------------------
 

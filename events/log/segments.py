@@ -63,6 +63,14 @@ def monotonic_ns() -> int:
     return _last_ns
 
 
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def frame(key: bytes | None, value: bytes, timestamp_ns: int) -> bytes:
     """The bytes of one record."""
     key_bytes = b"" if key is None else key
@@ -288,10 +296,20 @@ class TopicLog:
             break
         return found
 
-    def append(self, records: Sequence[tuple[bytes | None, bytes]]) -> list[int]:
-        """Append records in one write under the lock; their offsets once durable."""
+    def append(
+        self,
+        records: Sequence[tuple[bytes | None, bytes]],
+        timestamps_ns: Sequence[int] | None = None,
+    ) -> list[int]:
+        """Append records in one write under the lock; their offsets once durable.
+
+        ``timestamps_ns``: the records' append times when the caller stamped them (a
+        multi-topic batch stamped in the caller's order; an export keeping the source's
+        times); default: now, per record."""
         if not records:
             return []
+        if timestamps_ns is not None and len(timestamps_ns) != len(records):
+            raise ValueError("one timestamp per record")
         with self._locked():
             self.refresh()
             self._cut_bad_tail()  # only a crashed writer leaves one; we hold the lock
@@ -299,14 +317,16 @@ class TopicLog:
                 base = self.end_offset
                 path = self.dir / f"{base:020d}{SEGMENT_SUFFIX}"
                 path.touch()
+                _fsync_dir(self.dir)  # the new segment's directory entry is durable too
                 self._segments.append(_Segment(base=base, path=path))
             seg = self._segments[-1]
             first = seg.base + seg.count
             parts, index, size, count = [], [], seg.size, seg.count
-            for key, value in records:
+            for i, (key, value) in enumerate(records):
                 if count % INDEX_EVERY == 0:
                     index.append((seg.base + count, size))
-                data = frame(key, value, monotonic_ns())
+                ts = monotonic_ns() if timestamps_ns is None else timestamps_ns[i]
+                data = frame(key, value, ts)
                 parts.append(data)
                 size += len(data)
                 count += 1

@@ -99,6 +99,8 @@ def build_router(host: ServingHost) -> APIRouter:
             return {"batch": None}
         assert isinstance(result, TrajectoryBatchServed)
         try:
+            if await request.is_disconnected():  # nobody to deliver to: give the groups back
+                raise ConnectionAbortedError("client went away before its batch was ready")
             body = view.batch_body(result.group_ids)
             headers = {"Vary": "Accept-Encoding"}
             commit = host.append(

@@ -90,33 +90,37 @@ def _export(args: argparse.Namespace, term: Terminal) -> int:
     return 0
 
 
-async def export(bootstrap: str, topics: list[str], to: str, batch: int = 5000) -> dict[str, int]:
-    """Copy ``topics`` from Kafka into the embedded log at ``to``; records per topic."""
+async def export(bootstrap: str, topics: list[str], to: str) -> dict[str, int]:
+    """Copy ``topics`` from Kafka into a new embedded log at ``to``; records per topic.
+
+    Every record keeps its key, bytes and Kafka timestamp (as the embedded append time,
+    made strictly increasing in merged order), so a replay of the export folds the topics
+    in the order the broker recorded them. Each partition's own order is kept exactly.
+    Refuses a ``to`` that already holds a log (an export twice would duplicate it).
+    """
     from events.log.kafka import KafkaLog  # lazily: aiokafka only for export
 
     target = EmbeddedLog(to)
+    if target.topic_names():
+        raise Abort(f"{to} already holds an embedded log; export into a new directory")
     target.open_sync()
-    counts: dict[str, int] = {}
+    streams = []
     async with KafkaLog(bootstrap) as kafka:
         for topic in topics:
-            per_partition = []
             for p in await kafka.partitions(topic):
-                per_partition.append([r async for r in kafka.read(topic, p, 0, until_end=True)])
-            merged = heapq.merge(
-                *per_partition, key=lambda r: (r.timestamp_ms, r.partition, r.offset)
-            )
-            pending: list[tuple[bytes | None, bytes]] = []
-            n = 0
-            for rec in merged:
-                pending.append((rec.key, rec.value))
-                if len(pending) >= batch:
-                    target.append_many_sync(topic, pending)
-                    n += len(pending)
-                    pending = []
-            if pending:
-                target.append_many_sync(topic, pending)
-                n += len(pending)
-            counts[topic] = n
+                streams.append([r async for r in kafka.read(topic, p, 0, until_end=True)])
+    merged = heapq.merge(*streams, key=lambda r: (r.timestamp_ms, r.topic, r.partition, r.offset))
+    by_topic: dict[str, tuple[list[tuple[bytes | None, bytes]], list[int]]] = {}
+    last_ns = 0
+    for rec in merged:
+        last_ns = max(rec.timestamp_ms * 1_000_000, last_ns + 1)
+        records, stamps = by_topic.setdefault(rec.topic, ([], []))
+        records.append((rec.key, rec.value))
+        stamps.append(last_ns)
+    counts = {topic: 0 for topic in topics}
+    for topic, (records, stamps) in by_topic.items():
+        target.append_many_sync(topic, records, stamps)
+        counts[topic] = len(records)
     return counts
 
 

@@ -178,3 +178,20 @@ def test_merged_records_carry_their_own_topic(tmp_path):
     log.append_events_sync(events)
     for rec in log.iter_records():
         assert rec.topic == type(decode(rec.value)).TOPIC
+
+
+def test_a_multi_topic_batch_reads_back_in_the_order_it_was_given(tmp_path):
+    """One emitter flush holds lifecycle and telemetry events interleaved: the merged
+    read order must be the caller's, not one topic after the other."""
+    from events import RunCompleted, RunStarted
+
+    log = EmbeddedLog(tmp_path)
+    log.open_sync()
+    batch = [
+        sample(RunStarted, 0),
+        sample(TrainerStepCompleted, 1),
+        sample(TrainerStepCompleted, 2),
+        sample(RunCompleted, 3),
+    ]
+    log.append_events_sync(batch)
+    assert [e.type for e in log.iter_events()] == [e.type for e in batch]

@@ -53,6 +53,24 @@ def test_accounting_splits_pools_and_phases_and_prices_committed_steps():
     assert fold.load_state(fold.dump_state(state)) == state
 
 
+def test_a_redelivered_usage_fact_is_not_billed_twice():
+    """Duplicates (a retry, a re-shipped spool tail, a re-import) carry the same producer
+    and seq: the second copy costs nothing."""
+    fold = AccountingFold(PRICES)
+    f = RunFactory()
+    usage = f.ev(UsageRecorded, 1, pool="trainer", phase="optim", gpu_seconds=10.0)
+    other = f.ev(UsageRecorded, 1, pool="trainer", phase="optim", gpu_seconds=1.0,
+                 producer="rollout-worker-3")  # fmt: skip
+    state = fold.initial()
+    for ev in (usage, other, usage, other, usage):
+        state, _ = fold.apply(state, ev)
+    assert state.gpu_seconds_trainer == 11.0
+    later = f.ev(UsageRecorded, 2, pool="trainer", phase="optim", gpu_seconds=5.0)
+    state, _ = fold.apply(state, later)
+    assert state.gpu_seconds_trainer == 16.0
+    assert fold.load_state(fold.dump_state(state)) == state
+
+
 def _store(events):
     store = InMemoryReadModel()
     engine = ProjectionEngine(store, prices=PRICES)
@@ -99,6 +117,35 @@ def test_tenant_labels_are_bounded_and_sums_are_kept():
     for m in registry.collect():
         for s in m.samples:
             assert "run_id" not in s.labels
+
+
+def test_tenant_counters_never_move_between_labels_as_spend_changes():
+    """A late big spender must not push an earlier tenant's total into ``other`` (a
+    counter that goes down reads as a reset to ``rate()``)."""
+    early = list(synth_run("r1", "acme", "success", steps=10)) + list(
+        synth_run("r2", "beta", "success", steps=10)
+    )
+    late = list(synth_run("r3", "zeta", "success", steps=200))
+    late = [e.model_copy(update={"ts": e.ts + 1e6}) for e in late]
+    store = _store(early)
+    registry = make_registry(store, top_tenants=2)
+
+    def spend() -> dict[str, float]:
+        return {
+            s.labels["tenant"]: s.value
+            for m in registry.collect()
+            if m.name == "runwatch_tenant_spend_usd"
+            for s in m.samples
+        }
+
+    before = spend()
+    engine = ProjectionEngine(store, prices=PRICES)
+    engine.process_events((type(e).TOPIC, 0, e) for e in late)
+    engine.release_held()
+    engine.checkpoint()
+    after = spend()
+    assert set(before) == {"acme", "beta"} and set(after) == {"acme", "beta", OTHER}
+    assert all(after[t] >= v for t, v in before.items())  # no series went down
 
 
 def test_exporter_never_raises_on_a_broken_read_model():
