@@ -21,6 +21,10 @@ acks=all, before the 200; batches committed on the log). The reference runs as
 fastapi uvicorn pydantic``). Goals: push >= 2x reference, /batch p99 <= 30 ms,
 RSS <= 300 MB.
 
+Besides one runwatch instance, ``--instances`` (default 2) runwatch instances of one
+buffer are measured too, the client spreading pushes round-robin as a load balancer in
+front of them would (the trainer drains through one of them).
+
 Usage: ``python benchmarks/trajectory_api.py [--bootstrap HOST:PORT] [--groups N]``
 (without ``--bootstrap`` a broker is provisioned as the tests do, and stopped after).
 """
@@ -32,6 +36,7 @@ import asyncio
 import json
 import os
 import random
+import shutil
 import signal
 import socket
 import subprocess
@@ -131,15 +136,16 @@ def wait_up(url: str, proc: subprocess.Popen[bytes], timeout_s: float = 300.0) -
     raise RuntimeError(f"server at {url} did not come up")
 
 
-async def push(url: str, bodies: list[bytes], concurrency: int) -> float:
-    queue: asyncio.Queue[bytes] = asyncio.Queue()
-    for b in bodies:
-        queue.put_nowait(b)
+async def push(urls: list[str], bodies: list[bytes], concurrency: int) -> float:
+    """Push every body; request i goes to ``urls[i % len(urls)]`` (a round-robin balancer)."""
+    queue: asyncio.Queue[tuple[str, bytes]] = asyncio.Queue()
+    for i, b in enumerate(bodies):
+        queue.put_nowait((urls[i % len(urls)], b))
     headers = {"Content-Type": "application/json"}
 
     async def worker(client: httpx.AsyncClient) -> None:
         while not queue.empty():
-            body = queue.get_nowait()
+            url, body = queue.get_nowait()
             while True:
                 r = await client.post(url + "/scored_data_list", content=body, headers=headers)
                 if r.status_code == 503:
@@ -196,24 +202,33 @@ def register(url: str, batch_size: int) -> None:
     httpx.post(url + "/register", json=body, timeout=30.0).raise_for_status()
 
 
-def run_server(
-    name: str, cmd: list[str], url: str, args: argparse.Namespace, bodies: list[bytes]
+def run_servers(
+    name: str,
+    cmds: list[list[str]],
+    urls: list[str],
+    args: argparse.Namespace,
+    bodies: list[bytes],
 ) -> Result:
+    """Start one process per command (instances of one buffer), push round-robin across
+    them, drain through the first; RSS is the largest instance's peak."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, start_new_session=True)
+    procs = [subprocess.Popen(c, cwd=ROOT, env=env, start_new_session=True) for c in cmds]
     try:
-        wait_up(url, proc)
-        register(url, args.batch_groups * args.seqs)
-        push_s = asyncio.run(push(url, bodies, args.concurrency))
-        latencies, served, dups = drain(url, args.groups, args.seqs)
-        rss = peak_rss_mb(proc.pid)
+        for url, proc in zip(urls, procs):
+            wait_up(url, proc)
+        register(urls[0], args.batch_groups * args.seqs)
+        push_s = asyncio.run(push(urls, bodies, args.concurrency))
+        latencies, served, dups = drain(urls[0], args.groups, args.seqs)
+        rss = max(peak_rss_mb(p.pid) for p in procs)
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        for proc in procs:
+            os.killpg(proc.pid, signal.SIGTERM)
+        for proc in procs:
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
     return Result(name, push_s, sum(map(len, bodies)), args.groups, latencies, served, dups, rss)
 
 
@@ -226,6 +241,12 @@ def main() -> int:
     ap.add_argument("--per-request", type=int, default=25)
     ap.add_argument("--concurrency", type=int, default=4)
     ap.add_argument("--batch-groups", type=int, default=8)
+    ap.add_argument(
+        "--instances",
+        type=int,
+        default=2,
+        help="also measure this many runwatch instances on one buffer (pushes round-robin)",
+    )
     ap.add_argument("--atropos-python", default=str(DEFAULT_ATROPOS_PY))
     ap.add_argument("--only", choices=["runwatch", "reference"])
     ap.add_argument("--json", action="store_true")
@@ -246,20 +267,23 @@ def main() -> int:
         file=sys.stderr,
     )
     results = []
+    scratch = Path(tempfile.mkdtemp(prefix="rw-bench-"))
     try:
         if args.only != "reference":
-            port = free_port()
-            state_dir = tempfile.mkdtemp(prefix="rw-bench-state-")
-            cmd = [
-                sys.executable, "-m", "runwatch.cli.main", "serve", "trajectories",
-                "--port", str(port), "--kafka", bootstrap,
-                "--run-id", f"bench-{uuid.uuid4().hex[:8]}", "--state-dir", state_dir,
-            ]  # fmt: skip
-            results.append(
-                run_server(
-                    "runwatch (Kafka, durable)", cmd, f"http://127.0.0.1:{port}", args, bodies
-                )
-            )
+            for n in sorted({1, args.instances}):
+                run_id = f"bench-{uuid.uuid4().hex[:8]}"
+                cmds, urls = [], []
+                for i in range(n):
+                    port = free_port()
+                    cmds.append([
+                        sys.executable, "-m", "runwatch.cli.main", "serve", "trajectories",
+                        "--port", str(port), "--kafka", bootstrap, "--run-id", run_id,
+                        "--instance", f"bench-{i}",
+                        "--state-dir", str(scratch / f"state-{n}-{i}"),
+                    ])  # fmt: skip
+                    urls.append(f"http://127.0.0.1:{port}")
+                label = "runwatch (Kafka, durable)" + (f" x{n} instances" if n > 1 else "")
+                results.append(run_servers(label, cmds, urls, args, bodies))
         if args.only != "runwatch":
             port = free_port()
             cmd = [
@@ -267,12 +291,10 @@ def main() -> int:
                 "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning",
                 "--no-access-log",
             ]  # fmt: skip
-            results.append(
-                run_server(
-                    "atroposlib 0.4.0 (in-memory)", cmd, f"http://127.0.0.1:{port}", args, bodies
-                )
-            )
+            url = f"http://127.0.0.1:{port}"
+            results.append(run_servers("atroposlib 0.4.0 (in-memory)", [cmd], [url], args, bodies))
     finally:
+        shutil.rmtree(scratch, ignore_errors=True)
         if broker is not None:
             broker.stop()
     rows = [r.row() for r in results]
@@ -284,11 +306,16 @@ def main() -> int:
         print("  ".join(c.ljust(w) for c, w in zip(cols, widths)))
         for r in rows:
             print("  ".join(str(r[c]).ljust(w) for c, w in zip(cols, widths)))
-        if len(rows) == 2:
-            ratio = rows[0]["groups/s"] / rows[1]["groups/s"]
-            print(f"push ratio runwatch/reference: {ratio:.2f}x (goal >= 2x)")
-            print(f"runwatch /batch p99: {rows[0]['batch_p99_ms']} ms (goal <= 30 ms)")
-            print(f"runwatch peak RSS: {rows[0]['peak_rss_mb']} MB (goal <= 300 MB)")
+        ref = next((r for r in rows if str(r["server"]).startswith("atroposlib")), None)
+        for r in rows:
+            if r is ref:
+                continue
+            ratio = f"{r['groups/s'] / ref['groups/s']:.2f}x" if ref else "n/a"
+            print(
+                f"{r['server']}: push {ratio} the reference (goal >= 2x), /batch p99 "
+                f"{r['batch_p99_ms']} ms (goal <= 30), peak RSS {r['peak_rss_mb']} MB "
+                "(goal <= 300)"
+            )
     return 0
 
 

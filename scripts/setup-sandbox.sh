@@ -30,8 +30,9 @@ else
 fi
 
 if [[ -z "${PYTHON:-}" ]]; then
-  if [[ -x "$HOME/.cache/runwatch/venv/bin/python" ]]; then
-    PYTHON="$HOME/.cache/runwatch/venv/bin/python"
+  venv="${RUNWATCH_VENV:-$HOME/.cache/runwatch/venv}"
+  if [[ -x "$venv/bin/python" ]]; then
+    PYTHON="$venv/bin/python"
   else
     PYTHON="$(command -v python3)"
   fi

@@ -29,7 +29,7 @@ if [ ! -f "$stamp" ] || ! (cd / && "$venv/bin/python" -c "import runwatch, event
 fi
 
 # Debian packages for the sandbox (bubblewrap, seccomp) and promtool, when the scripts exist.
-for extra in setup-sandbox.sh setup-prometheus.sh setup-browser.sh; do
+for extra in setup-kafka.sh setup-sandbox.sh setup-prometheus.sh setup-browser.sh; do
   if [ -f "$here/scripts/$extra" ]; then
     bash "$here/scripts/$extra"
   fi

@@ -67,6 +67,10 @@ class IngressHost(Protocol):
     async def append(self, events: Sequence[EventBase], groups: int = 0) -> None: ...
 
 
+#: How long a request waits for the batching processor to fold its event.
+ANSWER_TIMEOUT_S = 30.0
+
+
 def unavailable(message: str, retry_after_s: int = 1) -> Response:
     return JSONResponse(
         {"detail": message}, status_code=503, headers={"Retry-After": str(retry_after_s)}
@@ -109,7 +113,11 @@ def build_router(host: IngressHost) -> APIRouter:
             if (size := host.env_group_size(ev.env_id)) is not None and size != ev.num_sequences
         ]
         await host.append(events, groups=len(events))
-        buffered = [b for b in await asyncio.gather(*waits) if b is not None]
+        try:  # the groups are durable already; the buffer size is only informative
+            answers = await asyncio.wait_for(asyncio.gather(*waits), ANSWER_TIMEOUT_S)
+        except TimeoutError:
+            answers = []
+        buffered = [b for b in answers if b is not None]
         request.state.groups = len(groups)
         request.state.buffered = buffered
         return None
@@ -158,7 +166,10 @@ def build_router(host: IngressHost) -> APIRouter:
         await host.append(
             [TrajectoryEnvRegistered(**host.envelope(), request_id=request_id, **body.model_dump())]
         )
-        return await answer
+        try:
+            return await asyncio.wait_for(answer, ANSWER_TIMEOUT_S)
+        except TimeoutError:  # registered all the same; its id is in /status-env order
+            return unavailable("registration is on the log but not folded yet; retry")
 
     @router.post("/disconnect-env")
     async def disconnect_env(body: EnvIdentifier) -> Any:

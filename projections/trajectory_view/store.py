@@ -164,7 +164,7 @@ class SpillPayloads(PayloadStore):
     def dump_index(self) -> dict[str, object] | None:
         if not self.keep_files:
             return None
-        return {"entries": {gid: list(where) for gid, where in self._index.items()}}
+        return {"entries": dict(self._index)}  # a copy: encoded on another thread
 
     def load_index(self, index: dict[str, object]) -> None:
         """Adopt the entries of a saved index whose bytes are still on disk."""

@@ -165,19 +165,19 @@ class TrajectoryView:
 
     # -- snapshots ------------------------------------------------------------------------
     def dump(self) -> dict[str, Any]:
-        """The view as JSON-able data (payload bytes stay in the store; its index is
-        saved by the host beside this)."""
+        """The view as JSON-able data, copied (safe to encode on another thread while
+        the view moves on). Payload bytes stay in the store; the host saves its index."""
         reg = self.registration
         return {
             "registration": reg.model_dump(mode="json") if reg is not None else None,
             "started": self.started,
             "step": self.step,
-            "envs": self.envs,
-            "env_of_request": self.env_of_request,
-            "queue": self.queue,
-            "reserved": self.reserved,
-            "held": self.held,
-            "buffered": self.buffered,
+            "envs": [dict(e) for e in self.envs],
+            "env_of_request": dict(self.env_of_request),
+            "queue": dict(self.queue),
+            "reserved": dict(self.reserved),
+            "held": dict(self.held),
+            "buffered": dict(self.buffered),
             "latest": self.latest.decode() if self.latest is not None else None,
             "events_seen": self.events_seen,
         }

@@ -173,6 +173,11 @@ class TrajectoryHost:
             where = await self.backend.append_many(TRAJECTORIES_TOPIC, records)
         except BaseException:
             self._appended_groups -= groups
+            for ev in events:  # nothing will answer requests that never reached the log
+                key = getattr(ev, "request_id", None) or getattr(ev, "group_id", None)
+                fut = self._waiters.pop(key, None) if key else None
+                if fut is not None and not fut.done():
+                    fut.cancel()
             raise
         for ev, at in zip(events, where):
             if at.offset >= self.position:  # not folded yet: spare the tail a decode
@@ -299,7 +304,8 @@ class TrajectoryHost:
 
     def _snapshot(self) -> None:
         """Capture fold state, view and payload index at the current record boundary
-        (synchronously, so it is consistent), then write it atomically in a thread."""
+        (synchronously: the fold state is immutable, the view and index are copied, so
+        it is consistent), then encode and write it atomically in a thread."""
         assert self.snapshot_path is not None
         snap = {
             "tenant_id": self.settings.tenant_id,
@@ -307,16 +313,18 @@ class TrajectoryHost:
             "partition": self.partition,
             "offset": self.position,
             "last_crc": zlib.crc32(self._last_value),
-            "fold": self.fold.dump_state(self.state).decode(),
             "view": self.view.dump(),
             "payloads": self.view.payloads.dump_index(),
         }
-        data = json.dumps(snap, separators=(",", ":")).encode()
+        state, path, fold = self.state, self.snapshot_path, self.fold
+
+        def encode_and_write() -> None:
+            snap["fold"] = fold.dump_state(state).decode()
+            _write_atomically(path, json.dumps(snap, separators=(",", ":")).encode())
+
         self._since_snapshot = 0
         self._snapshot_at = asyncio.get_running_loop().time()
-        self._snapshot_task = asyncio.create_task(
-            asyncio.to_thread(_write_atomically, self.snapshot_path, data)
-        )
+        self._snapshot_task = asyncio.create_task(asyncio.to_thread(encode_and_write))
 
     async def _resume(self) -> None:
         """Start from this instance's last snapshot if it belongs to this log: same run,

@@ -66,29 +66,6 @@ def run(args: argparse.Namespace, term: Terminal) -> int:
     started = time.monotonic()
     term.progress(f"runwatch demo: {len(chosen)} runs, 2 tenants, log at {log_dir}")
 
-    broker = None
-    if args.kafka:
-        from dataclasses import replace
-
-        from runwatch import settings
-        from runwatch.demo.kafka_plane import KafkaPlane
-
-        bootstrap = settings.kafka_bootstrap(None if args.kafka == "auto" else args.kafka)
-        if bootstrap is None:
-            from runwatch.broker.provision import start_jvm
-
-            term.progress("starting a Kafka broker of the demo's own (JVM, KRaft) ...")
-            broker = start_jvm()
-            bootstrap = broker.bootstrap
-        else:
-            # a shared broker may hold an earlier demo's runs: give these runs fresh ids
-            tag = time.strftime("%H%M%S")
-            chosen = [replace(s, run_id=f"{s.run_id}-{tag}") for s in chosen]
-        term.progress(f"plane on Kafka at {bootstrap}: faust worker + projections follower")
-        plane = KafkaPlane(log_dir, bootstrap, out)
-        plane.watch_runs([s.run_id for s in chosen])
-    else:
-        plane = EmbeddedPlane(log_dir)
     last_tick = [0.0]
 
     def show(events: list) -> None:  # type: ignore[type-arg]
@@ -110,7 +87,31 @@ def run(args: argparse.Namespace, term: Terminal) -> int:
             show(plane.tick())
 
     report_log = log_dir
+    broker = None
+    plane = None
     try:
+        if args.kafka:
+            from dataclasses import replace
+
+            from runwatch import settings
+            from runwatch.demo.kafka_plane import KafkaPlane
+
+            bootstrap = settings.kafka_bootstrap(None if args.kafka == "auto" else args.kafka)
+            if bootstrap is None:
+                from runwatch.broker.provision import start_jvm
+
+                term.progress("starting a Kafka broker of the demo's own (JVM, KRaft) ...")
+                broker = start_jvm()
+                bootstrap = broker.bootstrap
+            else:
+                # a shared broker may hold an earlier demo's runs: give these runs fresh ids
+                tag = time.strftime("%H%M%S")
+                chosen = [replace(s, run_id=f"{s.run_id}-{tag}") for s in chosen]
+            term.progress(f"plane on Kafka at {bootstrap}: faust worker + projections follower")
+            plane = KafkaPlane(log_dir, bootstrap, out)
+            plane.watch_runs([s.run_id for s in chosen])
+        else:
+            plane = EmbeddedPlane(log_dir)
         outcomes = Orchestrator(out, log_dir, term.progress, args.parallel).run_all(chosen, tick)
         if args.kafka:
             term.progress("  waiting for the processors and projections on Kafka to settle ...")
@@ -126,7 +127,7 @@ def run(args: argparse.Namespace, term: Terminal) -> int:
             asyncio.run(export(plane.bootstrap, sorted(TOPICS), str(report_log)))
             term.progress(f"  exported the broker's topics to {report_log}")
     finally:
-        if args.kafka:
+        if args.kafka and plane is not None:
             plane.close()
         if broker is not None:
             broker.stop()

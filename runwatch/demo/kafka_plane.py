@@ -63,10 +63,10 @@ class KafkaPlane:
         self._worker = self._start_worker()
         self._thread = threading.Thread(target=self._run, daemon=True, name="kafka-plane")
         self._thread.start()
-        if not self._ready.wait(60):
-            raise RuntimeError(f"could not connect to Kafka at {bootstrap}")
-        if self._errors:
-            raise RuntimeError(f"Kafka plane failed: {self._errors[0]!r}")
+        if not self._ready.wait(60) or self._errors:
+            self.close()
+            why = repr(self._errors[0]) if self._errors else "timed out"
+            raise RuntimeError(f"could not start the plane on Kafka at {bootstrap}: {why}")
 
     # -- the faust worker process ---------------------------------------------------------
 
@@ -75,12 +75,11 @@ class KafkaPlane:
         logs.mkdir(parents=True, exist_ok=True)
         argv = [sys.executable, "-m", "runwatch.cli.main", "process", "--kafka",
                 self.bootstrap, "--app-id", f"runwatch-demo-{self.demo_id}"]  # fmt: skip
-        return subprocess.Popen(
-            argv,
-            stdout=open(logs / "faust-worker.out", "ab"),
-            stderr=open(logs / "faust-worker.err", "ab"),
-            start_new_session=True,
-        )
+        with (
+            open(logs / "faust-worker.out", "ab") as out,
+            open(logs / "faust-worker.err", "ab") as err,
+        ):
+            return subprocess.Popen(argv, stdout=out, stderr=err, start_new_session=True)
 
     # -- the loop thread -------------------------------------------------------------------
 

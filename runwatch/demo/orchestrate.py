@@ -12,6 +12,7 @@ Assumption: trainers write to the embedded log (the default) or to Kafka via
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -72,16 +73,21 @@ class Orchestrator:
         pending = list(scenarios)
         active: list[_Active] = []
         done: list[RunOutcome] = []
-        while pending or active:
-            while pending and len(active) < self.parallel:
-                active.append(self._start(pending.pop(0)))
-            time.sleep(0.25)
-            if on_tick is not None:
-                on_tick()
-            for a in list(active):
-                if a.poll(self):
-                    active.remove(a)
-                    done.append(a.outcome)
+        try:
+            while pending or active:
+                while pending and len(active) < self.parallel:
+                    active.append(self._start(pending.pop(0)))
+                time.sleep(0.25)
+                if on_tick is not None:
+                    on_tick()
+                for a in list(active):
+                    if a.poll(self):
+                        active.remove(a)
+                        done.append(a.outcome)
+        finally:
+            # on Ctrl-C or an error: trainers run in their own sessions, stop them here
+            for a in active:
+                _kill_group(a.proc)
         order = {s.run_id: i for i, s in enumerate(scenarios)}
         return sorted(done, key=lambda o: order[o.scenario.run_id])
 
@@ -98,13 +104,14 @@ class Orchestrator:
     def _spawn(self, argv: list[str], name: str) -> subprocess.Popen[bytes]:
         logs = self.out / "process-logs"
         logs.mkdir(parents=True, exist_ok=True)
-        return subprocess.Popen(
-            argv,
-            stdout=open(logs / f"{name}.out", "ab"),
-            stderr=open(logs / f"{name}.err", "ab"),
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
-            start_new_session=True,
-        )
+        with open(logs / f"{name}.out", "ab") as out, open(logs / f"{name}.err", "ab") as err:
+            return subprocess.Popen(  # the child keeps its own copies of the descriptors
+                argv,
+                stdout=out,
+                stderr=err,
+                env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                start_new_session=True,
+            )
 
     def recorded_step(self, run_id: str) -> int:
         """The newest step the run recorded on the log (0 when none)."""
@@ -186,6 +193,13 @@ class _Active:
             f"  done   {s.tenant_id:<7} {s.run_id:<28} exit {code} in {self.outcome.wall_s:.0f}s"
         )
         return True
+
+
+def _kill_group(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
 
 
 def _tail(path: Path, n: int = 2000) -> str:

@@ -7,13 +7,17 @@ record goes to ``runwatch.dead-letters``), dedupe by event id within the run's s
 apply, store the slot in the table, and encode the derived events with the runwatch
 codec. Same slots, same window, same fold: the same derived events, ids included.
 
-At-least-once: a record may be folded again after a crash (its offset was not committed
-yet); the table's slot then already holds its event id, so it derives nothing twice.
+At-least-once, and nothing derived is lost: the agent sends a record's derived events
+and waits until Kafka acknowledged them *before* it stores the new slot in the table
+(:class:`Folded`'s ``store``). A crash between the two leaves the old slot in the
+table's changelog, so the redelivered record is folded again and derives the same
+events again (same ids: consumers deduplicate). A crash after the store means they were
+already delivered; the slot then holds the record's event id and it derives nothing twice.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from events.codec import decode, encode
@@ -23,6 +27,19 @@ from events.topics import DEAD_LETTER_TOPIC
 from runwatch.hosting.core import Slot, apply_event, dump_slot, load_slot
 
 Output = tuple[str, bytes | None, bytes]
+
+
+class Folded(list[Output]):
+    """The records one input derived (a list), and ``store()``: write the new slot to the
+    table — to be called only once those records were delivered."""
+
+    def __init__(self, outputs: list[Output], store: Callable[[], None] | None = None):
+        super().__init__(outputs)
+        self._store = store
+
+    def store(self) -> None:
+        if self._store is not None:
+            self._store()
 
 
 class SlotCache:
@@ -51,20 +68,24 @@ def fold_record(
     partition: int,
     offset: int,
     raw: bytes,
-) -> list[Output]:
-    """Fold one raw record; the records to send as (topic, key, value)."""
+) -> Folded:
+    """Fold one raw record; the records to send as (topic, key, value), and the table
+    write to make once they were delivered."""
     event = decode(raw)
     if isinstance(event, DeadLetter):
-        return [(DEAD_LETTER_TOPIC, None, event.located(topic, partition, offset).encode())]
+        return Folded([(DEAD_LETTER_TOPIC, None, event.located(topic, partition, offset).encode())])
     key = fold.key_of(event).encode()
     slot = cache.get(fold, key, table.get(key))
     derived = apply_event(fold, slot, event)
     if derived is None:
-        return []  # a duplicate: already folded
+        return Folded([])  # a duplicate: already folded
     value = dump_slot(fold, slot)
-    table[key] = value
-    cache.put(key, value, slot)
-    return [(type(ev).TOPIC, ev.key(), encode(ev)) for ev in derived]
+
+    def store() -> None:
+        table[key] = value
+        cache.put(key, value, slot)
+
+    return Folded([(type(ev).TOPIC, ev.key(), encode(ev)) for ev in derived], store)
 
 
 def fold_agent(app: Any, fold: Fold[Any], source: Any, table: Any, sinks: Mapping[str, Any]) -> Any:
@@ -74,10 +95,11 @@ def fold_agent(app: Any, fold: Fold[Any], source: Any, table: Any, sinks: Mappin
     async def agent(stream: Any) -> None:
         async for ev in stream.events():
             m = ev.message
-            for topic, key, value in fold_record(
-                fold, table, cache, m.topic, m.partition, m.offset, ev.value
-            ):
-                await sinks[topic].send(key=key, value=value)
+            folded = fold_record(fold, table, cache, m.topic, m.partition, m.offset, ev.value)
+            pending = [await sinks[t].send(key=k, value=v) for t, k, v in folded]
+            for delivery in pending:
+                await delivery  # acknowledged by the broker before the slot is stored
+            folded.store()
 
     return agent
 

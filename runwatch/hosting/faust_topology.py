@@ -17,6 +17,7 @@ Stores are in memory and restored from the changelog topics on start.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,7 +35,18 @@ class Topology:
     sinks: dict[str, Any] = field(default_factory=dict)
 
 
+def _datadir(app_id: str) -> str:
+    """faust's local data directory (stores are in memory; it still writes metadata),
+    kept out of the working directory: ``$RUNWATCH_FAUST_DIR`` or the user cache."""
+    root = os.environ.get("RUNWATCH_FAUST_DIR") or os.path.join(
+        os.path.expanduser("~"), ".cache", "runwatch", "faust"
+    )
+    os.makedirs(root, exist_ok=True)
+    return os.path.join(root, f"{app_id}-data")
+
+
 def build_app(bootstrap: str, app_id: str, **conf: Any) -> faust.App:
+    conf.setdefault("datadir", _datadir(app_id))
     return faust.App(
         app_id,
         broker=f"kafka://{bootstrap}",

@@ -246,3 +246,20 @@ def test_statistical_tier_rejects_a_scheduler_reset(tmp_path: Path) -> None:
     rej = next(e for e in events if isinstance(e, ResumeRejected))
     assert rej.max_deviation is None or rej.max_deviation > 4.0  # None: infinitely many sigmas
     assert result.certified and result.checkpoint_step == 10
+
+
+def test_checkpoint_at_the_last_recorded_step_is_not_certified_blind(tmp_path: Path) -> None:
+    """A crash right after checkpoint 20 leaves no overlap window after it: the gate may
+    not certify it on an empty window (a lost optimizer part would go unnoticed); it
+    falls back to 10 and replays 11..20."""
+    cfg = load_config(CONFIG, run_id="edge", steps=30)
+    log, run_dir = tmp_path / "log", tmp_path / "run"
+    tr = Trainer(cfg, run_dir, make_emitter(cfg.run_id, cfg.tenant_id, log_dir=log))
+    tr.start()
+    tr.run_until(20)  # checkpoint 20 written, then the "crash"
+    result, _ = resume(log, "edge", run_dir=run_dir)
+    events = list(run_events(log, "edge"))
+    assert _rejections(events) == [(20, "no_overlap")]
+    cert = _certified(events)
+    assert (cert.checkpoint_step, cert.window_start, cert.window_end) == (10, 11, 20)
+    assert result.certified

@@ -347,3 +347,15 @@ def test_snapshot_of_another_log_is_ignored(tmp_path: Path) -> None:
         assert c.app.state.host.resumed_from is None  # type: ignore[attr-defined]
         assert c.get("/status").json() == {"current_step": 0, "queue_size": 0}
         assert c.get("/info").json()["batch_size"] == -1
+
+
+def test_gzip_bomb_is_413_not_out_of_memory(tmp_path: Path) -> None:
+    from producers.trajectory_api.gzip_request import GzipRequestMiddleware
+
+    with client_for(tmp_path / "log") as c:
+        wait_ready(c)
+        small_cap = GzipRequestMiddleware(c.app.middleware_stack, max_bytes=1 << 20)
+        bomb = gzip.compress(b"[" + b" " * (4 << 20) + b"]")
+        with TestClient(small_cap) as capped:
+            r = capped.post("/scored_data_list", content=bomb, headers={"Content-Encoding": "gzip"})
+        assert r.status_code == 413
