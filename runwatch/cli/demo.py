@@ -157,7 +157,7 @@ def run(args: argparse.Namespace, term: Terminal) -> int:
                     r.failure_class,
                     _short(r.reason, 60),
                     ", ".join(f"{a}@{s}" for a, s in r.first_alert_step.items()) or "-",
-                    f"${r.spend_usd:.2f}",
+                    f"${r.spend_usd:.4f}",
                     "yes" if r.expected_ok else "NO",
                 )
                 for r in table
