@@ -97,10 +97,20 @@ class EmbeddedLog(LogBackend):
             if self.readonly and not (self.root / name).is_dir():
                 raise FileNotFoundError(f"topic {name!r} not in {self.root}")
             if not self._opened and not self.readonly and (self.root / name).is_dir():
-                tlog = TopicLog(self.root / name, sync=self.sync, segment_bytes=self.segment_bytes)
+                tlog = TopicLog(
+                    self.root / name,
+                    sync=self.sync,
+                    segment_bytes=self.segment_bytes,
+                    verify_scan=not self.readonly,
+                )
                 self.recoveries.extend(tlog.recover())
             else:
-                tlog = TopicLog(self.root / name, sync=self.sync, segment_bytes=self.segment_bytes)
+                tlog = TopicLog(
+                    self.root / name,
+                    sync=self.sync,
+                    segment_bytes=self.segment_bytes,
+                    verify_scan=not self.readonly,
+                )
             self._topics[name] = tlog
         return tlog
 
