@@ -29,11 +29,16 @@ from events.codec import decode
 from events.envelope import EventBase
 from events.log.embedded import EmbeddedLog
 from events.log.kafka import KafkaLog
+from events.topics import TOPICS
 from producers.shipper import ship_once
 from projections.engine import ProjectionEngine
 from projections.feed import follow
 from projections.store import InMemoryReadModel
 from projections.views import RunView
+
+#: The projections hold a run's terminal event until the processors have caught up; the
+#: plane releases it itself at the end (see :meth:`KafkaPlane._settle`).
+HOLD_UNTIL_SETTLED = 3600.0
 
 SHIPPED_TOPICS = (
     "runwatch.lifecycle",
@@ -51,6 +56,7 @@ class KafkaPlane:
         self.bootstrap = bootstrap
         self.out = out
         self.demo_id = uuid.uuid4().hex[:8]
+        self.app_id = f"runwatch-demo-{self.demo_id}"
         self.engine = ProjectionEngine(InMemoryReadModel())
         self.derived: list[EventBase] = []
         self.records = 0
@@ -74,7 +80,7 @@ class KafkaPlane:
         logs = self.out / "process-logs"
         logs.mkdir(parents=True, exist_ok=True)
         argv = [sys.executable, "-m", "runwatch.cli.main", "process", "--kafka",
-                self.bootstrap, "--app-id", f"runwatch-demo-{self.demo_id}"]  # fmt: skip
+                self.bootstrap, "--app-id", self.app_id]  # fmt: skip
         with (
             open(logs / "faust-worker.out", "ab") as out,
             open(logs / "faust-worker.err", "ab") as err,
@@ -103,7 +109,7 @@ class KafkaPlane:
                 follow(
                     kafka, self.engine, self._stop,
                     group_id=f"runwatch-demo-projections-{self.demo_id}",
-                    publish_to=kafka, settle_s=3.0, on_batch=self._on_projected,
+                    publish_to=kafka, settle_s=HOLD_UNTIL_SETTLED, on_batch=self._on_projected,
                 ),
             )  # fmt: skip
         finally:
@@ -161,18 +167,59 @@ class KafkaPlane:
         self.derived.extend(out)
         return out
 
-    def _settle(self, quiet_s: float = 8.0, timeout_s: float = 180.0) -> None:
-        """Wait until the spool is shipped and the processors and projections went quiet,
-        then stop the loop and the faust worker."""
+    def _settle(self, quiet_s: float = 5.0, timeout_s: float = 240.0) -> None:
+        """The end of the demo: wait until the faust worker has committed past the end of
+        every telemetry partition (it has folded everything the trainers wrote) and
+        nothing new happened for ``quiet_s``; then stop the loop, release the runs'
+        terminal events the projections held back, and publish what that derived."""
         deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if time.monotonic() - self._last_activity >= quiet_s and not self.engine.held:
+        while time.monotonic() < deadline and not self._errors:
+            caught_up = asyncio.run_coroutine_threadsafe(
+                self._worker_caught_up(), self._loop
+            ).result(30)
+            if caught_up and time.monotonic() - self._last_activity >= quiet_s:
                 break
-            time.sleep(0.5)
+            time.sleep(1.0)
         if self._stop is not None:
             self._loop.call_soon_threadsafe(self._stop.set)
         self._thread.join(30)
         self.close()
+        released = self.engine.release_held(force=True)
+        self.engine.checkpoint()
+        if released:
+            asyncio.run(self._publish(released))
+        for ev in released:
+            if ev.type != "TenantUsageUpdated":
+                self._inbox.put(ev)
+
+    async def _publish(self, events: list[EventBase]) -> None:
+        from projections.feed import publish
+
+        async with KafkaLog(self.bootstrap, create_registry_topics=False) as kafka:
+            await publish(kafka, events)
+
+    async def _worker_caught_up(self) -> bool:
+        """Has the faust worker (consumer group = its app id) committed every telemetry
+        record the shipper put on the broker?"""
+        from aiokafka import AIOKafkaConsumer, TopicPartition
+
+        consumer = AIOKafkaConsumer(
+            bootstrap_servers=self.bootstrap,
+            group_id=self.app_id,
+            enable_auto_commit=False,
+        )
+        await consumer.start()  # never subscribes: it does not join the worker's group
+        try:
+            # the topic was created from the registry, with the registry's partition count
+            n = TOPICS["runwatch.telemetry"].partitions
+            tps = [TopicPartition("runwatch.telemetry", p) for p in range(n)]
+            ends = await consumer.end_offsets(tps)
+            lag = {tp.partition: ends[tp] - ((await consumer.committed(tp)) or 0) for tp in tps}
+            if os.environ.get("RUNWATCH_DEBUG"):
+                print(f"faust worker lag per telemetry partition: {lag}", file=sys.stderr)
+            return bool(tps) and all(v <= 0 for v in lag.values())
+        finally:
+            await consumer.stop()
 
     def close(self) -> None:
         if self._worker.poll() is None:

@@ -94,11 +94,11 @@ def test_replay_of_the_demo_log_reproduces_its_alerts_byte_for_byte(tmp_path: Pa
 
 
 @pytest.mark.kafka
-def test_demo_on_kafka_with_the_faust_hosted_processors(
-    tmp_path: Path, kafka_bootstrap: str
-) -> None:
+def test_demo_on_kafka_with_the_faust_hosted_processors(tmp_path: Path, jvm_broker) -> None:
+    """On a broker of its own: the demo's derived events must not mix with other tests'
+    runs on the session broker (whose own live-vs-replay checks read every run)."""
     proc = _runwatch("demo", "--short", "--json", "--out", str(tmp_path / "demo"),
-                     "--kafka", kafka_bootstrap,
+                     "--kafka", jvm_broker.bootstrap,
                      "--only", "acme-healthy", "--only", "globex-oversized-lr")  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     doc = json.loads(proc.stdout)
