@@ -110,6 +110,36 @@ def run_worker(folds: list[Fold[Any]], bootstrap: str, app_id: str) -> None:
 
     from runwatch.hosting.faust_topology import build_topology
 
+    ensure_topics(folds, bootstrap, app_id)
     topo = build_topology(folds, bootstrap, app_id)
     worker = faust.Worker(topo.app, loglevel="WARNING", quiet=True)
     worker.execute_from_commandline()
+
+
+def ensure_topics(folds: list[Fold[Any]], bootstrap: str, app_id: str) -> None:
+    """Create the registry topics and every table's changelog topic (compacted, with its
+    source topic's partition count) and wait until the cluster shows them.
+
+    faust would declare the changelogs itself, but asynchronously: on a fresh broker the
+    first table write can then find a changelog with no partitions yet and the worker
+    dies (``PartitionsMismatch``). Creating them up front removes that race."""
+    import asyncio
+
+    from events.log.kafka import KafkaLog
+    from events.topics import TopicSpec, spec
+
+    changelogs = [
+        TopicSpec(
+            f"{app_id}-{fold.name}-state-changelog",
+            spec(fold.inputs[0]).partitions,
+            "compacted",
+            f"faust changelog of the {fold.name} table",
+        )
+        for fold in folds
+    ]
+
+    async def create() -> None:
+        async with KafkaLog(bootstrap, extra_topics=changelogs):
+            pass
+
+    asyncio.run(create())
