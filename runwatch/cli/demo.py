@@ -145,6 +145,11 @@ def run(args: argparse.Namespace, term: Terminal) -> int:
     }
     report = write_report(out / "report", table, report_log, summary)
     summary["report"] = str(report)
+    keys = _write_keys(out / "keys.yaml", sorted({s.tenant_id for s in chosen}))
+    summary["dashboard"] = (
+        f"runwatch serve api --log {report_log} --keys {out / 'keys.yaml'} --port 8000, "
+        f"then open http://127.0.0.1:8000/dashboard#key={keys[chosen[0].tenant_id]}"
+    )
     if args.json:
         term.json({"summary": summary, "runs": [r.as_dict() for r in table]})
     else:
@@ -173,7 +178,23 @@ def run(args: argparse.Namespace, term: Terminal) -> int:
             f"{summary['events_processed']} events processed, {alerts} alerts, "
             f"{summary['state_changes']} state changes in {wall:.0f}s; report: {report}"
         )
+        term.info(f"customer dashboard: {summary['dashboard']}")
     return 0 if all(r.expected_ok for r in table) else 1
+
+
+def _write_keys(path: Path, tenants: list[str]) -> dict[str, str]:
+    """A fresh API key per tenant (and one operator key) for the dashboard, in the query
+    API's keys-file format; returns tenant -> key."""
+    import secrets
+
+    import yaml
+
+    keys = {t: f"rk_{t}_{secrets.token_hex(8)}" for t in tenants}
+    entries = [{"key": k, "tenant": t} for t, k in keys.items()]
+    entries.append({"key": f"rk_ops_{secrets.token_hex(8)}", "operator": True})
+    path.write_text(yaml.safe_dump({"keys": entries}, sort_keys=False))
+    path.chmod(0o600)
+    return keys
 
 
 def _short(text: str, n: int) -> str:
