@@ -51,7 +51,9 @@ class PayloadStore(abc.ABC):
         return None
 
     def load_index(self, index: dict[str, object]) -> None:
-        raise NotImplementedError
+        """Resume from :meth:`dump_index`'s output; a store whose ``dump_index`` returns
+        None keeps no index, and callers must not ask it to resume."""
+        raise TypeError(f"{type(self).__name__} keeps no index to resume from")
 
 
 class CorruptPayload(KeyError):
