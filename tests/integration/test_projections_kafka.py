@@ -45,7 +45,10 @@ async def _append(backend: KafkaLog, events) -> None:
         await backend.append_many(topic, records)
 
 
-async def test_live_and_replay_agree_on_the_real_broker(kafka_bootstrap, tmp_path):
+async def test_live_and_replay_agree_on_the_real_broker(jvm_broker, tmp_path):
+    # a broker of its own: live-vs-replay reads every run on the topics, and other tests'
+    # processes (faust workers, trajectory servers) may still be appending to the shared one
+    kafka_bootstrap = jvm_broker.bootstrap
     tag = uuid.uuid4().hex[:8]
     runs = {
         f"kt-{tag}-{i}": synth_run(
@@ -148,9 +151,11 @@ async def test_live_and_replay_agree_on_the_real_broker(kafka_bootstrap, tmp_pat
     assert json.loads(out.stdout)["identical"]
 
 
-def test_serve_api_follows_kafka_and_audit_verify_agrees(kafka_bootstrap, tmp_path):
+def test_serve_api_follows_kafka_and_audit_verify_agrees(jvm_broker, tmp_path):
     """`runwatch serve api --kafka` as a real process: it tails the broker into its own
-    SQLite store and serves it; `runwatch audit verify --kafka` then finds no difference."""
+    SQLite store and serves it; `runwatch audit verify --kafka` then finds no difference.
+    On a broker of its own, for the reason given in the test above."""
+    kafka_bootstrap = jvm_broker.bootstrap
     import socket
     import time
 
