@@ -9,6 +9,7 @@ Old schema versions are upcast (:mod:`events.upcasting`) before validation.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Annotated, Any, Union
 
 import pydantic_core
@@ -106,6 +107,17 @@ def _decode_slow(raw: bytes) -> EventBase | DeadLetter:
             event_type=event_type,
             raw=raw,
         )
+
+
+def records_by_topic(
+    events: Iterable[EventBase],
+) -> dict[str, list[tuple[bytes | None, bytes]]]:
+    """Events encoded as (key, value) records, grouped by topic, each group in the given
+    order: what a backend's ``append_many`` takes."""
+    by_topic: dict[str, list[tuple[bytes | None, bytes]]] = {}
+    for ev in events:
+        by_topic.setdefault(type(ev).TOPIC, []).append((ev.key(), encode(ev)))
+    return by_topic
 
 
 def topic_of(event: EventBase) -> str:

@@ -12,7 +12,7 @@ import threading
 from collections.abc import Sequence
 from typing import Protocol
 
-from events.codec import encode
+from events.codec import records_by_topic
 from events.envelope import EventBase
 from events.log.base import LogBackend
 from events.log.embedded import EmbeddedLog
@@ -69,9 +69,7 @@ class BackendSink:
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
 
     def write(self, events: Sequence[EventBase]) -> None:
-        by_topic: dict[str, list[tuple[bytes | None, bytes]]] = {}
-        for ev in events:
-            by_topic.setdefault(type(ev).TOPIC, []).append((ev.key(), encode(ev)))
+        by_topic = records_by_topic(events)
 
         async def _write() -> None:
             await asyncio.gather(

@@ -26,12 +26,9 @@ DEFAULT_GROUP = "runwatch-projections"
 
 
 async def publish(backend: LogBackend, events: Sequence[EventBase]) -> None:
-    from events.codec import encode
+    from events.codec import records_by_topic
 
-    by_topic: dict[str, list[tuple[bytes | None, bytes]]] = {}
-    for ev in events:
-        by_topic.setdefault(type(ev).TOPIC, []).append((ev.key(), encode(ev)))
-    for topic, records in by_topic.items():
+    for topic, records in records_by_topic(events).items():
         await backend.append_many(topic, records)
 
 

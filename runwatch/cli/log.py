@@ -124,11 +124,4 @@ async def export(bootstrap: str, topics: list[str], to: str) -> dict[str, int]:
     return counts
 
 
-def summarize(path: str) -> dict[str, int]:
-    """Records per topic in an embedded log (used by tests and the demo)."""
-    log = EmbeddedLog(path, readonly=True)
-    log.open_sync()
-    return {t: log.end_offset_sync(t) for t in log.topic_names()}
-
-
-__all__ = ["add_arguments", "export", "run", "summarize"]
+__all__ = ["add_arguments", "export", "run"]

@@ -12,13 +12,12 @@ msgpack ``{"state": <fold state bytes>, "recent": <the 16-byte ids, oldest first
 
 from __future__ import annotations
 
-import uuid
-from collections import deque
 from collections.abc import Iterable, Sequence
 from typing import Any
 
 import msgpack
 
+from events.dedupe import Deduplicator
 from events.envelope import EventBase
 from events.fold import Fold
 
@@ -28,30 +27,19 @@ from events.fold import Fold
 DEDUPE_WINDOW = 256
 
 
-class RecentIds:
-    """The last ``capacity`` event ids of one key, with O(1) membership."""
+class RecentIds(Deduplicator):
+    """The last ``capacity`` event ids of one key (the shared :class:`Deduplicator`),
+    packed as 16 bytes per id for the host's persisted state."""
 
-    __slots__ = ("_order", "_set", "capacity")
+    __slots__ = ()
 
     def __init__(self, ids: Iterable[bytes] = (), capacity: int = DEDUPE_WINDOW) -> None:
-        self.capacity = capacity
-        self._order: deque[bytes] = deque()
-        self._set: set[bytes] = set()
+        super().__init__(capacity)
         for i in ids:
             self.first_time(i)
 
-    def first_time(self, event_id: uuid.UUID | bytes) -> bool:
-        key = event_id.bytes if isinstance(event_id, uuid.UUID) else event_id
-        if key in self._set:
-            return False
-        self._order.append(key)
-        self._set.add(key)
-        if len(self._order) > self.capacity:
-            self._set.discard(self._order.popleft())
-        return True
-
     def pack(self) -> bytes:
-        return b"".join(self._order)
+        return b"".join(self._seen)
 
     @classmethod
     def unpack(cls, raw: bytes) -> RecentIds:
