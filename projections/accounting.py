@@ -25,8 +25,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from events import TenantUsageUpdated, TrainerStepCompleted, UsageRecorded
 from events.envelope import EventBase, derive_envelope
@@ -36,8 +35,10 @@ PRODUCER = "projections/accounting"
 POOLS = ("rollout_fleet", "trainer")
 
 
-@dataclass(frozen=True, slots=True)
-class RunUsage:
+class RunUsage(NamedTuple):
+    """One run's metered totals (a NamedTuple: a new one per usage fact, the fold's
+    hottest allocation)."""
+
     tenant_id: str = ""
     run_id: str = ""
     gpu_seconds_rollout_fleet: float = 0.0
@@ -72,6 +73,17 @@ def _add_phase(
         if name == phase:
             return (*phases[:i], (name, total + seconds), *phases[i + 1 :])
     return tuple(sorted((*phases, (phase, seconds))))
+
+
+def _bill(
+    billed: tuple[tuple[str, int], ...], producer: str, seq: int
+) -> tuple[tuple[str, int], ...] | None:
+    """``billed`` with ``producer`` advanced to ``seq`` (pairs sorted by producer), or
+    None when ``seq`` is not beyond what was billed from that producer already."""
+    for i, (name, last) in enumerate(billed):
+        if name == producer:
+            return None if seq <= last else (*billed[:i], (name, seq), *billed[i + 1 :])
+    return tuple(sorted((*billed, (producer, seq))))
 
 
 _USAGE_FIELDS = tuple(TenantUsageUpdated.model_fields)
@@ -109,10 +121,9 @@ class AccountingFold:
     def apply(self, state: RunUsage, event: EventBase) -> tuple[RunUsage, Sequence[EventBase]]:
         t = type(event)
         if t is UsageRecorded:
-            billed = dict(state.billed_seq)
-            if event.seq <= billed.get(event.producer, -1):
+            billed_seq = _bill(state.billed_seq, event.producer, event.seq)
+            if billed_seq is None:
                 return state, ()  # a redelivered or replayed usage fact: billed already
-            billed[event.producer] = event.seq
             fleet = event.pool == "rollout_fleet"
             seconds = event.gpu_seconds
             return RunUsage(
@@ -125,7 +136,7 @@ class AccountingFold:
                 state.tokens_trained + event.tokens_trained,
                 state.committed_steps,
                 state.last_committed_step,
-                tuple(sorted(billed.items())),
+                billed_seq,
             ), ()
         if (
             t is not TrainerStepCompleted
@@ -167,7 +178,7 @@ class AccountingFold:
         )
 
     def dump_state(self, state: RunUsage) -> bytes:
-        return json.dumps({f: getattr(state, f) for f in state.__dataclass_fields__}).encode()
+        return json.dumps(state._asdict()).encode()
 
     def load_state(self, raw: bytes) -> RunUsage:
         doc: dict[str, Any] = json.loads(raw)

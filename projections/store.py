@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from projections.views import Fleet, RunView
+from projections.views import Fleet, Points, RunView, flat_points
 
 Positions = dict[str, int]  # "topic:partition" -> next offset to read
 
@@ -31,7 +31,7 @@ Positions = dict[str, int]  # "topic:partition" -> next offset to read
 @dataclass
 class Batch:
     views: dict[str, RunView] = field(default_factory=dict)
-    points: dict[tuple[str, str, int], float] = field(default_factory=dict)
+    points: Points = field(default_factory=dict)
     fold_states: dict[tuple[str, str], bytes] = field(default_factory=dict)
     fleet: Fleet | None = None
     positions: Positions = field(default_factory=dict)
@@ -165,8 +165,10 @@ class InMemoryReadModel(ReadModel):
         fleet = json.loads(json.dumps(batch.fleet.to_doc())) if batch.fleet else None
         with self._lock:
             self._docs.update(docs)
-            for (run, metric, step), value in batch.points.items():
-                self._series.setdefault(run, {}).setdefault(metric, {})[step] = value
+            for run, per in batch.points.items():
+                mine = self._series.setdefault(run, {})
+                for metric, steps in per.items():
+                    mine.setdefault(metric, {}).update(steps)
             self._folds.update(batch.fold_states)
             if fleet is not None:
                 self._fleet = fleet
@@ -290,7 +292,7 @@ class SqliteReadModel(ReadModel):
             )
             con.executemany(
                 "INSERT OR REPLACE INTO series VALUES (?, ?, ?, ?)",
-                [(r, m, s, v) for (r, m, s), v in batch.points.items()],
+                flat_points(batch.points),
             )
             con.executemany(
                 "INSERT OR REPLACE INTO fold_state VALUES (?, ?, ?)",

@@ -12,6 +12,8 @@ alerts, the reward ledger and run mechanics are operator-only.
 
 from __future__ import annotations
 
+from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -152,7 +154,27 @@ class Fleet:
             self.phase_count[phase] = self.phase_count.get(phase, 0) + int(arr.size)
 
 
-Points = dict[tuple[str, str, int], float]
+#: New series points of a batch, nested run -> metric -> step -> value (the layout the
+#: stores merge per metric: one dict update per run and metric, not one per point).
+Points = dict[str, defaultdict[str, dict[int, float]]]
+
+
+def run_points(points: Points, run_id: str) -> defaultdict[str, dict[int, float]]:
+    """The batch's series of one run (created on first use)."""
+    per = points.get(run_id)
+    if per is None:
+        per = points[run_id] = defaultdict(dict)
+    return per
+
+
+def flat_points(points: Points) -> list[tuple[str, str, int, float]]:
+    """Every point as (run_id, metric, step, value) rows."""
+    return [
+        (run, metric, step, value)
+        for run, per in points.items()
+        for metric, steps in per.items()
+        for step, value in steps.items()
+    ]
 
 
 def _bump(d: dict[str, int], key: str, n: int = 1) -> None:
@@ -161,100 +183,157 @@ def _bump(d: dict[str, int], key: str, n: int = 1) -> None:
 
 def apply_primary(view: RunView, fleet: Fleet, points: Points, ev: EventBase) -> None:
     """Fold one input fact into its run's view, series and the fleet aggregates."""
-    if view.created_ts is None or ev.ts < view.created_ts:
-        view.created_ts = ev.ts
-    view.updated_ts = max(view.updated_ts, ev.ts)
-    step = ev.step
+    ts, step = ev.ts, ev.step
+    if view.created_ts is None or ts < view.created_ts:
+        view.created_ts = ts
+    if ts > view.updated_ts:
+        view.updated_ts = ts
     if step is not None and (view.last_step is None or step > view.last_step):
         view.last_step = step
-    t = type(ev)
-    rid = view.run_id
-    if t is TrainerStepCompleted:
-        if step is not None:
-            for name, value in (
-                ("reward_mean", ev.reward_mean),
-                ("reward_std", ev.reward_std),
-                ("kl_to_ref", ev.kl_to_ref),
-                ("entropy", ev.entropy),
-                ("grad_norm", ev.grad_norm),
-                ("clip_fraction", ev.clip_fraction),
-                ("loss", ev.loss),
-                ("lr", ev.lr),
-            ):
-                if value is not None:
-                    points[(rid, name, step)] = value
-    elif t is StepPhaseTimed:
-        pending = fleet.pending
-        if not pending:
-            pending.update((p, []) for p in PHASES)
-        if step is not None:
-            points[(rid, "step_wall_s", step)] = ev.wall_s
-            points[(rid, "rollout_s", step)] = ev.rollout_s
-            points[(rid, "score_s", step)] = ev.score_s
-            points[(rid, "sync_s", step)] = ev.sync_s
-            points[(rid, "optim_s", step)] = ev.optim_s
-            points[(rid, "idle_s", step)] = ev.idle_s
-            points[(rid, "other_s", step)] = ev.other_s
-        pending["rollout"].append(ev.rollout_s)
-        pending["score"].append(ev.score_s)
-        pending["sync"].append(ev.sync_s)
-        pending["optim"].append(ev.optim_s)
-        pending["idle"].append(ev.idle_s)
-        pending["other"].append(ev.other_s)
-    elif t is EvalGateScored:
-        if step is not None:
-            points[(rid, "eval_score", step)] = ev.score
-    elif t is RolloutBatchCompleted:
-        if step is not None:
-            points[(rid, "mean_length", step)] = ev.mean_length
-            points[(rid, "truncation_rate", step)] = ev.truncation_rate
-            points[(rid, "unparseable_rate", step)] = ev.unparseable_rate
-        m = view.mechanics
-        m["rollout_policy_version"] = max(m.get("rollout_policy_version", -1), ev.policy_version)
-    elif t is WeightSyncCompleted:
-        m = view.mechanics
-        m["weight_syncs"] = m.get("weight_syncs", 0) + 1
-        m["synced_policy_version"] = max(m.get("synced_policy_version", -1), ev.policy_version)
-    elif t is AlertFired:
-        a = view.alerts.setdefault(ev.alert_id, {})
-        a.update(
-            detector=ev.detector,
-            layer=ev.layer,
-            routing=ev.routing,
-            reason=ev.reason,
-            window_start=ev.window_start,
-            window_end=ev.window_end,
-            fired_ts=ev.ts,
-            fired_step=step,
-            config_version=ev.config_version,
-            first_response=ev.first_response,
-            escalated=ev.escalated,
-            observed=dict(ev.observed),
-            thresholds=dict(ev.thresholds),
-        )
-        a.setdefault("resolved_ts", None)
-        _bump(fleet.alerts_fired, f"{ev.detector}|{ev.layer}|{ev.routing}")
-    elif t is AlertResolved:
-        a = view.alerts.setdefault(ev.alert_id, {"detector": ev.detector})
-        a["resolved_ts"], a["resolved_reason"] = ev.ts, ev.reason
-        _bump(fleet.alerts_resolved, ev.detector)
-    elif t is CheckpointWritten:
-        c = view.checkpoints
-        c["written"] = c.get("written", 0) + 1
-        if step is not None and step >= c.get("last_step", -1):
-            c["last_step"], c["last_path"] = step, ev.path
-    elif t is ResumeCertified or t is ResumeRejected:
-        _bump(view.checkpoints, "resumes_certified" if t is ResumeCertified else "resumes_rejected")
-    elif t is RewardBatchScored:
-        _bump(fleet.reward_samples, "ok", ev.n)
-    elif t is RewardBatchFailed:
-        _bump(fleet.reward_samples, ev.cause, ev.n)
-    elif t is RunSubmitted:
-        view.algorithm = ev.algorithm
-    if step is not None and view.mechanics.get("synced_policy_version") is not None:
-        view.mechanics["staleness_steps"] = max(
-            0, (view.last_step or 0) - view.mechanics["synced_policy_version"]
-        )
+    handler = _PRIMARY.get(type(ev))
+    if handler is not None:
+        handler(view, fleet, points, ev)
+    if step is not None:
+        mechanics = view.mechanics
+        synced = mechanics.get("synced_policy_version")
+        if synced is not None:
+            mechanics["staleness_steps"] = max(0, (view.last_step or 0) - synced)
+
+
+def _trainer_step(view: RunView, fleet: Fleet, points: Points, ev: TrainerStepCompleted) -> None:
+    step = ev.step
+    if step is not None:
+        series = run_points(points, view.run_id)
+        for name, value in (
+            ("reward_mean", ev.reward_mean),
+            ("reward_std", ev.reward_std),
+            ("kl_to_ref", ev.kl_to_ref),
+            ("entropy", ev.entropy),
+            ("grad_norm", ev.grad_norm),
+            ("clip_fraction", ev.clip_fraction),
+            ("loss", ev.loss),
+            ("lr", ev.lr),
+        ):
+            if value is not None:
+                series[name][step] = value
+
+
+def _phase_timed(view: RunView, fleet: Fleet, points: Points, ev: StepPhaseTimed) -> None:
+    pending = fleet.pending
+    if not pending:
+        pending.update((p, []) for p in PHASES)
+    step = ev.step
+    if step is not None:
+        series = run_points(points, view.run_id)
+        series["step_wall_s"][step] = ev.wall_s
+        series["rollout_s"][step] = ev.rollout_s
+        series["score_s"][step] = ev.score_s
+        series["sync_s"][step] = ev.sync_s
+        series["optim_s"][step] = ev.optim_s
+        series["idle_s"][step] = ev.idle_s
+        series["other_s"][step] = ev.other_s
+    pending["rollout"].append(ev.rollout_s)
+    pending["score"].append(ev.score_s)
+    pending["sync"].append(ev.sync_s)
+    pending["optim"].append(ev.optim_s)
+    pending["idle"].append(ev.idle_s)
+    pending["other"].append(ev.other_s)
+
+
+def _eval_gate(view: RunView, fleet: Fleet, points: Points, ev: EvalGateScored) -> None:
+    if ev.step is not None:
+        run_points(points, view.run_id)["eval_score"][ev.step] = ev.score
+
+
+def _rollout_batch(view: RunView, fleet: Fleet, points: Points, ev: RolloutBatchCompleted) -> None:
+    step = ev.step
+    if step is not None:
+        series = run_points(points, view.run_id)
+        series["mean_length"][step] = ev.mean_length
+        series["truncation_rate"][step] = ev.truncation_rate
+        series["unparseable_rate"][step] = ev.unparseable_rate
+    m = view.mechanics
+    m["rollout_policy_version"] = max(m.get("rollout_policy_version", -1), ev.policy_version)
+
+
+def _weight_sync(view: RunView, fleet: Fleet, points: Points, ev: WeightSyncCompleted) -> None:
+    m = view.mechanics
+    m["weight_syncs"] = m.get("weight_syncs", 0) + 1
+    m["synced_policy_version"] = max(m.get("synced_policy_version", -1), ev.policy_version)
+
+
+def _alert_fired(view: RunView, fleet: Fleet, points: Points, ev: AlertFired) -> None:
+    a = view.alerts.setdefault(ev.alert_id, {})
+    a.update(
+        detector=ev.detector,
+        layer=ev.layer,
+        routing=ev.routing,
+        reason=ev.reason,
+        window_start=ev.window_start,
+        window_end=ev.window_end,
+        fired_ts=ev.ts,
+        fired_step=ev.step,
+        config_version=ev.config_version,
+        first_response=ev.first_response,
+        escalated=ev.escalated,
+        observed=dict(ev.observed),
+        thresholds=dict(ev.thresholds),
+    )
+    a.setdefault("resolved_ts", None)
+    _bump(fleet.alerts_fired, f"{ev.detector}|{ev.layer}|{ev.routing}")
+
+
+def _alert_resolved(view: RunView, fleet: Fleet, points: Points, ev: AlertResolved) -> None:
+    a = view.alerts.setdefault(ev.alert_id, {"detector": ev.detector})
+    a["resolved_ts"], a["resolved_reason"] = ev.ts, ev.reason
+    _bump(fleet.alerts_resolved, ev.detector)
+
+
+def _checkpoint(view: RunView, fleet: Fleet, points: Points, ev: CheckpointWritten) -> None:
+    c = view.checkpoints
+    c["written"] = c.get("written", 0) + 1
+    if ev.step is not None and ev.step >= c.get("last_step", -1):
+        c["last_step"], c["last_path"] = ev.step, ev.path
+
+
+def _resume_certified(view: RunView, fleet: Fleet, points: Points, ev: EventBase) -> None:
+    _bump(view.checkpoints, "resumes_certified")
+
+
+def _resume_rejected(view: RunView, fleet: Fleet, points: Points, ev: EventBase) -> None:
+    _bump(view.checkpoints, "resumes_rejected")
+
+
+def _reward_scored(view: RunView, fleet: Fleet, points: Points, ev: RewardBatchScored) -> None:
+    _bump(fleet.reward_samples, "ok", ev.n)
+
+
+def _reward_failed(view: RunView, fleet: Fleet, points: Points, ev: RewardBatchFailed) -> None:
+    _bump(fleet.reward_samples, ev.cause, ev.n)
+
+
+def _submitted(view: RunView, fleet: Fleet, points: Points, ev: RunSubmitted) -> None:
+    view.algorithm = ev.algorithm
+
+
+#: What each input type adds to a view beyond its times and step (a type-keyed dispatch:
+#: the fold's hot path, so one dict lookup instead of a chain of type tests; types not
+#: here, e.g. UsageRecorded, only move the times).
+_PRIMARY: dict[type[EventBase], Callable[[RunView, Fleet, Points, Any], None]] = {
+    TrainerStepCompleted: _trainer_step,
+    StepPhaseTimed: _phase_timed,
+    EvalGateScored: _eval_gate,
+    RolloutBatchCompleted: _rollout_batch,
+    WeightSyncCompleted: _weight_sync,
+    AlertFired: _alert_fired,
+    AlertResolved: _alert_resolved,
+    CheckpointWritten: _checkpoint,
+    ResumeCertified: _resume_certified,
+    ResumeRejected: _resume_rejected,
+    RewardBatchScored: _reward_scored,
+    RewardBatchFailed: _reward_failed,
+    RunSubmitted: _submitted,
+}
 
 
 def apply_derived(view: RunView, fleet: Fleet, points: Points, ev: EventBase) -> None:
@@ -272,7 +351,7 @@ def apply_derived(view: RunView, fleet: Fleet, points: Points, ev: EventBase) ->
         )
         _bump(fleet.transitions, ev.to_state)
     elif type(ev) is TenantUsageUpdated and ev.step is not None:
-        points[(view.run_id, "spend_usd", ev.step)] = ev.spend_usd
+        run_points(points, view.run_id)["spend_usd"][ev.step] = ev.spend_usd
 
 
 def sync_status(view: RunView, status: RunStatus) -> None:

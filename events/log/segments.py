@@ -45,6 +45,7 @@ HEADER = struct.Struct("<IIqH")
 LENGTH = struct.Struct("<I")
 CRC_PART = struct.Struct("<qH")
 NO_KEY = 0xFFFF
+_HSIZE, _length = HEADER.size, LENGTH.unpack_from
 SEGMENT_SUFFIX = ".seg"
 #: Roll to a new segment file once the active one is this big.
 DEFAULT_SEGMENT_BYTES = 64 * 1024 * 1024
@@ -83,12 +84,10 @@ def frame(key: bytes | None, value: bytes, timestamp_ns: int) -> bytes:
     return struct.pack("<II", len(key_bytes) + len(value), crc) + tail
 
 
-def _skip(buf: bytes | memoryview, pos: int) -> tuple[int, str | None]:
+def _skip(buf: bytes, pos: int, end: int) -> tuple[int, str | None]:
     """The position after the record at ``pos`` from its length alone (no crc check)."""
-    if pos + HEADER.size > len(buf):
-        return pos, "short"
-    end = pos + HEADER.size + LENGTH.unpack_from(buf, pos)[0]
-    return (end, None) if end <= len(buf) else (pos, "short")
+    nxt = pos + _HSIZE + _length(buf, pos)[0] if pos + _HSIZE <= end else end + 1
+    return (nxt, None) if nxt <= end else (pos, "short")
 
 
 @dataclass(slots=True)
@@ -122,6 +121,41 @@ def parse(buf: bytes | memoryview, pos: int) -> tuple[RawRecord | None, int, str
             return None, pos, "checksum"
         key, vstart = bytes(buf[kstart : kstart + key_len]), kstart + key_len
     return RawRecord(-1, key, bytes(buf[vstart:rec_end]), ts_ns), rec_end, None
+
+
+#: One record as the bulk reader returns it: (timestamp_ns, offset, key, value).
+RawTuple = tuple[int, int, "bytes | None", bytes]
+
+
+def _parse_run(buf: bytes, offset: int, stop: int) -> tuple[list[RawTuple], int, int, str | None]:
+    """Every whole, verified record at the start of ``buf`` (the first at ``offset``,
+    none at or past ``stop``): (records, position after them, next offset, problem)
+    where ``problem`` is ``"short"`` (buffer ends inside a record), ``"checksum"`` or
+    ``None`` (reached ``stop``). :func:`parse` in a loop, with its lookups hoisted."""
+    out: list[RawTuple] = []
+    append = out.append
+    unpack, crc32, hsize = HEADER.unpack_from, zlib.crc32, HEADER.size
+    view = memoryview(buf)
+    end, pos = len(buf), 0
+    while offset < stop:
+        if pos + hsize > end:
+            return out, pos, offset, "short"
+        body_len, crc, ts_ns, key_len = unpack(buf, pos)
+        kstart = pos + hsize
+        rec_end = kstart + body_len
+        if rec_end > end:
+            return out, pos, offset, "short"
+        if crc32(view[pos + 8 : rec_end]) != crc:
+            return out, pos, offset, "checksum"
+        if key_len == NO_KEY:
+            append((ts_ns, offset, None, buf[kstart:rec_end]))
+        elif key_len > body_len:
+            return out, pos, offset, "checksum"
+        else:
+            vstart = kstart + key_len
+            append((ts_ns, offset, buf[kstart:vstart], buf[vstart:rec_end]))
+        pos, offset = rec_end, offset + 1
+    return out, pos, offset, None
 
 
 @dataclass(slots=True)
@@ -198,21 +232,21 @@ class TopicLog:
         with open(seg.path, "rb") as f:
             f.seek(seg.size)
             buf = f.read(size - seg.size)
-        pos, problem = 0, None
         view = memoryview(buf)
-        while pos < len(buf):
-            if seg.count % INDEX_EVERY == 0:
-                seg.index.append((seg.base + seg.count, seg.size + pos))
-            if self.verify_scan:
+        verify, index, base, size_before = self.verify_scan, seg.index, seg.base, seg.size
+        count, pos, end, problem = seg.count, 0, len(buf), None
+        while pos < end:  # hot at open: every record of the log passes here once
+            if verify:
                 nxt, problem = parse(view, pos)[1:]
             else:
-                nxt, problem = _skip(view, pos)
+                nxt, problem = _skip(buf, pos, end)
             if problem is not None:
-                if seg.count % INDEX_EVERY == 0:
-                    seg.index.pop()
                 break
-            seg.count += 1
+            if count % INDEX_EVERY == 0:
+                index.append((base + count, size_before + pos))
+            count += 1
             pos = nxt
+        seg.count = count
         seg.size += pos
         return seg.size, problem
 
@@ -226,36 +260,44 @@ class TopicLog:
     def read(self, from_offset: int = 0, max_records: int | None = None) -> Iterator[RawRecord]:
         """Records from ``from_offset`` to the currently known end (call :meth:`refresh`
         first to see other processes' appends). Reads in chunks of ``READ_CHUNK`` bytes."""
+        remaining = max_records if max_records is not None else -1
+        for chunk in self.read_chunks(from_offset):
+            for ts_ns, offset, key, value in chunk:
+                yield RawRecord(offset, key, value, ts_ns)
+                remaining -= 1
+                if remaining == 0:
+                    return
+
+    def read_chunks(self, from_offset: int = 0) -> Iterator[list[RawTuple]]:
+        """Verified records from ``from_offset`` to the currently known end, as lists of
+        ``(timestamp_ns, offset, key, value)`` in offset order, one list per file read
+        (the bulk path of replays: no per-record object beyond the tuple). Stops at the
+        first short or corrupt record: that is the end, never misread past it."""
         if from_offset < 0:
             raise ValueError("offset must be >= 0")
-        remaining = max_records if max_records is not None else -1
         for seg in list(self._segments):
             seg_end = seg.base + seg.count
             if seg_end <= from_offset or seg.count == 0:
                 continue
             offset, file_pos = self._locate(seg, max(from_offset, seg.base))
             limit = seg.size
+            rest = b""
             with open(seg.path, "rb") as f:
                 f.seek(file_pos)
-                buf, view, pos = b"", memoryview(b""), 0
                 while offset < seg_end:
-                    rec, nxt, problem = parse(view, pos)
-                    if problem == "short":
-                        if file_pos >= limit:
-                            return
-                        want = min(max(READ_CHUNK, 2 * (len(buf) - pos)), limit - file_pos)
-                        buf = buf[pos:] + f.read(want)
-                        view, pos, file_pos = memoryview(buf), 0, file_pos + want
-                        continue
-                    if rec is None:
-                        return  # a bad record is the end: never misread past it
-                    if offset >= from_offset:
-                        rec.offset = offset
-                        yield rec
-                        remaining -= 1
-                        if remaining == 0:
-                            return
-                    pos, offset = nxt, offset + 1
+                    if file_pos >= limit:
+                        return  # the indexed bytes end inside a record
+                    want = min(max(READ_CHUNK, 2 * len(rest)), limit - file_pos)
+                    buf = rest + f.read(want)
+                    file_pos += want
+                    out, pos, offset, problem = _parse_run(buf, offset, seg_end)
+                    if out and out[0][1] < from_offset:  # located before it: skip
+                        out = [r for r in out if r[1] >= from_offset]
+                    if out:
+                        yield out
+                    if problem == "checksum":
+                        return
+                    rest = buf[pos:]
 
     def _locate(self, seg: _Segment, offset: int) -> tuple[int, int]:
         i = bisect.bisect_right(seg.index, (offset, float("inf"))) - 1

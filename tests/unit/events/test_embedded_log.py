@@ -115,6 +115,38 @@ def test_merge_across_topics_follows_append_order(tmp_path):
     assert list(log.iter_events()) == events
 
 
+def test_merge_of_many_chunks_matches_a_full_sort(tmp_path, monkeypatch):
+    """Tiny file reads and segments force the chunked merge through every boundary:
+    records split across reads, topics exhausted early, starts inside an index block."""
+    import random
+
+    from events import RewardBatchScored
+    from events.log import segments
+
+    log = EmbeddedLog(tmp_path, segment_bytes=2048)
+    log.open_sync()
+    rng = random.Random(7)
+    for i in range(400):
+        cls = TrainerStepCompleted if rng.random() < 0.8 else RewardBatchScored
+        log.append_events_sync([sample(cls, i, run_id=f"run-{i % 5}")])
+    monkeypatch.setattr(segments, "READ_CHUNK", 97)
+    reader = EmbeddedLog(tmp_path, readonly=True)
+    topics = ["runwatch.rewards", TOPIC]
+    stamped = []
+    for topic in topics:
+        tlog = reader._topic(topic)
+        for chunk in tlog.read_chunks(0):
+            stamped += [(ts, topic, off) for ts, off, _k, _v in chunk]
+    stamped.sort()
+    merged = list(reader.iter_records(topics))
+    assert [(r.topic, r.offset) for r in merged] == [(t, o) for _, t, o in stamped]
+    starts = {"runwatch.rewards": 3, TOPIC: 1030 % 320}
+    later = list(reader.iter_records(topics, starts))
+    assert [(r.topic, r.offset) for r in later] == [
+        (t, o) for _, t, o in stamped if o >= starts[t]
+    ]
+
+
 def test_consumer_group_commits_and_resumes(tmp_path):
     async def scenario():
         log = EmbeddedLog(tmp_path)
