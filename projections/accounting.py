@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 from events import TenantUsageUpdated, TrainerStepCompleted, UsageRecorded
-from events.envelope import EventBase, derive_envelope
+from events.envelope import EventBase, derived_id
 from projections.policy import Prices
 
 PRODUCER = "projections/accounting"
@@ -87,17 +87,21 @@ def _bill(
 
 
 _USAGE_FIELDS = tuple(TenantUsageUpdated.model_fields)
+_USAGE_FIELD_SET = set(_USAGE_FIELDS)
 
 
 def trusted_usage_event(values: dict[str, Any]) -> TenantUsageUpdated:
     """A :class:`TenantUsageUpdated` from values this fold computed itself, without
     re-validation: this runs once per committed step of every run and validation would
-    be most of the fold's cost (5x ``model_construct``'s time). Fields are laid out in
-    declaration order, so ``encode`` writes exactly the bytes of a validated instance
-    (a unit test compares both)."""
+    be most of the fold's cost (5x ``model_construct``'s time). ``values`` holds every
+    field in declaration order (the envelope of :func:`~events.envelope.derive_envelope`
+    first), so ``encode`` writes exactly the bytes of a validated instance (a unit test
+    compares both)."""
+    if tuple(values) != _USAGE_FIELDS:
+        raise ValueError(f"fields {tuple(values)} are not {_USAGE_FIELDS}")
     obj = TenantUsageUpdated.__new__(TenantUsageUpdated)
-    object.__setattr__(obj, "__dict__", {k: values[k] for k in _USAGE_FIELDS})
-    object.__setattr__(obj, "__pydantic_fields_set__", set(_USAGE_FIELDS))
+    object.__setattr__(obj, "__dict__", values)
+    object.__setattr__(obj, "__pydantic_fields_set__", _USAGE_FIELD_SET.copy())
     object.__setattr__(obj, "__pydantic_extra__", None)
     object.__setattr__(obj, "__pydantic_private__", None)
     return obj
@@ -160,20 +164,25 @@ class AccountingFold:
 
     def update_event(self, state: RunUsage, cause: EventBase) -> TenantUsageUpdated:
         spend = state.spend_usd(self.prices)
+        steps = state.committed_steps
         return trusted_usage_event(
             {
-                **derive_envelope(cause, PRODUCER),
+                "event_id": derived_id(PRODUCER, cause.event_id),
                 "type": "TenantUsageUpdated",
                 "schema_version": TenantUsageUpdated.SCHEMA_VERSION,
+                "tenant_id": cause.tenant_id,
+                "run_id": cause.run_id,
+                "step": cause.step,
+                "ts": cause.ts,
+                "producer": PRODUCER,
+                "seq": 0,
                 "gpu_seconds_by_pool": state.by_pool(),
                 "gpu_seconds_by_phase": state.gpu_seconds_by_phase,
                 "tokens_generated": state.tokens_generated,
                 "tokens_trained": state.tokens_trained,
-                "committed_steps": state.committed_steps,
+                "committed_steps": steps,
                 "spend_usd": spend,
-                "cost_per_step_usd": spend / state.committed_steps
-                if state.committed_steps
-                else None,
+                "cost_per_step_usd": spend / steps if steps else None,
             }
         )
 

@@ -2,63 +2,117 @@
 
 Every projection here is per run, except the fleet aggregates, which are commutative
 integer sums. So an embedded log can be rebuilt by ``workers`` processes, each folding
-the runs whose key hashes to it (``crc32(run_id) % workers``, the way Kafka spreads keys
-over partitions) into a shard SQLite file of its own; the parent then merges the shards
-with SQL and sums the fleet aggregates. Every worker still reads the whole log (reading
-is cheap: no decoding of records that are not its own). The result is the same read
-model a single-process replay builds (tested), in a fraction of the time on a multi-core
-machine.
+the runs whose key hashes to it (:func:`shard_of`: ``crc32(run_id) % workers``, the way
+Kafka spreads keys over partitions); the parent merges the shards' runs and sums the
+fleet aggregates. Every worker still reads (and checksums) the whole log, but decodes and
+folds only its own records. The result is the read model a single-process replay builds
+(tested), in a fraction of the time on a multi-core machine.
 
-Only for a from-scratch rebuild into an empty store; resuming a store goes through the
-single-process :func:`projections.replay.rebuild_from_log`.
+Two targets:
+
+- in memory (``store_path=None``): each worker hands its runs back to the parent, which
+  builds one :class:`~projections.store.InMemoryReadModel` and returns a
+  :class:`~projections.replay.ReplayResult` like :func:`~projections.replay.rebuild_from_log`;
+- SQLite: each worker writes a shard file; the parent merges them into the (new, empty)
+  store with SQL in one transaction.
+
+Assumptions: a from-scratch rebuild (an empty target). Every worker reads exactly the same
+range — the log's end offsets when the rebuild starts, or ``until`` — so records appended
+meanwhile are never half-seen. Derived events come back merged by event time (stable by
+worker), so for ``workers > 1`` the interleaving of *different* runs' derived events can
+differ from a single-process replay; each run's own sequence is the same. Runs still held
+at the terminal barrier are released at the end (``force_release``), as the single-process
+replay does by default; a store that must keep them held is resumed single-process.
 """
 
 from __future__ import annotations
 
 import gc
+import heapq
 import multiprocessing
 import os
 import sqlite3
 import tempfile
 import time
 import zlib
+from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from events.codec import decode_or_raise, encode
+from events.dead_letter import DeadLetter
+from events.envelope import EventBase
+from events.log.base import Record
 from projections.engine import INPUTS, ProjectionEngine
 from projections.policy import Prices, RunStatePolicy
-from projections.store import SqliteReadModel
+from projections.replay import COMMIT_EVERY, ReplayResult, _chunks
+from projections.store import Batch, InMemoryReadModel, Positions, SqliteReadModel
 from projections.views import Fleet
 
 
-def _shard(job: tuple[str, int, int, str, str, str, int]) -> dict[str, Any]:
-    from events.log.embedded import EmbeddedLog
-    from projections.replay import _chunks
+def shard_of(key: bytes | None, workers: int) -> int:
+    """The worker that folds a record with this key (no key: worker 0)."""
+    return zlib.crc32(key) % workers if key else 0
 
-    log_dir, shard, workers, out, policy_json, prices_json, commit_every = job
-    gc.disable()  # a dedicated worker; see projections.replay._feed for why
-    log = EmbeddedLog(log_dir, readonly=True)
-    engine = ProjectionEngine(
-        SqliteReadModel(out),
-        RunStatePolicy.model_validate_json(policy_json),
-        Prices.model_validate_json(prices_json),
-    )
-    ends: dict[str, int] = {}
+
+@dataclass(frozen=True)
+class _Job:
+    log_dir: str
+    shard: int
+    workers: int
+    ends: dict[str, int]
+    policy_json: str
+    prices_json: str
+    commit_every: int
+    collect: bool
+    #: the shard's SQLite file, or None to hand the runs back in memory
+    sqlite_out: str | None
+
+
+def _records(log: Any, job: _Job) -> Iterator[Record]:
+    shard, workers, ends = job.shard, job.workers, job.ends
     crc32 = zlib.crc32
 
-    def mine():  # type: ignore[no-untyped-def]
-        for rec in log.iter_records(list(INPUTS)):
-            ends[rec.topic] = rec.offset + 1
-            if (crc32(rec.key) % workers if rec.key else 0) == shard:
-                yield rec
+    def mine(key: bytes | None) -> bool:
+        return (crc32(key) % workers if key else 0) == shard
 
-    for chunk in _chunks(mine(), commit_every):
-        engine.process(chunk)
+    for rec in log.iter_records(list(INPUTS), keys=mine):
+        if rec.offset < ends.get(rec.topic, 0):
+            yield rec
+
+
+def _run_shard(job: _Job) -> dict[str, Any]:
+    """One worker: fold this shard's records of the log, from offset 0 to ``job.ends``."""
+    from events.log.embedded import EmbeddedLog
+
+    gc.disable()  # a dedicated worker; see projections.replay._feed for why
+    log = EmbeddedLog(job.log_dir, readonly=True)
+    memory = InMemoryReadModel() if job.sqlite_out is None else None
+    engine = ProjectionEngine(
+        memory or SqliteReadModel(job.sqlite_out),  # type: ignore[arg-type]
+        RunStatePolicy.model_validate_json(job.policy_json),
+        Prices.model_validate_json(job.prices_json),
+    )
+    derived: list[bytes] = []
+    for chunk in _chunks(_records(log, job), job.commit_every):
+        out = engine.process(chunk)
+        if job.collect:
+            derived += [encode(ev) for ev in out]
         engine.checkpoint()
-    engine.release_held(force=True)
+    out = engine.release_held(force=True)
+    if job.collect:
+        derived += [encode(ev) for ev in out]
     engine.checkpoint()
-    return {"ends": ends, "applied": engine.applied, "fleet": engine.fleet.to_doc()}
+    return {
+        "applied": engine.applied,
+        "rejected_foreign": engine.rejected_foreign,
+        "dead_letters": engine.dead_letters,
+        "fleet": engine.fleet.to_doc(),
+        "derived": derived,
+        "runs": memory.runs_contents() if memory is not None else None,
+    }
 
 
 def merge_fleets(docs: list[dict[str, Any]]) -> Fleet:
@@ -84,67 +138,124 @@ def merge_fleets(docs: list[dict[str, Any]]) -> Fleet:
     return out
 
 
+def _end_offsets(log_dir: str | os.PathLike[str], until: Positions | None) -> dict[str, int]:
+    from events.log.embedded import EmbeddedLog
+
+    log = EmbeddedLog(log_dir, readonly=True)
+    ends = {topic: log.end_offset_sync(topic) for topic in INPUTS}
+    if until is not None:
+        ends = {t: min(e, until.get(f"{t}:0", 0)) for t, e in ends.items()}
+    return ends
+
+
+def _run_jobs(jobs: list[_Job]) -> list[dict[str, Any]]:
+    ctx = multiprocessing.get_context("fork" if os.name == "posix" else "spawn")
+    with ProcessPoolExecutor(len(jobs), mp_context=ctx) as pool:
+        return list(pool.map(_run_shard, jobs))
+
+
+def _jobs(
+    log_dir: str | os.PathLike[str],
+    workers: int,
+    ends: dict[str, int],
+    policy: RunStatePolicy,
+    prices: Prices,
+    commit_every: int,
+    collect: bool,
+    shard_files: list[str] | None,
+) -> list[_Job]:
+    return [
+        _Job(
+            str(log_dir),
+            i,
+            workers,
+            ends,
+            policy.model_dump_json(),
+            prices.model_dump_json(),
+            commit_every,
+            collect,
+            shard_files[i] if shard_files else None,
+        )
+        for i in range(workers)
+    ]
+
+
 def rebuild_sharded(
     log_dir: str | os.PathLike[str],
-    store_path: str | os.PathLike[str],
+    store_path: str | os.PathLike[str] | None = None,
     *,
     workers: int = 2,
     policy: RunStatePolicy | None = None,
     prices: Prices | None = None,
-    commit_every: int = 20_000,
-) -> dict[str, Any]:
-    """Rebuild ``log_dir`` into the (new, empty) SQLite store at ``store_path``."""
-    target = SqliteReadModel(store_path)
-    if target.positions():
-        raise ValueError(f"{store_path} already holds a projection; resume it single-process")
-    target.close()
+    until: Positions | None = None,
+    commit_every: int = COMMIT_EVERY,
+    collect: bool = True,
+) -> ReplayResult:
+    """:func:`projections.replay.rebuild_from_log` by ``workers`` processes: into a fresh
+    in-memory read model, or into the new, empty SQLite store at ``store_path``.
+    ``until``: stop each topic at that position."""
+    if not Path(log_dir).is_dir():
+        raise FileNotFoundError(f"no embedded log at {log_dir}")
+    if store_path is not None:
+        target = SqliteReadModel(store_path)
+        if target.positions():
+            raise ValueError(f"{store_path} already holds a projection; resume it single-process")
+        target.close()
     policy, prices = policy or RunStatePolicy.load(), prices or Prices.load()
     started = time.perf_counter()
-    with tempfile.TemporaryDirectory(dir=Path(store_path).parent) as tmp:
-        jobs = [
-            (
-                str(log_dir),
-                i,
-                workers,
-                str(Path(tmp) / f"shard{i}.sqlite"),
-                policy.model_dump_json(),
-                prices.model_dump_json(),
-                commit_every,
-            )
-            for i in range(workers)
-        ]
-        ctx = multiprocessing.get_context("fork" if os.name == "posix" else "spawn")
-        with ProcessPoolExecutor(workers, mp_context=ctx) as pool:
-            results = list(pool.map(_shard, jobs))
-        ends: dict[str, int] = {}
-        for r in results:
-            for topic, end in r["ends"].items():
-                ends[topic] = max(ends.get(topic, 0), end)
+    ends = _end_offsets(log_dir, until)
+    positions = {f"{t}:0": e for t, e in ends.items() if e}
+    with tempfile.TemporaryDirectory(
+        dir=Path(store_path).parent if store_path is not None else None
+    ) as tmp:
+        files = [str(Path(tmp) / f"shard{i}.sqlite") for i in range(workers)]
+        shard_files = files if store_path is not None else None
+        results = _run_jobs(
+            _jobs(log_dir, workers, ends, policy, prices, commit_every, collect, shard_files)
+        )
         fleet = merge_fleets([r["fleet"] for r in results])
-        con = sqlite3.connect(store_path, isolation_level=None)
-        try:
-            con.execute("BEGIN IMMEDIATE")
-            for i, (_, _, _, path, *_rest) in enumerate(jobs):
-                con.execute(f"ATTACH DATABASE ? AS s{i}", (path,))
-                for table in ("runs", "series", "fold_state"):
-                    con.execute(f"INSERT INTO main.{table} SELECT * FROM s{i}.{table}")
-            con.execute("INSERT OR REPLACE INTO meta VALUES ('fleet', ?)", (_json(fleet.to_doc()),))
-            con.execute("INSERT OR REPLACE INTO meta VALUES ('held', ?)", (_json({}),))
-            con.executemany(
-                "INSERT OR REPLACE INTO positions VALUES (?, ?)",
-                [(f"{t}:0", end) for t, end in sorted(ends.items())],
-            )
-            con.execute("COMMIT")
-            for i in range(len(jobs)):
-                con.execute(f"DETACH DATABASE s{i}")
-        finally:
-            con.close()
-    return {
-        "records": sum(ends.values()),
-        "applied": sum(r["applied"] for r in results),
-        "workers": workers,
-        "seconds": time.perf_counter() - started,
-    }
+        if store_path is None:
+            store: InMemoryReadModel | SqliteReadModel = InMemoryReadModel()
+            for r in results:
+                store.absorb_runs(r["runs"])
+            store.commit(Batch(fleet=fleet, positions=positions))
+        else:
+            _merge_sqlite(store_path, files, fleet, positions)
+            store = SqliteReadModel(store_path)
+    engine = ProjectionEngine(store, policy, prices)
+    engine.applied = sum(r["applied"] for r in results)
+    engine.rejected_foreign = sum(r["rejected_foreign"] for r in results)
+    dead: list[DeadLetter] = [d for r in results for d in r["dead_letters"]]
+    engine.dead_letters = dead
+    derived: list[EventBase] = []
+    if collect:
+        streams = [[decode_or_raise(raw) for raw in r["derived"]] for r in results]
+        derived = list(heapq.merge(*streams, key=lambda ev: ev.ts))
+    result = ReplayResult(engine, derived, records=sum(ends.values()))
+    result.seconds = time.perf_counter() - started
+    return result
+
+
+def _merge_sqlite(
+    store_path: str | os.PathLike[str], files: list[str], fleet: Fleet, positions: Positions
+) -> None:
+    """Copy the shard files' rows into the store, with the fleet and positions: one
+    transaction (the store is either empty or complete)."""
+    con = sqlite3.connect(store_path, isolation_level=None)
+    try:
+        con.execute("BEGIN IMMEDIATE")
+        for i, path in enumerate(files):
+            con.execute(f"ATTACH DATABASE ? AS s{i}", (path,))
+            for table in ("runs", "series", "fold_state"):
+                con.execute(f"INSERT INTO main.{table} SELECT * FROM s{i}.{table}")
+        con.execute("INSERT OR REPLACE INTO meta VALUES ('fleet', ?)", (_json(fleet.to_doc()),))
+        con.execute("INSERT OR REPLACE INTO meta VALUES ('held', ?)", (_json({}),))
+        con.executemany("INSERT OR REPLACE INTO positions VALUES (?, ?)", sorted(positions.items()))
+        con.execute("COMMIT")
+        for i in range(len(files)):
+            con.execute(f"DETACH DATABASE s{i}")
+    finally:
+        con.close()
 
 
 def _json(doc: Any) -> str:

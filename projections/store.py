@@ -21,7 +21,7 @@ import threading
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from projections.views import Fleet, Points, RunView, flat_points
 
@@ -138,6 +138,14 @@ class ReadModel(abc.ABC):
         return None
 
 
+class RunsContents(NamedTuple):
+    """The per-run part of an in-memory read model: documents, series, fold states."""
+
+    docs: dict[str, dict[str, Any]]
+    series: dict[str, dict[str, dict[int, float]]]
+    fold_states: dict[tuple[str, str], bytes]
+
+
 class InMemoryReadModel(ReadModel):
     """Documents in dicts, copied at commit (readers never see half a batch)."""
 
@@ -175,6 +183,23 @@ class InMemoryReadModel(ReadModel):
             self._positions.update(batch.positions)
             if batch.held is not None:
                 self._held = json.loads(json.dumps(batch.held))
+
+    def runs_contents(self) -> RunsContents:
+        """Every run's document, series and fold states (what a key-sharded replay worker
+        hands back; see :meth:`absorb_runs`)."""
+        with self._lock:
+            return RunsContents(dict(self._docs), dict(self._series), dict(self._folds))
+
+    def absorb_runs(self, part: RunsContents) -> None:
+        """Add another model's runs (a shard of the same log: its runs must be new here).
+        Fleet and positions are not part of it: the caller commits their merge."""
+        with self._lock:
+            clash = self._docs.keys() & part.docs.keys()
+            if clash:
+                raise ValueError(f"runs already in this model: {sorted(clash)[:3]}")
+            self._docs.update(part.docs)
+            self._series.update(part.series)
+            self._folds.update(part.fold_states)
 
     def get_run(self, run_id: str) -> RunView | None:
         with self._lock:

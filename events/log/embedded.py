@@ -30,7 +30,7 @@ import bisect
 import json
 import os
 import time
-from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
 from itertools import islice
 from pathlib import Path
 
@@ -162,9 +162,14 @@ class EmbeddedLog(LogBackend):
             yield _record(topic, raw)
 
     def iter_records(
-        self, topics: Sequence[str] | None = None, from_offsets: dict[str, int] | None = None
+        self,
+        topics: Sequence[str] | None = None,
+        from_offsets: dict[str, int] | None = None,
+        keys: Callable[[bytes | None], bool] | None = None,
     ) -> Iterator[Record]:
-        """Records of several topics merged by append time (deterministic; see module doc)."""
+        """Records of several topics merged by append time (deterministic; see module doc).
+        ``keys``: only records whose key it accepts (a key-sharded reader's filter; applied
+        before the merge, which keeps the order of what is left)."""
         names = sorted(topics if topics is not None else self.topic_names())
         starts = from_offsets or {}
         streams = []
@@ -173,7 +178,7 @@ class EmbeddedLog(LogBackend):
                 continue
             tlog = self._topic(name)
             tlog.refresh()
-            streams.append(_keyed(name, tlog.read_chunks(starts.get(name, 0))))
+            streams.append(_keyed(name, tlog.read_chunks(starts.get(name, 0)), keys))
         for chunk in merge_chunks(streams):
             for item in chunk:
                 yield item[3]
@@ -254,12 +259,21 @@ class EmbeddedLog(LogBackend):
         return EmbeddedConsumer(self, group_id, topics)
 
 
-def _keyed(name: str, chunks: Iterator[list[RawTuple]]) -> Iterator[list[_Keyed]]:
+def _keyed(
+    name: str, chunks: Iterator[list[RawTuple]], keys: Callable[[bytes | None], bool] | None
+) -> Iterator[list[_Keyed]]:
     for chunk in chunks:
-        yield [
-            (ts, name, off, Record(name, 0, off, key, value, ts // 1_000_000))
-            for ts, off, key, value in chunk
-        ]
+        if keys is None:
+            yield [
+                (ts, name, off, Record(name, 0, off, key, value, ts // 1_000_000))
+                for ts, off, key, value in chunk
+            ]
+        else:
+            yield [
+                (ts, name, off, Record(name, 0, off, key, value, ts // 1_000_000))
+                for ts, off, key, value in chunk
+                if keys(key)
+            ]
 
 
 def _record(topic: str, raw: RawRecord) -> Record:

@@ -185,15 +185,47 @@ def test_sharded_replay_builds_the_same_read_model(log_dir, tmp_path):
     from projections.sharded import rebuild_sharded
 
     single = rebuild_from_log(log_dir, SqliteReadModel(tmp_path / "one.sqlite"))
-    summary = rebuild_sharded(log_dir, tmp_path / "sharded.sqlite", workers=3)
-    assert summary["applied"] == single.engine.applied
-    sharded = SqliteReadModel(tmp_path / "sharded.sqlite")
-    assert first_difference(single.store.export(), sharded.export()) is None
-    assert sharded.positions() == single.store.positions()
-    again = rebuild_from_log(log_dir, sharded)  # the merged store resumes like any other
+    sharded = rebuild_sharded(log_dir, tmp_path / "sharded.sqlite", workers=3)
+    assert sharded.engine.applied == single.engine.applied
+    store = SqliteReadModel(tmp_path / "sharded.sqlite")
+    assert first_difference(single.store.export(), store.export()) is None
+    assert store.positions() == single.store.positions()
+    assert per_run(sharded.derived) == per_run(single.derived)
+    again = rebuild_from_log(log_dir, store)  # the merged store resumes like any other
     assert again.engine.applied == 0
     with pytest.raises(ValueError, match="already holds"):
         rebuild_sharded(log_dir, tmp_path / "sharded.sqlite")
+
+
+def test_sharded_in_memory_replay_equals_the_single_process_one(log_dir):
+    from projections.sharded import rebuild_sharded
+
+    single = rebuild_from_log(log_dir)
+    for workers in (2, 3):
+        sharded = rebuild_sharded(log_dir, workers=workers)
+        assert first_difference(single.store.export(), sharded.store.export()) is None
+        assert sharded.store.positions() == single.store.positions()
+        assert sharded.summary()["runs_by_state"] == single.summary()["runs_by_state"]
+        assert sharded.records == single.records
+        assert per_run(sharded.derived) == per_run(single.derived)
+        assert sorted(e.event_id for e in sharded.derived) == sorted(
+            e.event_id for e in single.derived
+        )
+        # the rebuilt engine holds the folds' states, so it could go on consuming
+        assert sharded.engine.status == single.engine.status
+        assert sharded.engine.usage == single.engine.usage
+
+
+def test_sharded_replay_stops_where_it_is_told(log_dir):
+    from projections.sharded import rebuild_sharded
+
+    until = {f"{t}:0": 40 for t in INPUTS}
+    single = rebuild_from_log(log_dir, until=until)
+    sharded = rebuild_sharded(log_dir, workers=2, until=until)
+    assert first_difference(single.store.export(), sharded.store.export()) is None
+    log = EmbeddedLog(log_dir, readonly=True)
+    expected = sum(min(40, log.end_offset_sync(t)) for t in INPUTS)
+    assert sharded.records == single.records == expected
 
 
 async def test_live_follower_restarts_from_its_store_and_matches_the_replay(tmp_path, fleet_events):

@@ -108,6 +108,18 @@ def test_v1_usage_record_is_upcast_to_v2():
         UsageRecorded(**{**v1, "pool": "trainer"})
 
 
+def test_derived_ids_are_uuid5_of_their_parts_in_the_runwatch_namespace():
+    import uuid
+
+    from events.envelope import RUNWATCH_NAMESPACE
+
+    source = uuid.UUID("2f645eee-f859-54b1-8640-500908029bd6")
+    for parts in (("kl", "abc", 5), ("projections/accounting", source), ("é", None, 1.5)):
+        expected = uuid.uuid5(RUNWATCH_NAMESPACE, "|".join(str(p) for p in parts))
+        got = derived_id(*parts)
+        assert got == expected and str(got) == str(expected) and got.version == 5
+
+
 def test_derived_ids_are_deterministic():
     assert derived_id("kl", "abc", 5) == derived_id("kl", "abc", 5)
     assert derived_id("kl", "abc", 5) != derived_id("kl", "abc", 6)
