@@ -142,9 +142,7 @@ def test_merge_of_many_chunks_matches_a_full_sort(tmp_path, monkeypatch):
     assert [(r.topic, r.offset) for r in merged] == [(t, o) for _, t, o in stamped]
     starts = {"runwatch.rewards": 3, TOPIC: 1030 % 320}
     later = list(reader.iter_records(topics, starts))
-    assert [(r.topic, r.offset) for r in later] == [
-        (t, o) for _, t, o in stamped if o >= starts[t]
-    ]
+    assert [(r.topic, r.offset) for r in later] == [(t, o) for _, t, o in stamped if o >= starts[t]]
 
 
 def test_consumer_group_commits_and_resumes(tmp_path):
