@@ -15,7 +15,9 @@ re-encoded with msgspec; only a body that fails is validated again by the pydant
 
 from __future__ import annotations
 
-from typing import Any
+import gc
+import math
+from typing import Any, NamedTuple
 
 import msgspec
 from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError, field_validator
@@ -134,6 +136,42 @@ def parse_groups(body: bytes, many: bool) -> list[ScoredGroup]:
     except ValidationError as exc:
         raise InvalidBody(error_detail(exc)) from None
     raise InvalidBody([{"type": "value_error", "loc": ["body"], "msg": fast_error}])
+
+
+class AcceptedGroup(NamedTuple):
+    """What the ingress keeps of a validated group: its summary and its ``/batch`` bytes."""
+
+    env_id: int | None
+    num_sequences: int
+    mean_score: float | None
+    payload: bytes
+
+
+def accept_groups(body: bytes, many: bool) -> list[AcceptedGroup]:
+    """Validate a body (:func:`parse_groups`) and encode each group (:func:`encode_group`),
+    with the cyclic garbage collector paused.
+
+    A decoded 8 x 512-token group is dozens of young lists holding thousands of ints; they
+    are freed by reference counting as soon as they are encoded, so a collection in between
+    would only traverse them (perf: about 15% of the push path's CPU). Only summaries and
+    bytes leave this function, so nothing decoded is alive when the collector resumes.
+    """
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return _accept(body, many)
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _accept(body: bytes, many: bool) -> list[AcceptedGroup]:
+    out = []
+    for g in parse_groups(body, many):
+        finite = [s for s in g.scores if math.isfinite(s)]
+        mean = sum(finite) / len(finite) if finite else None
+        out.append(AcceptedGroup(g.env_id, len(g.tokens), mean, _ENCODER.encode(g)))
+    return out
 
 
 def encode_group(group: ScoredGroup) -> bytes:

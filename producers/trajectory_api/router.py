@@ -19,7 +19,7 @@ provides it); it never imports the batching processor or the view.
 from __future__ import annotations
 
 import asyncio
-import math
+import secrets
 import uuid
 from collections.abc import Sequence
 from typing import Any, Protocol
@@ -36,13 +36,12 @@ from events.catalog.trajectory import (
 )
 from events.envelope import EventBase
 from producers.trajectory_api.models import (
+    AcceptedGroup,
     EnvIdentifier,
     InvalidBody,
     RegisterEnv,
     Registration,
-    ScoredGroup,
-    encode_group,
-    parse_groups,
+    accept_groups,
 )
 
 
@@ -77,15 +76,14 @@ def unavailable(message: str, retry_after_s: int = 1) -> Response:
     )
 
 
-def group_event(host: IngressHost, group: ScoredGroup) -> ScoredDataGroupAccepted:
-    finite = [s for s in group.scores if math.isfinite(s)]
+def group_event(host: IngressHost, group: AcceptedGroup) -> ScoredDataGroupAccepted:
     return ScoredDataGroupAccepted(
         **{**host.envelope(), "step": host.step},
-        group_id=uuid.uuid4().hex,
+        group_id=secrets.token_hex(16),
         env_id=group.env_id,
-        num_sequences=len(group.tokens),
-        mean_score=sum(finite) / len(finite) if finite else None,
-        payload=encode_group(group).decode(),
+        num_sequences=group.num_sequences,
+        mean_score=group.mean_score,
+        payload=group.payload.decode(),
     )
 
 
@@ -94,7 +92,7 @@ def build_router(host: IngressHost) -> APIRouter:
 
     async def push(request: Request, many: bool) -> Response | None:
         try:
-            groups = parse_groups(await request.body(), many)
+            groups = accept_groups(await request.body(), many)
         except InvalidBody as exc:
             return JSONResponse({"detail": exc.detail}, status_code=422)
         queued = host.backlog_groups()
