@@ -176,19 +176,24 @@ def replay_projections(
     store_path: str | os.PathLike[str] | None = None,
     policy_path: str | os.PathLike[str] | None = None,
     prices_path: str | os.PathLike[str] | None = None,
+    workers: int = 1,
 ) -> ReplayResult:
-    """What ``runwatch replay LOG [--store DB]`` runs for the projections: rebuild them
-    from the log's recorded topics (alerts as the live detectors appended them) into a
-    fresh in-memory model, or into the SQLite file ``store_path`` (resumable, idempotent)."""
+    """What ``runwatch replay LOG [--store DB] [--workers N]`` runs for the projections:
+    rebuild them from the log's recorded topics (alerts as the live detectors appended
+    them) into a fresh in-memory model, or into the SQLite file ``store_path`` (resumable,
+    idempotent). ``workers`` > 1: a key-sharded rebuild (:mod:`projections.sharded`) when
+    the target is new; a store that already holds a projection resumes single-process."""
     from projections.store import SqliteReadModel
 
+    policy, prices = RunStatePolicy.load(policy_path), Prices.load(prices_path)
     store = SqliteReadModel(store_path) if store_path else None
-    return rebuild_from_log(
-        log_dir,
-        store,
-        policy=RunStatePolicy.load(policy_path),
-        prices=Prices.load(prices_path),
-    )
+    if workers > 1 and (store is None or not store.positions()):
+        from projections.sharded import rebuild_sharded
+
+        if store is not None:
+            store.close()
+        return rebuild_sharded(log_dir, store_path, workers=workers, policy=policy, prices=prices)
+    return rebuild_from_log(log_dir, store, policy=policy, prices=prices)
 
 
 def first_difference(a: Any, b: Any, path: str = "$") -> tuple[str, Any, Any] | None:
@@ -231,14 +236,29 @@ def verify(
     *,
     policy: RunStatePolicy | None = None,
     prices: Prices | None = None,
+    workers: int = 1,
 ) -> Verification:
-    """Replay ``log`` from scratch up to ``live``'s consumed positions and compare."""
+    """Replay ``log`` from scratch up to ``live``'s consumed positions and compare.
+    ``workers`` > 1: a key-sharded replay, unless the live projection still holds runs at
+    the terminal barrier (the replay must hold them too: single-process)."""
     snapshot = live.load()
     positions = snapshot.positions
     still_held = bool((snapshot.held or {}).get("runs"))
-    replay = rebuild_from_log(
-        log, policy=policy, prices=prices, until=positions, force_release=not still_held
-    )
+    if workers > 1 and not still_held:
+        from projections.sharded import rebuild_sharded
+
+        replay = rebuild_sharded(
+            log if isinstance(log, (str, os.PathLike)) else log.root,
+            workers=workers,
+            policy=policy,
+            prices=prices,
+            until=positions,
+            collect=False,
+        )
+    else:
+        replay = rebuild_from_log(
+            log, policy=policy, prices=prices, until=positions, force_release=not still_held
+        )
     return Verification(first_difference(live.export(), replay.store.export()), positions, replay)
 
 

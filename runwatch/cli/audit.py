@@ -33,6 +33,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     v.add_argument("--policy", help="run-state policy YAML the live projection uses")
     v.add_argument("--prices", help="prices YAML the live projection uses")
+    v.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="replay with N key-sharded processes (embedded log only; default 1)",
+    )
     v.add_argument("--json", action="store_true", help="one JSON object on stdout")
 
 
@@ -60,6 +66,8 @@ def run(args: argparse.Namespace, term: Terminal) -> int:
         policy, prices = RunStatePolicy.load(args.policy), Prices.load(args.prices)
     except ValueError as exc:
         raise Abort(str(exc)) from None
+    if args.workers < 1:
+        raise Abort("--workers must be at least 1")
     live = SqliteReadModel(store_path)
     if args.kafka is not None:
         bootstrap = settings.kafka_bootstrap(args.kafka or None)
@@ -74,7 +82,7 @@ def run(args: argparse.Namespace, term: Terminal) -> int:
             raise Abort(
                 "this store was fed from Kafka (partitioned positions): use --kafka BOOTSTRAP"
             )
-        result = verify(live, log_dir, policy=policy, prices=prices)
+        result = verify(live, log_dir, policy=policy, prices=prices, workers=args.workers)
     report = {
         "identical": result.identical,
         "records_replayed": result.replay.records,

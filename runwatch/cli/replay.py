@@ -26,6 +26,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--policy", help="run-state policy YAML (default: packaged)")
     parser.add_argument("--prices", help="prices YAML (default: packaged)")
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="rebuild the projections with N key-sharded processes (default 1)",
+    )
 
 
 def run(args: argparse.Namespace, term: Terminal) -> int:
@@ -35,6 +41,8 @@ def run(args: argparse.Namespace, term: Terminal) -> int:
     from runwatch.hosting.embedded import replay
     from stream_processors.detectors import CatalogError
 
+    if args.workers < 1:
+        raise Abort("--workers must be at least 1")
     log = EmbeddedLog(args.log, readonly=True)
     try:
         log.open_sync()
@@ -55,7 +63,9 @@ def run(args: argparse.Namespace, term: Terminal) -> int:
     from projections.replay import replay_projections
 
     try:
-        projected = replay_projections(args.log, args.store, args.policy, args.prices)
+        projected = replay_projections(
+            args.log, args.store, args.policy, args.prices, workers=args.workers
+        )
     except ValueError as exc:
         raise Abort(str(exc)) from None
     for event in projected.derived:
