@@ -53,6 +53,12 @@ _SPECS = (
     TopicSpec("runwatch.rewards", 3, "long", "reward batch outcomes: the per-cause ledger"),
     TopicSpec("runwatch.checkpoints", 3, "long", "checkpoints written, resumes certified"),
     TopicSpec("runwatch.trajectories", 6, "short", "scored groups accepted by the trajectory API"),
+    TopicSpec(
+        "runwatch.trajectory-payloads",
+        6,
+        "short",
+        "payload bytes of accepted scored groups (their ordered metadata: runwatch.trajectories)",
+    ),
     TopicSpec("runwatch.batches", 6, "short", "trajectory batches served to trainers"),
     TopicSpec("runwatch.alerts", 3, "long", "derived: alert fired / resolved"),
     TopicSpec("runwatch.run-states", 3, "long", "derived: append-only customer run states"),

@@ -8,6 +8,10 @@ Two topics:
   totally ordered partition; the batching fold is a pure function of that sequence, and
   every API instance that folds it reaches the same state (that is how several instances
   share one buffer).
+- ``runwatch.trajectory-payloads`` holds the bytes of accepted groups (one record per
+  group, exactly as ``/batch`` returns it), keyed by ``run_id``. They are appended
+  (acks=all) before the small ``ScoredDataGroupStored`` that points at them, so the
+  ordered partition, which every instance folds, carries only metadata.
 - ``runwatch.batches`` holds what the batching fold *derived*: batches served, requests
   that found no batch, groups rejected (can never fit, stale), batches requeued after a
   crash. Detectors and dashboards read rollout quality from here.
@@ -25,6 +29,7 @@ from typing import ClassVar, Literal
 from events.envelope import EventBase
 
 TRAJECTORIES_TOPIC = "runwatch.trajectories"
+PAYLOADS_TOPIC = "runwatch.trajectory-payloads"
 BATCHES_TOPIC = "runwatch.batches"
 
 RejectReason = Literal["too_large", "empty", "stale", "unbatchable", "size_mismatch"]
@@ -42,6 +47,26 @@ class ScoredDataGroupAccepted(EventBase):
     num_sequences: int
     mean_score: float | None = None
     payload: str
+
+
+class ScoredDataGroupStored(EventBase):
+    """One scored group accepted by the trajectory API, its payload kept off the ordered
+    partition: the group as ``/batch`` returns it is the record at ``payload_offset`` of
+    partition ``payload_partition`` of ``runwatch.trajectory-payloads``, appended
+    (acks=all) before this event. ``payload_bytes`` and ``payload_crc`` (zlib CRC-32)
+    let a reader check what it fetched. Successor of :class:`ScoredDataGroupAccepted`
+    (inline payload), which folds the same way and is still read."""
+
+    TOPIC: ClassVar[str] = TRAJECTORIES_TOPIC
+    type: Literal["ScoredDataGroupStored"] = "ScoredDataGroupStored"
+    group_id: str
+    env_id: int | None = None
+    num_sequences: int
+    mean_score: float | None = None
+    payload_partition: int
+    payload_offset: int
+    payload_bytes: int
+    payload_crc: int
 
 
 class TrajectoryTrainerRegistered(EventBase):

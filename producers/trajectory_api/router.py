@@ -3,8 +3,11 @@
 ``/register``, ``/register-env``, ``/disconnect-env``, ``/scored_data``,
 ``/scored_data_list`` and ``/reset_data`` turn a request into events on the run's
 ``runwatch.trajectories`` partition and answer only once the log acknowledged them
-(Kafka: acks=all), so a 200 means durable. Bodies and answers follow the reference
-server (see :mod:`producers.trajectory_api.models`); on top of it:
+(Kafka: acks=all), so a 200 means durable. A scored group's bytes go to
+``runwatch.trajectory-payloads`` first (one record per group, as ``/batch`` returns it);
+only then its small ``ScoredDataGroupStored`` goes on the ordered partition. Bodies and
+answers follow the reference server (see :mod:`producers.trajectory_api.models`); on top
+of it:
 
 - backpressure: when the run's queue holds ``max_queue_groups`` groups (plus what this
   instance appended and has not folded yet), pushes get 503 with ``Retry-After`` and
@@ -21,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import secrets
 import uuid
+import zlib
 from collections.abc import Sequence
 from typing import Any, Protocol
 
@@ -28,13 +32,14 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from events.catalog.trajectory import (
-    ScoredDataGroupAccepted,
+    ScoredDataGroupStored,
     TrajectoryDataReset,
     TrajectoryEnvDisconnected,
     TrajectoryEnvRegistered,
     TrajectoryTrainerRegistered,
 )
 from events.envelope import EventBase
+from events.log.base import Appended
 from producers.trajectory_api.models import (
     AcceptedGroup,
     EnvIdentifier,
@@ -65,6 +70,10 @@ class IngressHost(Protocol):
 
     async def append(self, events: Sequence[EventBase], groups: int = 0) -> None: ...
 
+    async def append_payloads(self, payloads: Sequence[tuple[str, bytes]]) -> list[Appended]:
+        """Append (group id, payload bytes) to the payload topic; returns once durable."""
+        ...
+
 
 #: How long a request waits for the batching processor to fold its event.
 ANSWER_TIMEOUT_S = 30.0
@@ -76,14 +85,19 @@ def unavailable(message: str, retry_after_s: int = 1) -> Response:
     )
 
 
-def group_event(host: IngressHost, group: AcceptedGroup) -> ScoredDataGroupAccepted:
-    return ScoredDataGroupAccepted(
+def group_event(
+    host: IngressHost, group_id: str, group: AcceptedGroup, at: Appended
+) -> ScoredDataGroupStored:
+    return ScoredDataGroupStored(
         **{**host.envelope(), "step": host.step},
-        group_id=secrets.token_hex(16),
+        group_id=group_id,
         env_id=group.env_id,
         num_sequences=group.num_sequences,
         mean_score=group.mean_score,
-        payload=group.payload.decode(),
+        payload_partition=at.partition,
+        payload_offset=at.offset,
+        payload_bytes=len(group.payload),
+        payload_crc=zlib.crc32(group.payload),
     )
 
 
@@ -101,7 +115,11 @@ def build_router(host: IngressHost) -> APIRouter:
                 f"trajectory queue full: {queued} groups queued, cap {host.max_queue_groups}; "
                 "retry later"
             )
-        events = [group_event(host, g) for g in groups]
+        ids = [secrets.token_hex(16) for _ in groups]
+        # the payloads first (durable), then the small events that point at them: a group
+        # is on the ordered partition only once its bytes are on the log
+        where = await host.append_payloads([(gid, g.payload) for gid, g in zip(ids, groups)])
+        events = [group_event(host, gid, g, at) for gid, g, at in zip(ids, groups, where)]
         # a group whose size differs from its env's group_size is buffered by the batching
         # processor (the reference's rule); its answer carries the buffer size, so wait
         # for the fold on those only

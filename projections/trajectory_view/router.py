@@ -10,7 +10,8 @@ commits ``TrajectoryBatchDelivered`` (acks=all; gzip runs meanwhile) and only th
 the response. A
 request whose answer cannot be written (timeout, failure) is released
 (``TrajectoryBatchReleased``) so its groups go back to the queue. The batch body is
-spliced from the stored group payloads (no re-encoding) and gzipped here when the client
+spliced from the group payloads (no re-encoding; those this instance did not ingest are
+read from the payload topic) and gzipped here when the client
 accepts gzip, so the commit happens after every expensive step.
 
 The router knows the host only through :class:`ServingHost` (composition root).
@@ -53,6 +54,13 @@ class ServingHost(Protocol):
     def expect(self, request_id: str) -> asyncio.Future[Any]: ...
 
     async def append(self, events: Sequence[EventBase], groups: int = 0) -> None: ...
+
+    async def batch_body(self, group_ids: tuple[str, ...]) -> bytes:
+        """The ``/batch`` body of these groups (payloads this instance lacks are read
+        from the log)."""
+        ...
+
+    async def latest_example(self) -> bytes | None: ...
 
 
 NOT_REGISTERED = {
@@ -101,7 +109,7 @@ def build_router(host: ServingHost) -> APIRouter:
         try:
             if await request.is_disconnected():  # nobody to deliver to: give the groups back
                 raise ConnectionAbortedError("client went away before its batch was ready")
-            body = view.batch_body(result.group_ids)
+            body = await host.batch_body(result.group_ids)
             headers = {"Vary": "Accept-Encoding"}
             commit = host.append(
                 [TrajectoryBatchDelivered(**host.envelope(), request_id=request_id)]
@@ -136,9 +144,10 @@ def build_router(host: ServingHost) -> APIRouter:
 
     @router.get("/latest_example")
     async def latest_example() -> Any:
-        if view.latest is None:
+        latest = await host.latest_example()
+        if latest is None:
             return EMPTY_EXAMPLE
-        return Response(view.latest, media_type="application/json")
+        return Response(latest, media_type="application/json")
 
     @router.get("/status")
     async def status() -> Any:

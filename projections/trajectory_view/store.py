@@ -43,6 +43,9 @@ class PayloadStore(abc.ABC):
     @abc.abstractmethod
     def __len__(self) -> int: ...
 
+    @abc.abstractmethod
+    def __contains__(self, group_id: object) -> bool: ...
+
     def close(self) -> None:
         return None
 
@@ -79,6 +82,9 @@ class MemoryPayloads(PayloadStore):
 
     def __len__(self) -> int:
         return len(self._data)
+
+    def __contains__(self, group_id: object) -> bool:
+        return group_id in self._data
 
 
 class SpillPayloads(PayloadStore):
@@ -162,6 +168,9 @@ class SpillPayloads(PayloadStore):
 
     def __len__(self) -> int:
         return len(self._index)
+
+    def __contains__(self, group_id: object) -> bool:
+        return group_id in self._index
 
     def dump_index(self) -> dict[str, object] | None:
         if not self.keep_files:

@@ -10,7 +10,10 @@ view always reflects the batching decisions up to that input.
 The view never decides anything: queue membership, steps and batches come from the
 processor's derived events; env ids are ordinals of registrations since the last reset,
 which is how the processor numbers them too. Payloads of groups not yet delivered live in
-a :class:`~projections.trajectory_view.store.PayloadStore`.
+a :class:`~projections.trajectory_view.store.PayloadStore` when this instance has them
+(it ingested them, or they came inline in an older ``ScoredDataGroupAccepted``); for every
+``ScoredDataGroupStored`` group the view also keeps where its payload sits on the log
+(:attr:`TrajectoryView.locations`), so the host can fetch what the store lacks.
 
 Time semantics: none; the view is a function of the events it saw.
 """
@@ -19,10 +22,12 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from collections.abc import Mapping
 from typing import Any
 
 from events.catalog.trajectory import (
     ScoredDataGroupAccepted,
+    ScoredDataGroupStored,
     TrajectoryBatchDelivered,
     TrajectoryBatchRequested,
     TrajectoryBatchRequeued,
@@ -37,6 +42,9 @@ from events.catalog.trajectory import (
 )
 from events.envelope import EventBase
 from projections.trajectory_view.store import MemoryPayloads, PayloadStore
+
+#: Where a payload sits on the log: (partition, offset, length, crc32).
+Location = tuple[int, int, int, int]
 
 #: Floor of an env's sampling weight in ``/status-env`` (as the reference server).
 MIN_ENV_WEIGHT = 0.01
@@ -74,15 +82,23 @@ class TrajectoryView:
         self.held: dict[str, tuple[int | None, int]] = {}  # reserved group id -> (env, size)
         self.buffered: dict[str, tuple[int | None, int]] = {}  # size-mismatched, waiting
         self.latest: bytes | None = None
+        self.latest_ref: tuple[str, Location] | None = None
+        self.locations: dict[str, Location] = {}  # group id -> payload on the log
         self.payloads.clear()
         self.events_seen = 0
 
     # -- folding --------------------------------------------------------------------------
     def apply(self, ev: EventBase) -> None:
         self.events_seen += 1
-        if isinstance(ev, ScoredDataGroupAccepted):
+        if isinstance(ev, ScoredDataGroupStored):
+            where = (ev.payload_partition, ev.payload_offset, ev.payload_bytes, ev.payload_crc)
+            self.latest, self.latest_ref = None, (ev.group_id, where)
+            if ev.num_sequences >= 1:
+                self.locations[ev.group_id] = where
+                self._enqueue(ev.group_id, ev.env_id, ev.num_sequences)
+        elif isinstance(ev, ScoredDataGroupAccepted):
             payload = ev.payload.encode()
-            self.latest = payload
+            self.latest, self.latest_ref = payload, None
             if ev.num_sequences >= 1:
                 self.payloads.put(ev.group_id, payload)
                 self._enqueue(ev.group_id, ev.env_id, ev.num_sequences)
@@ -97,6 +113,7 @@ class TrajectoryView:
             delivered = self.reserved.pop(ev.request_id, ())
             for gid in delivered:
                 self.held.pop(gid, None)
+                self.locations.pop(gid, None)
             self.payloads.drop(delivered)
         elif isinstance(ev, TrajectoryBatchRequeued):
             self.reserved.pop(ev.batch_id, None)
@@ -115,6 +132,7 @@ class TrajectoryView:
                     self._enqueue(gid, *meta)
         elif isinstance(ev, TrajectoryGroupRejected):
             self._dequeue(ev.group_id)
+            self.locations.pop(ev.group_id, None)
             self.payloads.drop((ev.group_id,))
         elif isinstance(ev, TrajectoryBatchRequested):
             if self.registration is not None:
@@ -179,6 +197,8 @@ class TrajectoryView:
             "held": dict(self.held),
             "buffered": dict(self.buffered),
             "latest": self.latest.decode() if self.latest is not None else None,
+            "latest_ref": self.latest_ref,
+            "locations": dict(self.locations),
             "events_seen": self.events_seen,
         }
 
@@ -199,12 +219,20 @@ class TrajectoryView:
         self.held = {k: (v[0], v[1]) for k, v in d["held"].items()}
         self.buffered = {k: (v[0], v[1]) for k, v in d["buffered"].items()}
         self.latest = d["latest"].encode() if d["latest"] is not None else None
+        ref = d.get("latest_ref")
+        self.latest_ref = (ref[0], tuple(ref[1])) if ref is not None else None  # type: ignore[assignment]
+        self.locations = {k: tuple(v) for k, v in d.get("locations", {}).items()}  # type: ignore[misc]
         self.events_seen = d["events_seen"]
 
     # -- answers --------------------------------------------------------------------------
-    def batch_body(self, group_ids: tuple[str, ...]) -> bytes:
-        """The ``/batch`` response body: the stored payloads spliced, no re-encoding."""
-        return b'{"batch":[' + b",".join(self.payloads.get(g) for g in group_ids) + b"]}"
+    def batch_body(
+        self, group_ids: tuple[str, ...], fetched: Mapping[str, bytes] | None = None
+    ) -> bytes:
+        """The ``/batch`` response body: the payloads spliced, no re-encoding; ``fetched``
+        holds those the host read from the log, the rest come from the store."""
+        got = fetched or {}
+        parts = [got[g] if g in got else self.payloads.get(g) for g in group_ids]
+        return b'{"batch":[' + b",".join(parts) + b"]}"
 
     def env_answer(self, request_id: str) -> dict[str, Any]:
         env_id = self.env_of_request[request_id]

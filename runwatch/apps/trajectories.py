@@ -44,8 +44,10 @@ from starlette.middleware.gzip import GZipMiddleware
 
 from events.catalog.trajectory import (
     BATCHES_TOPIC,
+    PAYLOADS_TOPIC,
     TRAJECTORIES_TOPIC,
     ScoredDataGroupAccepted,
+    ScoredDataGroupStored,
     TrajectoryApiStarted,
     TrajectoryBatchRequested,
     TrajectoryBatchServed,
@@ -57,11 +59,13 @@ from events.codec import decode, encode
 from events.dead_letter import DeadLetter
 from events.dedupe import Deduplicator
 from events.envelope import EventBase, new_envelope
-from events.log.base import LogBackend, Record
+from events.log.base import Appended, LogBackend, Record
 from producers.trajectory_api import GzipRequestMiddleware
 from producers.trajectory_api import build_router as build_ingress
 from projections.trajectory_view import SpillPayloads, TrajectoryView
 from projections.trajectory_view.router import build_router as build_serving
+from projections.trajectory_view.store import CorruptPayload
+from projections.trajectory_view.view import Location
 from stream_processors.batching import BatchingFold
 
 log = logging.getLogger(__name__)
@@ -127,6 +131,7 @@ class TrajectoryHost:
         self._wake = asyncio.Event()
         self._outbox: asyncio.Queue[EventBase] = asyncio.Queue()
         self._tasks: list[asyncio.Task[None]] = []
+        self._readers: dict[int, PayloadReader] = {}  # payload partition -> reader
 
     # -- the ports the routers use --------------------------------------------------------
     @property
@@ -178,11 +183,66 @@ class TrajectoryHost:
                 fut = self._waiters.pop(key, None) if key else None
                 if fut is not None and not fut.done():
                     fut.cancel()
+            self.view.payloads.drop(  # payload bytes no event will ever point at
+                [ev.group_id for ev in events if isinstance(ev, ScoredDataGroupStored)]
+            )
             raise
         for ev, at in zip(events, where):
             if at.offset >= self.position:  # not folded yet: spare the tail a decode
                 self._own[at.offset] = ev
         self._wake.set()
+
+    async def append_payloads(self, payloads: Sequence[tuple[str, bytes]]) -> list[Appended]:
+        """Append group payloads to the payload topic (one record each) and keep them in
+        this instance's payload cache, so serving them needs no read from the log."""
+        where = await self.backend.append_many(PAYLOADS_TOPIC, [(self.key, p) for _, p in payloads])
+        self._churn_bytes += sum(len(p) for _, p in payloads)
+        for gid, payload in payloads:
+            self.view.payloads.put(gid, payload)
+        return where
+
+    async def batch_body(self, group_ids: tuple[str, ...]) -> bytes:
+        """The ``/batch`` body: cached payloads, plus those another instance ingested (or
+        this one before a restart lost its cache) read from the payload topic."""
+        remote: dict[str, Location] = {}
+        for gid in group_ids:
+            if gid not in self.view.payloads:
+                remote[gid] = self.view.locations[gid]
+        fetched = await self.fetch_payloads(remote) if remote else None
+        try:
+            return self.view.batch_body(group_ids, fetched)
+        except CorruptPayload:  # a damaged cache entry: the log has the bytes
+            wanted = {g: self.view.locations[g] for g in group_ids if g in self.view.locations}
+            return self.view.batch_body(group_ids, await self.fetch_payloads(wanted))
+
+    async def latest_example(self) -> bytes | None:
+        view = self.view
+        if view.latest is not None or view.latest_ref is None:
+            return view.latest
+        gid, where = view.latest_ref
+        if gid in view.payloads:
+            with contextlib.suppress(KeyError):
+                return view.payloads.get(gid)
+        return (await self.fetch_payloads({gid: where}))[gid]
+
+    async def fetch_payloads(self, wanted: dict[str, Location]) -> dict[str, bytes]:
+        """Read payloads from the payload topic by location, checking length and CRC."""
+        by_partition: dict[int, dict[int, str]] = {}
+        for gid, (partition, offset, _, _) in wanted.items():
+            by_partition.setdefault(partition, {})[offset] = gid
+        out: dict[str, bytes] = {}
+        for partition, offsets in by_partition.items():
+            reader = self._readers.get(partition)
+            if reader is None:
+                reader = self._readers[partition] = PayloadReader(self.backend, partition)
+            values = await asyncio.wait_for(reader.read(set(offsets)), self.batch_timeout_s)
+            for offset, value in values.items():
+                gid = offsets[offset]
+                _, _, length, crc = wanted[gid]
+                if len(value) != length or zlib.crc32(value) != crc:
+                    raise CorruptPayload(f"payload of group {gid} at {partition}/{offset}")
+                out[gid] = value
+        return out
 
     # -- lifecycle ------------------------------------------------------------------------
     async def start(self) -> None:
@@ -213,6 +273,8 @@ class TrajectoryHost:
                 await task
         with contextlib.suppress(Exception):
             await self._flush_outbox()
+        for reader in self._readers.values():
+            await reader.close()
         await self.backend.close()
         self.view.payloads.close()
 
@@ -268,7 +330,8 @@ class TrajectoryHost:
         for d in derived:
             self.view.apply(d)
         mine = ev.producer == self.producer
-        if mine and isinstance(ev, ScoredDataGroupAccepted) and rec.offset > self.ready_offset:
+        group = isinstance(ev, (ScoredDataGroupStored, ScoredDataGroupAccepted))
+        if mine and group and rec.offset > self.ready_offset:
             self._folded_own_groups += 1
         if mine and rec.offset > self.ready_offset:
             for d in derived:
@@ -279,7 +342,7 @@ class TrajectoryHost:
         fut = self._waiters.get(request_id) if request_id else None
         if fut is None or fut.done():
             return
-        if isinstance(ev, ScoredDataGroupAccepted):
+        if group:
             fut.set_result(
                 next((d for d in derived if isinstance(d, TrajectoryGroupBuffered)), None)
             )
@@ -398,6 +461,49 @@ class TrajectoryHost:
             batch.append(self._outbox.get_nowait())
         if batch:
             await self.backend.append_many(BATCHES_TOPIC, [(e.key(), encode(e)) for e in batch])
+
+
+class PayloadReader:
+    """Reads payload records of one partition by offset. ``/batch`` serves oldest groups
+    first, so wanted offsets mostly grow: one open reader moves forward through them and
+    is reopened only to go back or to jump a gap of more than ``reopen_gap`` records."""
+
+    def __init__(self, backend: LogBackend, partition: int, reopen_gap: int = 256) -> None:
+        self.backend = backend
+        self.partition = partition
+        self.reopen_gap = reopen_gap
+        self._it: AsyncIterator[Record] | None = None
+        self._next = 0
+        self._lock = asyncio.Lock()
+
+    async def read(self, offsets: set[int]) -> dict[int, bytes]:
+        async with self._lock:
+            lo = min(offsets)
+            if self._it is None or not self._next <= lo <= self._next + self.reopen_gap:
+                await self._close()
+                self._it = aiter(self.backend.read(PAYLOADS_TOPIC, self.partition, lo, False))
+                self._next = lo
+            out: dict[int, bytes] = {}
+            try:
+                while len(out) < len(offsets):
+                    rec = await anext(self._it)
+                    self._next = rec.offset + 1
+                    if rec.offset in offsets:
+                        out[rec.offset] = rec.value
+            except BaseException:  # timeout, cancel, broker gone: start afresh next time
+                await self._close()
+                raise
+            return out
+
+    async def close(self) -> None:
+        async with self._lock:
+            await self._close()
+
+    async def _close(self) -> None:
+        it, self._it = self._it, None
+        if it is not None:
+            with contextlib.suppress(Exception):
+                await it.aclose()  # type: ignore[attr-defined]
 
 
 def _write_atomically(path: Path, data: bytes) -> None:

@@ -1,7 +1,8 @@
 """The batching processor: a pure fold over one run's ``runwatch.trajectories`` partition.
 
 Input (all on one partition per run, so totally ordered): trainer/env registrations,
-disconnects, resets, accepted scored groups, batch requests, delivery commits and API
+disconnects, resets, accepted scored groups (their metadata: the fold never reads a
+payload), batch requests, delivery commits and API
 starts (:mod:`events.catalog.trajectory`). Output (``runwatch.batches``): one
 ``TrajectoryBatchServed`` or ``TrajectoryBatchUnavailable`` per request, a
 ``TrajectoryGroupRejected`` per group that will never be served, a
@@ -31,6 +32,7 @@ from typing import Any, NamedTuple
 from events.catalog.trajectory import (
     TRAJECTORIES_TOPIC,
     ScoredDataGroupAccepted,
+    ScoredDataGroupStored,
     TrajectoryApiStarted,
     TrajectoryBatchDelivered,
     TrajectoryBatchReleased,
@@ -94,7 +96,7 @@ class BatchingFold:
         return event.run_id
 
     def apply(self, state: BatchingState, event: EventBase) -> tuple[BatchingState, Derived]:
-        if isinstance(event, ScoredDataGroupAccepted):
+        if isinstance(event, (ScoredDataGroupStored, ScoredDataGroupAccepted)):
             return self._accept(state, event)
         if isinstance(event, TrajectoryBatchRequested):
             return self._request(state, event)
@@ -136,7 +138,7 @@ class BatchingFold:
 
     # -- groups in ------------------------------------------------------------------------
     def _accept(
-        self, state: BatchingState, ev: ScoredDataGroupAccepted
+        self, state: BatchingState, ev: ScoredDataGroupStored | ScoredDataGroupAccepted
     ) -> tuple[BatchingState, Derived]:
         step = state.step if ev.step is None else min(ev.step, state.step)
         group = Queued(ev.group_id, ev.env_id, ev.num_sequences, step, state.arrivals)
