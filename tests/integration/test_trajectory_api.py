@@ -44,7 +44,7 @@ def group(marker: float, size: int = 2, **extra: object) -> dict[str, object]:
 
 
 def client_for(log_dir: Path, **settings: object) -> TestClient:
-    config = TrajectorySettings(instance="test", **settings)  # type: ignore[arg-type]
+    config = TrajectorySettings(**{"instance": "test", **settings})  # type: ignore[arg-type]
     host = TrajectoryHost(EmbeddedLog(log_dir, sync=False), config)
     return TestClient(build_app(host))
 
@@ -359,3 +359,56 @@ def test_gzip_bomb_is_413_not_out_of_memory(tmp_path: Path) -> None:
         with TestClient(small_cap) as capped:
             r = capped.post("/scored_data_list", content=bomb, headers={"Content-Encoding": "gzip"})
         assert r.status_code == 413
+
+
+def test_payloads_stay_off_the_ordered_partition(tmp_path: Path) -> None:
+    """The run's partition carries small metadata events only; each group's bytes are one
+    record of the payload topic, and an instance without them serves them from there."""
+    big = [group(float(i), tokens=[list(range(2000))] * 2) for i in range(4)]
+    with client_for(tmp_path / "log") as c:
+        wait_ready(c)
+        start_training(c)
+        assert c.post("/scored_data_list", json=big).status_code == 200
+        settle(c)
+        log: EmbeddedLog = c.app.state.host.backend  # type: ignore[attr-defined]
+        ordered = list(log.read_sync("runwatch.trajectories"))
+        payloads = list(log.read_sync("runwatch.trajectory-payloads"))
+        assert max(len(r.value) for r in ordered) < 1024
+        assert [json.loads(r.value)["scores"][0] for r in payloads] == [0.0, 1.0, 2.0, 3.0]
+        assert all(list(json.loads(r.value)) == FIELDS for r in payloads)
+    # another instance, no payload cache: the batch comes from the payload topic
+    with client_for(tmp_path / "log", instance="other") as c:
+        wait_ready(c)
+        host = c.app.state.host  # type: ignore[attr-defined]
+        assert len(host.view.payloads) == 0 and len(host.view.locations) == 4
+        body = c.get("/batch").json()["batch"]
+        assert [g["scores"][0] for g in body] == [0.0, 1.0]
+        assert body[0]["tokens"] == [list(range(2000))] * 2
+        assert c.get("/latest_example").json()["scores"] == [3.0, 3.0]
+
+
+def test_groups_logged_inline_by_an_older_server_are_still_served(tmp_path: Path) -> None:
+    """A log written before payloads moved off the partition (``ScoredDataGroupAccepted``
+    with its payload inline) folds and serves as before."""
+    from events.catalog.trajectory import ScoredDataGroupAccepted
+    from events.codec import encode
+    from events.envelope import new_envelope
+
+    with client_for(tmp_path / "log") as c:
+        wait_ready(c)
+        start_training(c)
+    log = EmbeddedLog(tmp_path / "log", sync=False)
+    log.open_sync()
+    for i in range(2):
+        payload = json.dumps({f: (group(float(i)).get(f)) for f in FIELDS})
+        ev = ScoredDataGroupAccepted(
+            **new_envelope(tenant_id="default", run_id="atropos", producer="old", seq=i),
+            group_id=f"old-{i}",
+            num_sequences=2,
+            payload=payload,
+        )
+        log.append_sync("runwatch.trajectories", ev.key(), encode(ev))
+    with client_for(tmp_path / "log") as c:
+        wait_ready(c)
+        assert [g["scores"][0] for g in c.get("/batch").json()["batch"]] == [0.0, 1.0]
+        assert c.get("/latest_example").json()["scores"] == [1.0, 1.0]

@@ -10,6 +10,7 @@ import pytest
 
 from events.catalog.trajectory import (
     ScoredDataGroupAccepted,
+    ScoredDataGroupStored,
     TrajectoryApiStarted,
     TrajectoryBatchDelivered,
     TrajectoryBatchRequested,
@@ -285,3 +286,26 @@ def test_size_mismatched_groups_wait_in_the_env_buffer_until_they_add_up():
     assert [g.group_id for g in state.queue] == ["a", "c"]
     assert [g.group_id for g in state.buffered] == ["b"]
     assert fold.load_state(fold.dump_state(state)) == state
+
+
+def test_groups_with_payloads_inline_or_on_the_payload_topic_fold_alike():
+    """``ScoredDataGroupStored`` (metadata, payload on the payload topic) is the successor
+    of ``ScoredDataGroupAccepted`` (payload inline): a log of either folds the same."""
+    sizes = [4, 2, 2, 8, 4, 4]
+
+    def stored(gid: str, size: int) -> ScoredDataGroupStored:
+        return ScoredDataGroupStored(
+            **env(),
+            group_id=gid,
+            num_sequences=size,
+            payload_partition=0,
+            payload_offset=int(gid[1:]),
+            payload_bytes=2,
+            payload_crc=0,
+        )
+
+    def run(make) -> list[tuple[str, ...]]:
+        evs = [register(8), *(make(f"g{i}", s) for i, s in enumerate(sizes)), *map(request, "abc")]
+        return [b.group_ids for b in served(fold_all(BatchingFold(), evs)[1])]
+
+    assert run(stored) == run(group) == [("g0", "g1", "g2"), ("g3",), ("g4", "g5")]
