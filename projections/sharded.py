@@ -71,16 +71,22 @@ class _Job:
     sqlite_out: str | None
 
 
+class _Mine(dict[bytes | None, bool]):
+    """Key -> "is it this shard's?", computed once per distinct key: its ``__getitem__``
+    is the key filter of the read, a C-level dict lookup per record."""
+
+    def __init__(self, shard: int, workers: int) -> None:
+        super().__init__()
+        self.shard, self.workers = shard, workers
+
+    def __missing__(self, key: bytes | None) -> bool:
+        mine = self[key] = shard_of(key, self.workers) == self.shard
+        return mine
+
+
 def _records(log: Any, job: _Job) -> Iterator[Record]:
-    shard, workers, ends = job.shard, job.workers, job.ends
-    crc32 = zlib.crc32
-
-    def mine(key: bytes | None) -> bool:
-        return (crc32(key) % workers if key else 0) == shard
-
-    for rec in log.iter_records(list(INPUTS), keys=mine):
-        if rec.offset < ends.get(rec.topic, 0):
-            yield rec
+    keys = _Mine(job.shard, job.workers).__getitem__
+    return log.iter_records(list(INPUTS), keys=keys, to_offsets=job.ends)  # type: ignore[no-any-return]
 
 
 def _run_shard(job: _Job) -> dict[str, Any]:

@@ -166,19 +166,22 @@ class EmbeddedLog(LogBackend):
         topics: Sequence[str] | None = None,
         from_offsets: dict[str, int] | None = None,
         keys: Callable[[bytes | None], bool] | None = None,
+        to_offsets: dict[str, int] | None = None,
     ) -> Iterator[Record]:
         """Records of several topics merged by append time (deterministic; see module doc).
         ``keys``: only records whose key it accepts (a key-sharded reader's filter; applied
-        before the merge, which keeps the order of what is left)."""
+        before the merge, which keeps the order of what is left). ``to_offsets``: stop a
+        topic before that offset (default: its current end)."""
         names = sorted(topics if topics is not None else self.topic_names())
-        starts = from_offsets or {}
+        starts, stops = from_offsets or {}, to_offsets or {}
         streams = []
         for name in names:
             if not (self.root / name).is_dir():
                 continue
             tlog = self._topic(name)
             tlog.refresh()
-            streams.append(_keyed(name, tlog.read_chunks(starts.get(name, 0)), keys))
+            chunks = tlog.read_chunks(starts.get(name, 0), stops.get(name))
+            streams.append(_keyed(name, chunks, keys))
         for chunk in merge_chunks(streams):
             for item in chunk:
                 yield item[3]

@@ -84,12 +84,6 @@ def frame(key: bytes | None, value: bytes, timestamp_ns: int) -> bytes:
     return struct.pack("<II", len(key_bytes) + len(value), crc) + tail
 
 
-def _skip(buf: bytes, pos: int, end: int) -> tuple[int, str | None]:
-    """The position after the record at ``pos`` from its length alone (no crc check)."""
-    nxt = pos + _HSIZE + _length(buf, pos)[0] if pos + _HSIZE <= end else end + 1
-    return (nxt, None) if nxt <= end else (pos, "short")
-
-
 @dataclass(slots=True)
 class RawRecord:
     offset: int
@@ -235,13 +229,17 @@ class TopicLog:
         view = memoryview(buf)
         verify, index, base, size_before = self.verify_scan, seg.index, seg.base, seg.size
         count, pos, end, problem = seg.count, 0, len(buf), None
+        length, hsize = _length, _HSIZE
         while pos < end:  # hot at open: every record of the log passes here once
             if verify:
                 nxt, problem = parse(view, pos)[1:]
-            else:
-                nxt, problem = _skip(buf, pos, end)
-            if problem is not None:
-                break
+                if problem is not None:
+                    break
+            else:  # from the length alone (readers verify each record they return)
+                nxt = pos + hsize + length(buf, pos)[0] if pos + hsize <= end else end + 1
+                if nxt > end:
+                    problem = "short"
+                    break
             if count % INDEX_EVERY == 0:
                 index.append((base + count, size_before + pos))
             count += 1
@@ -268,16 +266,21 @@ class TopicLog:
                 if remaining == 0:
                     return
 
-    def read_chunks(self, from_offset: int = 0) -> Iterator[list[RawTuple]]:
-        """Verified records from ``from_offset`` to the currently known end, as lists of
-        ``(timestamp_ns, offset, key, value)`` in offset order, one list per file read
-        (the bulk path of replays: no per-record object beyond the tuple). Stops at the
-        first short or corrupt record: that is the end, never misread past it."""
+    def read_chunks(
+        self, from_offset: int = 0, to_offset: int | None = None
+    ) -> Iterator[list[RawTuple]]:
+        """Verified records from ``from_offset`` to ``to_offset`` (exclusive; default: the
+        currently known end), as lists of ``(timestamp_ns, offset, key, value)`` in offset
+        order, one list per file read (the bulk path of replays: no per-record object
+        beyond the tuple). Stops at the first short or corrupt record: that is the end,
+        never misread past it."""
         if from_offset < 0:
             raise ValueError("offset must be >= 0")
         for seg in list(self._segments):
             seg_end = seg.base + seg.count
-            if seg_end <= from_offset or seg.count == 0:
+            if to_offset is not None:
+                seg_end = min(seg_end, to_offset)
+            if seg_end <= from_offset or seg_end <= seg.base:
                 continue
             offset, file_pos = self._locate(seg, max(from_offset, seg.base))
             limit = seg.size
