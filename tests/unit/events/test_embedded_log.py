@@ -145,6 +145,21 @@ def test_merge_of_many_chunks_matches_a_full_sort(tmp_path, monkeypatch):
     assert [(r.topic, r.offset) for r in later] == [(t, o) for _, t, o in stamped if o >= starts[t]]
 
 
+def test_iter_records_filters_keys_and_stops_at_given_offsets(tmp_path):
+    log = EmbeddedLog(tmp_path, segment_bytes=2048)
+    log.open_sync()
+    events = _steps(120, runs=4)
+    for i in range(0, 120, 9):
+        log.append_events_sync(events[i : i + 9])
+    reader = EmbeddedLog(tmp_path, readonly=True)
+    everything = list(reader.iter_records([TOPIC]))
+    odd = list(reader.iter_records([TOPIC], keys={b"run-1", b"run-3"}.__contains__))
+    assert odd == [r for r in everything if r.key in (b"run-1", b"run-3")]
+    window = list(reader.iter_records([TOPIC], {TOPIC: 17}, to_offsets={TOPIC: 88}))
+    assert [r.offset for r in window] == list(range(17, 88))
+    assert list(reader.iter_records([TOPIC], to_offsets={TOPIC: 0})) == []
+
+
 def test_consumer_group_commits_and_resumes(tmp_path):
     async def scenario():
         log = EmbeddedLog(tmp_path)
