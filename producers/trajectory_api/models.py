@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import gc
 import math
+import zlib
 from typing import Any, NamedTuple
 
 import msgspec
@@ -145,6 +146,7 @@ class AcceptedGroup(NamedTuple):
     num_sequences: int
     mean_score: float | None
     payload: bytes
+    crc: int  # zlib CRC-32 of payload
 
 
 def accept_groups(body: bytes, many: bool) -> list[AcceptedGroup]:
@@ -170,7 +172,8 @@ def _accept(body: bytes, many: bool) -> list[AcceptedGroup]:
     for g in parse_groups(body, many):
         finite = [s for s in g.scores if math.isfinite(s)]
         mean = sum(finite) / len(finite) if finite else None
-        out.append(AcceptedGroup(g.env_id, len(g.tokens), mean, _ENCODER.encode(g)))
+        payload = _ENCODER.encode(g)
+        out.append(AcceptedGroup(g.env_id, len(g.tokens), mean, payload, zlib.crc32(payload)))
     return out
 
 

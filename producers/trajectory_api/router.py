@@ -24,7 +24,6 @@ from __future__ import annotations
 import asyncio
 import secrets
 import uuid
-import zlib
 from collections.abc import Sequence
 from typing import Any, Protocol
 
@@ -70,8 +69,9 @@ class IngressHost(Protocol):
 
     async def append(self, events: Sequence[EventBase], groups: int = 0) -> None: ...
 
-    async def append_payloads(self, payloads: Sequence[tuple[str, bytes]]) -> list[Appended]:
-        """Append (group id, payload bytes) to the payload topic; returns once durable."""
+    async def append_payloads(self, payloads: Sequence[tuple[str, bytes, int]]) -> list[Appended]:
+        """Append (group id, payload bytes, crc32) to the payload topic; returns once
+        durable."""
         ...
 
 
@@ -97,7 +97,7 @@ def group_event(
         payload_partition=at.partition,
         payload_offset=at.offset,
         payload_bytes=len(group.payload),
-        payload_crc=zlib.crc32(group.payload),
+        payload_crc=group.crc,
     )
 
 
@@ -118,7 +118,7 @@ def build_router(host: IngressHost) -> APIRouter:
         ids = [secrets.token_hex(16) for _ in groups]
         # the payloads first (durable), then the small events that point at them: a group
         # is on the ordered partition only once its bytes are on the log
-        where = await host.append_payloads([(gid, g.payload) for gid, g in zip(ids, groups)])
+        where = await host.append_payloads([(i, g.payload, g.crc) for i, g in zip(ids, groups)])
         events = [group_event(host, gid, g, at) for gid, g, at in zip(ids, groups, where)]
         # a group whose size differs from its env's group_size is buffered by the batching
         # processor (the reference's rule); its answer carries the buffer size, so wait

@@ -27,7 +27,8 @@ from pathlib import Path
 
 class PayloadStore(abc.ABC):
     @abc.abstractmethod
-    def put(self, group_id: str, payload: bytes) -> None: ...
+    def put(self, group_id: str, payload: bytes, crc: int | None = None) -> None:
+        """Keep ``payload``; ``crc`` is its zlib CRC-32 when the caller has it already."""
 
     @abc.abstractmethod
     def get(self, group_id: str) -> bytes:
@@ -67,7 +68,7 @@ class MemoryPayloads(PayloadStore):
     def __init__(self) -> None:
         self._data: dict[str, bytes] = {}
 
-    def put(self, group_id: str, payload: bytes) -> None:
+    def put(self, group_id: str, payload: bytes, crc: int | None = None) -> None:
         self._data[group_id] = payload
 
     def get(self, group_id: str) -> bytes:
@@ -132,14 +133,16 @@ class SpillPayloads(PayloadStore):
         self._live.pop(segment, None)
         self._path(segment).unlink(missing_ok=True)
 
-    def put(self, group_id: str, payload: bytes) -> None:
+    def put(self, group_id: str, payload: bytes, crc: int | None = None) -> None:
         if group_id in self._index:
             return
         if self._size >= self.segment_bytes:
             self._roll()
         fd = self._fds[self._active]
         os.pwrite(fd, payload, self._size)
-        self._index[group_id] = (self._active, self._size, len(payload), zlib.crc32(payload))
+        if crc is None:
+            crc = zlib.crc32(payload)
+        self._index[group_id] = (self._active, self._size, len(payload), crc)
         self._live[self._active] += 1
         self._size += len(payload)
 

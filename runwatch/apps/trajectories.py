@@ -192,13 +192,14 @@ class TrajectoryHost:
                 self._own[at.offset] = ev
         self._wake.set()
 
-    async def append_payloads(self, payloads: Sequence[tuple[str, bytes]]) -> list[Appended]:
+    async def append_payloads(self, payloads: Sequence[tuple[str, bytes, int]]) -> list[Appended]:
         """Append group payloads to the payload topic (one record each) and keep them in
         this instance's payload cache, so serving them needs no read from the log."""
-        where = await self.backend.append_many(PAYLOADS_TOPIC, [(self.key, p) for _, p in payloads])
-        self._churn_bytes += sum(len(p) for _, p in payloads)
-        for gid, payload in payloads:
-            self.view.payloads.put(gid, payload)
+        records = [(self.key, p) for _, p, _ in payloads]
+        where = await self.backend.append_many(PAYLOADS_TOPIC, records)
+        self._churn_bytes += sum(len(p) for _, p in records)
+        for gid, payload, crc in payloads:
+            self.view.payloads.put(gid, payload, crc)
         return where
 
     async def batch_body(self, group_ids: tuple[str, ...]) -> bytes:
