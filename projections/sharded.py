@@ -93,32 +93,40 @@ def _run_shard(job: _Job) -> dict[str, Any]:
     """One worker: fold this shard's records of the log, from offset 0 to ``job.ends``."""
     from events.log.embedded import EmbeddedLog
 
-    gc.disable()  # a dedicated worker; see projections.replay._feed for why
-    log = EmbeddedLog(job.log_dir, readonly=True)
-    memory = InMemoryReadModel() if job.sqlite_out is None else None
-    engine = ProjectionEngine(
-        memory or SqliteReadModel(job.sqlite_out),  # type: ignore[arg-type]
-        RunStatePolicy.model_validate_json(job.policy_json),
-        Prices.model_validate_json(job.prices_json),
-    )
-    derived: list[bytes] = []
-    for chunk in _chunks(_records(log, job), job.commit_every):
-        out = engine.process(chunk)
+    gc_was_enabled = gc.isenabled()
+    gc.disable()  # see projections.replay._feed for why
+    try:
+        log = EmbeddedLog(job.log_dir, readonly=True)
+        store: InMemoryReadModel | SqliteReadModel = (
+            InMemoryReadModel() if job.sqlite_out is None else SqliteReadModel(job.sqlite_out)
+        )
+        engine = ProjectionEngine(
+            store,
+            RunStatePolicy.model_validate_json(job.policy_json),
+            Prices.model_validate_json(job.prices_json),
+        )
+        derived: list[bytes] = []
+        for chunk in _chunks(_records(log, job), job.commit_every):
+            out = engine.process(chunk)
+            if job.collect:
+                derived += [encode(ev) for ev in out]
+            engine.checkpoint()
+        out = engine.release_held(force=True)
         if job.collect:
             derived += [encode(ev) for ev in out]
         engine.checkpoint()
-    out = engine.release_held(force=True)
-    if job.collect:
-        derived += [encode(ev) for ev in out]
-    engine.checkpoint()
-    return {
-        "applied": engine.applied,
-        "rejected_foreign": engine.rejected_foreign,
-        "dead_letters": engine.dead_letters,
-        "fleet": engine.fleet.to_doc(),
-        "derived": derived,
-        "runs": memory.runs_contents() if memory is not None else None,
-    }
+        store.close()
+        return {
+            "applied": engine.applied,
+            "rejected_foreign": engine.rejected_foreign,
+            "dead_letters": engine.dead_letters,
+            "fleet": engine.fleet.to_doc(),
+            "derived": derived,
+            "runs": store.runs_contents() if isinstance(store, InMemoryReadModel) else None,
+        }
+    finally:
+        if gc_was_enabled:
+            gc.enable()
 
 
 def merge_fleets(docs: list[dict[str, Any]]) -> Fleet:
@@ -155,9 +163,15 @@ def _end_offsets(log_dir: str | os.PathLike[str], until: Positions | None) -> di
 
 
 def _run_jobs(jobs: list[_Job]) -> list[dict[str, Any]]:
+    """Shard 0 in this process, the others in child processes at the same time (the
+    caller's core works too, and one shard's results need no pickling)."""
+    if len(jobs) == 1:
+        return [_run_shard(jobs[0])]
     ctx = multiprocessing.get_context("fork" if os.name == "posix" else "spawn")
-    with ProcessPoolExecutor(len(jobs), mp_context=ctx) as pool:
-        return list(pool.map(_run_shard, jobs))
+    with ProcessPoolExecutor(len(jobs) - 1, mp_context=ctx) as pool:
+        others = [pool.submit(_run_shard, job) for job in jobs[1:]]
+        first = _run_shard(jobs[0])
+        return [first, *(f.result() for f in others)]
 
 
 def _jobs(
@@ -200,6 +214,8 @@ def rebuild_sharded(
     """:func:`projections.replay.rebuild_from_log` by ``workers`` processes: into a fresh
     in-memory read model, or into the new, empty SQLite store at ``store_path``.
     ``until``: stop each topic at that position."""
+    if workers < 1:
+        raise ValueError(f"workers must be at least 1, not {workers}")
     if not Path(log_dir).is_dir():
         raise FileNotFoundError(f"no embedded log at {log_dir}")
     if store_path is not None:
