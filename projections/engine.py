@@ -112,12 +112,15 @@ class ProjectionEngine:
                 continue
             positions[pk] = rec.offset + 1
             fresh.append(rec)
+        route, apply = self._route, self._apply
         for rec, ev in zip(fresh, _decode_many([r.value for r in fresh])):
             if isinstance(ev, DeadLetter):
                 self.fleet.dead_letters += 1
                 self.dead_letters.append(ev.located(rec.topic, rec.partition, rec.offset))
-                continue
-            self._route(rec.topic, rec.partition, ev, out)
+            elif rec.topic == TELEMETRY and not self.held:
+                apply(TELEMETRY, ev, out)  # most records: no barrier, nothing held
+            else:
+                route(rec.topic, rec.partition, ev, out)
         return out
 
     def process_events(self, items: Iterable[tuple[str, int, EventBase]]) -> list[EventBase]:

@@ -32,6 +32,7 @@ import os
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
 from itertools import islice
+from operator import itemgetter
 from pathlib import Path
 
 from events.codec import decode, encode
@@ -183,8 +184,7 @@ class EmbeddedLog(LogBackend):
             chunks = tlog.read_chunks(starts.get(name, 0), stops.get(name))
             streams.append(_keyed(name, chunks, keys))
         for chunk in merge_chunks(streams):
-            for item in chunk:
-                yield item[3]
+            yield from map(_RECORD, chunk)
 
     def iter_events(self, topics: Sequence[str] | None = None) -> Iterator[EventBase | DeadLetter]:
         """Decoded events of ``topics`` in merge order; undecodable records come back as
@@ -285,6 +285,7 @@ def _record(topic: str, raw: RawRecord) -> Record:
 
 #: A record with its merge key in front: (timestamp_ns, topic, offset, record).
 _Keyed = tuple[int, str, int, Record]
+_RECORD = itemgetter(3)
 
 
 def merge_chunks(streams: list[Iterator[list[_Keyed]]]) -> Iterator[list[_Keyed]]:
