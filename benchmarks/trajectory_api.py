@@ -25,7 +25,7 @@ Besides one runwatch instance, ``--instances`` (default 2) runwatch instances of
 buffer are measured too, the client spreading pushes round-robin as a load balancer in
 front of them would (the trainer drains through one of them).
 
-Usage: ``python benchmarks/trajectory_api.py [--bootstrap HOST:PORT] [--groups N]``
+Usage: ``python benchmarks/trajectory_api.py [--bootstrap HOST:PORT] [--groups N] [--rounds N]``
 (without ``--bootstrap`` a broker is provisioned as the tests do, and stopped after).
 """
 
@@ -39,6 +39,7 @@ import random
 import shutil
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -212,6 +213,10 @@ def run_servers(
     """Start one process per command (instances of one buffer), push round-robin across
     them, drain through the first; RSS is the largest instance's peak."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    # start from a settled machine: the previous server's files (log segments, payload
+    # caches) are written back now, not by the kernel during this server's push
+    os.sync()
+    time.sleep(1.0)
     procs = [subprocess.Popen(c, cwd=ROOT, env=env, start_new_session=True) for c in cmds]
     try:
         for url, proc in zip(urls, procs):
@@ -232,6 +237,36 @@ def run_servers(
     return Result(name, push_s, sum(map(len, bodies)), args.groups, latencies, served, dups, rss)
 
 
+def report(rows: list[dict[str, object]]) -> None:
+    cols = list(rows[0])
+    widths = [max(len(c), *(len(str(r[c])) for r in rows)) for c in cols]
+    print("  ".join(c.ljust(w) for c, w in zip(cols, widths)))
+    for r in rows:
+        print("  ".join(str(r[c]).ljust(w) for c, w in zip(cols, widths)))
+    ref = next((r for r in rows if str(r["server"]).startswith("atroposlib")), None)
+    for r in rows:
+        if r is ref:
+            continue
+        ratio = f"{r['groups/s'] / ref['groups/s']:.2f}x" if ref else "n/a"  # type: ignore[operator]
+        print(
+            f"{r['server']}: push {ratio} the reference (goal >= 2x), /batch p99 "
+            f"{r['batch_p99_ms']} ms (goal <= 30), peak RSS {r['peak_rss_mb']} MB "
+            "(goal <= 300)"
+        )
+
+
+def median_rows(rounds: list[list[dict[str, object]]]) -> list[dict[str, object]]:
+    """Per server, the median of every numeric column over the rounds."""
+    out = []
+    for i, first in enumerate(rounds[0]):
+        row: dict[str, object] = {"server": first["server"]}
+        for col in first:
+            if col != "server":
+                row[col] = statistics.median(rnd[i][col] for rnd in rounds)  # type: ignore[misc]
+        out.append(row)
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--bootstrap", help="Kafka bootstrap (default: provision a broker)")
@@ -249,6 +284,13 @@ def main() -> int:
     )
     ap.add_argument("--atropos-python", default=str(DEFAULT_ATROPOS_PY))
     ap.add_argument("--only", choices=["runwatch", "reference"])
+    ap.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="measure every server this many times, in turn, and report each round and the "
+        "medians (a shared machine's load moves between runs)",
+    )
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
 
@@ -266,56 +308,53 @@ def main() -> int:
         f"requests, {sum(map(len, bodies)) / 1e6:.1f} MB of JSON",
         file=sys.stderr,
     )
-    results = []
+    rounds: list[list[Result]] = []
     scratch = Path(tempfile.mkdtemp(prefix="rw-bench-"))
     try:
-        if args.only != "reference":
-            for n in sorted({1, args.instances}):
-                run_id = f"bench-{uuid.uuid4().hex[:8]}"
-                cmds, urls = [], []
-                for i in range(n):
-                    port = free_port()
-                    cmds.append([
-                        sys.executable, "-m", "runwatch.cli.main", "serve", "trajectories",
-                        "--port", str(port), "--kafka", bootstrap, "--run-id", run_id,
-                        "--instance", f"bench-{i}",
-                        "--state-dir", str(scratch / f"state-{n}-{i}"),
-                    ])  # fmt: skip
-                    urls.append(f"http://127.0.0.1:{port}")
-                label = "runwatch (Kafka, durable)" + (f" x{n} instances" if n > 1 else "")
-                results.append(run_servers(label, cmds, urls, args, bodies))
-        if args.only != "runwatch":
-            port = free_port()
-            cmd = [
-                args.atropos_python, "-m", "uvicorn", "atroposlib.api:app",
-                "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning",
-                "--no-access-log",
-            ]  # fmt: skip
-            url = f"http://127.0.0.1:{port}"
-            results.append(run_servers("atroposlib 0.4.0 (in-memory)", [cmd], [url], args, bodies))
+        for r in range(args.rounds):
+            results = []
+            if args.only != "reference":
+                for n in sorted({1, args.instances}):
+                    run_id = f"bench-{uuid.uuid4().hex[:8]}"
+                    cmds, urls = [], []
+                    for i in range(n):
+                        port = free_port()
+                        cmds.append([
+                            sys.executable, "-m", "runwatch.cli.main", "serve", "trajectories",
+                            "--port", str(port), "--kafka", bootstrap, "--run-id", run_id,
+                            "--instance", f"bench-{i}",
+                            "--state-dir", str(scratch / f"state-{r}-{n}-{i}"),
+                        ])  # fmt: skip
+                        urls.append(f"http://127.0.0.1:{port}")
+                    label = "runwatch (Kafka, durable)" + (f" x{n} instances" if n > 1 else "")
+                    results.append(run_servers(label, cmds, urls, args, bodies))
+            if args.only != "runwatch":
+                port = free_port()
+                cmd = [
+                    args.atropos_python, "-m", "uvicorn", "atroposlib.api:app",
+                    "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning",
+                    "--no-access-log",
+                ]  # fmt: skip
+                url = f"http://127.0.0.1:{port}"
+                label = "atroposlib 0.4.0 (in-memory)"
+                results.append(run_servers(label, [cmd], [url], args, bodies))
+            rounds.append(results)
+            if args.rounds > 1 and not args.json:
+                print(f"-- round {r + 1}/{args.rounds} (load average {os.getloadavg()[0]:.2f})")
+                report([x.row() for x in results])
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
         if broker is not None:
             broker.stop()
-    rows = [r.row() for r in results]
     if args.json:
-        print(json.dumps(rows))
+        rows = [[x.row() for x in results] for results in rounds]
+        print(json.dumps(rows[0] if args.rounds == 1 else rows))
+        return 0
+    if args.rounds > 1:
+        print(f"-- median of {args.rounds} rounds (each server once per round, in turn)")
+        report(median_rows([[x.row() for x in results] for results in rounds]))
     else:
-        cols = list(rows[0])
-        widths = [max(len(c), *(len(str(r[c])) for r in rows)) for c in cols]
-        print("  ".join(c.ljust(w) for c, w in zip(cols, widths)))
-        for r in rows:
-            print("  ".join(str(r[c]).ljust(w) for c, w in zip(cols, widths)))
-        ref = next((r for r in rows if str(r["server"]).startswith("atroposlib")), None)
-        for r in rows:
-            if r is ref:
-                continue
-            ratio = f"{r['groups/s'] / ref['groups/s']:.2f}x" if ref else "n/a"
-            print(
-                f"{r['server']}: push {ratio} the reference (goal >= 2x), /batch p99 "
-                f"{r['batch_p99_ms']} ms (goal <= 30), peak RSS {r['peak_rss_mb']} MB "
-                "(goal <= 300)"
-            )
+        report([x.row() for x in rounds[0]])
     return 0
 
 

@@ -485,12 +485,16 @@ class PayloadReader:
                 self._it = aiter(self.backend.read(PAYLOADS_TOPIC, self.partition, lo, False))
                 self._next = lo
             out: dict[int, bytes] = {}
+            hi = max(offsets)
             try:
                 while len(out) < len(offsets):
                     rec = await anext(self._it)
                     self._next = rec.offset + 1
                     if rec.offset in offsets:
                         out[rec.offset] = rec.value
+                    elif rec.offset > hi:  # deleted (retention) or never there
+                        missing = sorted(offsets - out.keys())
+                        raise LookupError(f"payload records {missing} are not on the log")
             except BaseException:  # timeout, cancel, broker gone: start afresh next time
                 await self._close()
                 raise
