@@ -119,16 +119,22 @@ def test_bad_records_become_dead_letters_and_nothing_else_is_lost(tmp_path):
     log.open_sync()
     events = synth_run("r1", "acme", "healthy", steps=10)
     write_log(log, events[:20])
-    log.append_sync("runwatch.telemetry", b"r1", b"{not json")
-    log.append_sync(
-        "runwatch.telemetry", b"r1", b'{"type": "TrainerStepCompleted", "run_id": "r1"}'
-    )
+    bad = [
+        log.append_sync("runwatch.telemetry", b"r1", b"{not json").offset,
+        log.append_sync(
+            "runwatch.telemetry", b"r1", b'{"type": "TrainerStepCompleted", "run_id": "r1"}'
+        ).offset,
+    ]
     write_log(log, events[20:])
-    result = rebuild_from_log(tmp_path / "log")
-    assert len(result.engine.dead_letters) == 2
-    assert {d.kind for d in result.engine.dead_letters} == {"malformed_json", "validation_error"}
-    assert result.store.get_run("r1").state == "SUCCEEDED"
-    assert result.store.fleet().dead_letters == 2
+    from projections.sharded import rebuild_sharded
+
+    for result in (rebuild_from_log(tmp_path / "log"), rebuild_sharded(tmp_path / "log")):
+        assert len(result.engine.dead_letters) == 2
+        kinds = {d.kind for d in result.engine.dead_letters}
+        assert kinds == {"malformed_json", "validation_error"}
+        assert sorted(d.source_offset for d in result.engine.dead_letters) == bad
+        assert result.store.get_run("r1").state == "SUCCEEDED"
+        assert result.store.fleet().dead_letters == 2
 
 
 def test_a_run_id_claimed_by_another_tenant_is_never_merged(tmp_path):
