@@ -25,6 +25,12 @@ Besides one runwatch instance, ``--instances`` (default 2) runwatch instances of
 buffer are measured too, the client spreading pushes round-robin as a load balancer in
 front of them would (the trainer drains through one of them).
 
+Every server is measured ``--rounds`` times (3), in turn, and the medians are reported
+beside each round: the machine is shared, and its load moves between runs. Before each
+server starts, dirty pages are written back (``os.sync``), so no run pays for the
+previous one's files; before the first round the broker is warmed up with unmeasured
+pushes (``--warmup-pushes``), so no run pays for a cold JVM.
+
 Usage: ``python benchmarks/trajectory_api.py [--bootstrap HOST:PORT] [--groups N] [--rounds N]``
 (without ``--bootstrap`` a broker is provisioned as the tests do, and stopped after).
 """
@@ -237,6 +243,38 @@ def run_servers(
     return Result(name, push_s, sum(map(len, bodies)), args.groups, latencies, served, dups, rss)
 
 
+def warm_up_broker(
+    bootstrap: str, bodies: list[bytes], args: argparse.Namespace, scratch: Path
+) -> None:
+    """Push the bodies ``--warmup-pushes`` times through a runwatch instance, unmeasured.
+
+    A freshly started broker is a cold JVM: until its JIT has compiled the produce path,
+    it spends 2-4x the CPU per record, on the same 2 cores as the server under test, so
+    whichever runwatch run comes first would pay for it (the reference never touches the
+    broker). A broker in service is warm; so is this one after the warm-up."""
+    port = free_port()
+    cmd = [
+        sys.executable, "-m", "runwatch.cli.main", "serve", "trajectories",
+        "--port", str(port), "--kafka", bootstrap, "--run-id", f"warmup-{uuid.uuid4().hex[:8]}",
+        "--instance", "warmup", "--state-dir", str(scratch / "state-warmup"),
+    ]  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, start_new_session=True)
+    try:
+        wait_up(url, proc)
+        for _ in range(args.warmup_pushes):
+            seconds = asyncio.run(push([url], bodies, args.concurrency))
+            print(f"broker warm-up push: {len(bodies) / seconds:.0f} requests/s", file=sys.stderr)
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
 def report(rows: list[dict[str, object]]) -> None:
     cols = list(rows[0])
     widths = [max(len(c), *(len(str(r[c])) for r in rows)) for c in cols]
@@ -285,9 +323,16 @@ def main() -> int:
     ap.add_argument("--atropos-python", default=str(DEFAULT_ATROPOS_PY))
     ap.add_argument("--only", choices=["runwatch", "reference"])
     ap.add_argument(
+        "--warmup-pushes",
+        type=int,
+        default=2,
+        help="unmeasured pushes of every body through runwatch first, so the broker's JVM "
+        "is warm (0: measure against a cold broker)",
+    )
+    ap.add_argument(
         "--rounds",
         type=int,
-        default=1,
+        default=3,
         help="measure every server this many times, in turn, and report each round and the "
         "medians (a shared machine's load moves between runs)",
     )
@@ -311,6 +356,8 @@ def main() -> int:
     rounds: list[list[Result]] = []
     scratch = Path(tempfile.mkdtemp(prefix="rw-bench-"))
     try:
+        if args.only != "reference" and args.warmup_pushes > 0:
+            warm_up_broker(bootstrap, bodies, args, scratch)
         for r in range(args.rounds):
             results = []
             if args.only != "reference":
