@@ -265,18 +265,27 @@ class EmbeddedLog(LogBackend):
 def _keyed(
     name: str, chunks: Iterator[list[RawTuple]], keys: Callable[[bytes | None], bool] | None
 ) -> Iterator[list[_Keyed]]:
+    """A topic's records keyed for the merge by the running maximum of their stamps (so
+    the stream is sorted even where stamps step back: two appenders racing for the lock, a
+    clock stepped back between runs) — the order ``heapq.merge`` gives such a stream, and a
+    topic's records always stay in offset order."""
+    hi = -1
     for chunk in chunks:
-        if keys is None:
+        stamps = [r[0] for r in chunk]
+        if stamps and stamps[0] > hi and stamps == sorted(stamps):  # the usual case, in C
+            hi = stamps[-1]
             yield [
                 (ts, name, off, Record(name, 0, off, key, value, ts // 1_000_000))
                 for ts, off, key, value in chunk
+                if keys is None or keys(key)
             ]
-        else:
-            yield [
-                (ts, name, off, Record(name, 0, off, key, value, ts // 1_000_000))
-                for ts, off, key, value in chunk
-                if keys(key)
-            ]
+            continue
+        out: list[_Keyed] = []
+        for ts, off, key, value in chunk:
+            hi = max(hi, ts)
+            if keys is None or keys(key):
+                out.append((hi, name, off, Record(name, 0, off, key, value, ts // 1_000_000)))
+        yield out
 
 
 def _record(topic: str, raw: RawRecord) -> Record:
@@ -335,8 +344,11 @@ class EmbeddedConsumer(LogConsumer):
         self.positions = {t: committed.get(t, 0) for t in self.topics}
 
     def poll_sync(self, max_records: int = 500) -> list[Record]:
-        """Up to ``max_records`` next records across the topics, merged by append time."""
-        batch = list(islice(self.log.iter_records(self.topics, self.positions), max_records))
+        """Up to ``max_records`` next records across the topics, merged by append time
+        (no topic is read further than ``max_records`` past its position)."""
+        stops = {t: p + max_records for t, p in self.positions.items()}
+        records = self.log.iter_records(self.topics, self.positions, to_offsets=stops)
+        batch = list(islice(records, max_records))
         for rec in batch:
             self.positions[rec.topic] = rec.offset + 1
         return batch

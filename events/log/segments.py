@@ -259,7 +259,8 @@ class TopicLog:
         """Records from ``from_offset`` to the currently known end (call :meth:`refresh`
         first to see other processes' appends). Reads in chunks of ``READ_CHUNK`` bytes."""
         remaining = max_records if max_records is not None else -1
-        for chunk in self.read_chunks(from_offset):
+        stop = from_offset + max_records if max_records is not None else None
+        for chunk in self.read_chunks(from_offset, stop):
             for ts_ns, offset, key, value in chunk:
                 yield RawRecord(offset, key, value, ts_ns)
                 remaining -= 1
@@ -276,7 +277,10 @@ class TopicLog:
         never misread past it."""
         if from_offset < 0:
             raise ValueError("offset must be >= 0")
-        for seg in list(self._segments):
+        segments = list(self._segments)
+        for i, seg in enumerate(segments):
+            if i and segments[i - 1].base + segments[i - 1].count != seg.base:
+                return  # the previous segment ends in a bad record: that is the end
             seg_end = seg.base + seg.count
             if to_offset is not None:
                 seg_end = min(seg_end, to_offset)

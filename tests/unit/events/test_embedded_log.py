@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from events import DeadLetter, TrainerStepCompleted, decode, encode
-from events.log.embedded import EmbeddedLog
+from events.log.embedded import EmbeddedConsumer, EmbeddedLog
 from tests.event_samples import all_samples, sample
 
 TOPIC = "runwatch.telemetry"
@@ -143,6 +143,61 @@ def test_merge_of_many_chunks_matches_a_full_sort(tmp_path, monkeypatch):
     starts = {"runwatch.rewards": 3, TOPIC: 1030 % 320}
     later = list(reader.iter_records(topics, starts))
     assert [(r.topic, r.offset) for r in later] == [(t, o) for _, t, o in stamped if o >= starts[t]]
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_merge_keeps_each_topic_in_offset_order_when_stamps_step_back(tmp_path, monkeypatch, seed):
+    """Stamps can step back within a topic (two processes racing for its lock, a clock
+    stepped back between runs): the merge must still give what ``heapq.merge`` of the
+    topics gives, and never reorder one topic's records."""
+    import heapq
+    import random
+
+    from events.log import segments
+
+    rng = random.Random(seed)
+    log = EmbeddedLog(tmp_path, segment_bytes=1500)
+    log.open_sync()
+    topics = ["runwatch.alerts", "runwatch.rewards", TOPIC]
+    for _ in range(60):
+        topic = rng.choice(topics)
+        n = rng.randint(1, 4)
+        stamps = [rng.randint(1, 400) * 1000 for _ in range(n)]
+        log.append_many_sync(topic, [(b"k", b"v" * rng.randint(1, 30))] * n, stamps)
+    monkeypatch.setattr(segments, "READ_CHUNK", rng.choice([37, 101, 1 << 20]))
+    reader = EmbeddedLog(tmp_path, readonly=True)
+    expected = list(
+        heapq.merge(
+            *[[(r.timestamp_ns, t, r.offset) for r in reader._topic(t).read()] for t in topics]
+        )
+    )
+    merged = list(reader.iter_records(topics))
+    assert [(r.topic, r.offset) for r in merged] == [(t, o) for _, t, o in expected]
+    consumer, polled = EmbeddedConsumer(reader, "g", topics), []
+    while batch := consumer.poll_sync(7):
+        polled += batch
+    assert polled == merged
+
+
+def test_a_bad_length_in_an_older_segment_ends_the_read_there(tmp_path):
+    """A flipped bit that enlarges a record's length in a segment that is not the last:
+    a read-only reader stops before it, never skips to the next segment's records."""
+    import struct
+
+    log = EmbeddedLog(tmp_path, segment_bytes=2048)
+    log.open_sync()
+    for chunk in range(0, 60, 3):
+        log.append_events_sync(_steps(60)[chunk : chunk + 3])
+    first = sorted((tmp_path / TOPIC).glob("*.seg"))[0]
+    raw = bytearray(first.read_bytes())
+    pos = 0
+    for _ in range(3):  # the header of the record at offset 3
+        pos += 8 + 10 + struct.unpack_from("<I", raw, pos)[0]
+    struct.pack_into("<I", raw, pos, 1 << 20)
+    first.write_bytes(bytes(raw))
+    reader = EmbeddedLog(tmp_path, readonly=True)
+    assert [r.offset for r in reader.read_sync(TOPIC)] == [0, 1, 2]
+    assert [r.offset for r in reader.iter_records([TOPIC])] == [0, 1, 2]
 
 
 def test_iter_records_filters_keys_and_stops_at_given_offsets(tmp_path):
