@@ -83,6 +83,8 @@ def _bill(
     for i, (name, last) in enumerate(billed):
         if name == producer:
             return None if seq <= last else (*billed[:i], (name, seq), *billed[i + 1 :])
+    if seq <= -1:  # a producer's sequence starts above -1 (as if -1 were billed already)
+        return None
     return tuple(sorted((*billed, (producer, seq))))
 
 

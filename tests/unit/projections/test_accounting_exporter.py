@@ -71,6 +71,18 @@ def test_a_redelivered_usage_fact_is_not_billed_twice():
     assert fold.load_state(fold.dump_state(state)) == state
 
 
+def test_usage_with_a_negative_seq_is_never_billed():
+    """Sequences start above -1: a fact at seq -1 or below is not a new fact (as before
+    the billed-producers table became pairs)."""
+    fold = AccountingFold(PRICES)
+    f = RunFactory()
+    state = fold.initial()
+    for seq in (-1, -1, 0, 0):
+        ev = f.ev(UsageRecorded, 1, pool="trainer", phase="optim", gpu_seconds=4.0)
+        state, _ = fold.apply(state, ev.model_copy(update={"seq": seq}))
+    assert state.gpu_seconds_trainer == 4.0
+
+
 def _store(events):
     store = InMemoryReadModel()
     engine = ProjectionEngine(store, prices=PRICES)
