@@ -58,11 +58,13 @@ def best(fn, repeat: int) -> tuple[float, object]:
         out = None
         gc.collect()
         gc.disable()
-        t, c = time.perf_counter(), _cpu()
-        out = fn()
-        times.append(time.perf_counter() - t)
-        cpus.append(_cpu() - c)
-        gc.enable()
+        try:
+            t, c = time.perf_counter(), _cpu()
+            out = fn()
+            times.append(time.perf_counter() - t)
+            cpus.append(_cpu() - c)
+        finally:
+            gc.enable()
     best.cpu = min(cpus)  # type: ignore[attr-defined]
     return min(times), out
 

@@ -23,7 +23,7 @@ caught up and a short settle time passed). Held records are persisted with the v
 from __future__ import annotations
 
 import base64
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from events.codec import EVENT_ADAPTER, decode
@@ -61,8 +61,15 @@ class ProjectionEngine:
         policy: RunStatePolicy | None = None,
         prices: Prices | None = None,
         barrier: bool = True,
+        owns: Callable[[bytes | None], bool] | None = None,
     ) -> None:
+        """``owns``: for a key-sharded replay (:mod:`projections.sharded`), whether a run
+        key (``run_id`` bytes; a record without a key: its record key ``None``) is this
+        engine's. Records of other runs are not applied, but other runs' records on the
+        barrier topics still move the barrier's watermarks, which are global, so held
+        terminals are released exactly where a single engine releases them."""
         self.store = store
+        self.owns = owns
         self.run_state = RunStateFold(policy)
         self.accounting = AccountingFold(prices)
         self.barrier = barrier
@@ -112,8 +119,10 @@ class ProjectionEngine:
                 continue
             positions[pk] = rec.offset + 1
             fresh.append(rec)
-        route, apply = self._route, self._apply
+        route, apply, owns = self._route, self._apply, self.owns
         for rec, ev in zip(fresh, _decode_many([r.value for r in fresh])):
+            if owns is not None and not self._owned(rec, ev, out):
+                continue
             if isinstance(ev, DeadLetter):
                 self.fleet.dead_letters += 1
                 self.dead_letters.append(ev.located(rec.topic, rec.partition, rec.offset))
@@ -130,13 +139,36 @@ class ProjectionEngine:
             self._route(topic, partition, ev, out)
         return out
 
+    def _owned(self, rec: Record, ev: EventBase | DeadLetter, out: list[EventBase]) -> bool:
+        """Key-sharded: is ``rec`` this engine's to apply? Another run's barrier-topic fact
+        only moves the watermarks (and may release a held run of ours)."""
+        assert self.owns is not None
+        if isinstance(ev, DeadLetter):
+            return self.owns(rec.key)  # reported once, by the owner of its record key
+        key = ev.run_id.encode()
+        if rec.key is not None and rec.key != key:
+            raise ValueError(
+                f"record {rec.topic}:{rec.partition}@{rec.offset} is keyed {rec.key!r} but "
+                f"belongs to run {ev.run_id!r}: a key-sharded replay needs records keyed by "
+                f"their run id (replay with one worker)"
+            )
+        if self.owns(key):
+            return True
+        advanced = rec.topic in _BARRIER_SET and self._advance(rec.topic, rec.partition, ev.ts)
+        if advanced and self.held and self._low_watermark(rec.partition) > self._next_due:
+            self._release(out, force=False)
+        return False
+
+    def _advance(self, topic: str, partition: int, ts: float) -> bool:
+        """Move a barrier topic's watermark to ``ts`` if that is later; whether it moved."""
+        wk = f"{topic}:{partition}"
+        if ts > self.watermarks.get(wk, _NEVER):
+            self.watermarks[wk] = ts
+            return True
+        return False
+
     def _route(self, topic: str, partition: int, ev: EventBase, out: list[EventBase]) -> None:
-        advanced = False
-        if topic in _BARRIER_SET:
-            wk = f"{topic}:{partition}"
-            if ev.ts > self.watermarks.get(wk, _NEVER):
-                self.watermarks[wk] = ev.ts
-                advanced = True
+        advanced = topic in _BARRIER_SET and self._advance(topic, partition, ev.ts)
         held = self.held
         queue = held.get(ev.run_id) if held else None
         if queue is not None and (topic == LIFECYCLE or ev.ts >= queue[0][2].ts):
@@ -247,10 +279,16 @@ _VALIDATE_JSON = EVENT_ADAPTER.validate_json
 
 
 def _decode_many(values: list[bytes]) -> list[EventBase | DeadLetter]:
-    try:  # one validator call per record: faster than validating one JSON array of them
-        return [_VALIDATE_JSON(v) for v in values]
-    except ValueError:  # ValidationError or bad JSON: find the culprits one by one
-        return [decode(v) for v in values]
+    """Each record through the union's validator (faster than one JSON array of them);
+    one that fails goes through the codec, which upcasts or dead-letters it."""
+    out: list[EventBase | DeadLetter] = []
+    append = out.append
+    for v in values:
+        try:
+            append(_VALIDATE_JSON(v))
+        except ValueError:  # ValidationError or bad JSON
+            append(decode(v))
+    return out
 
 
 def _pack(ev: EventBase) -> str:

@@ -1,12 +1,18 @@
 """Key-sharded parallel replay: a log's runs split across worker processes.
 
-Every projection here is per run, except the fleet aggregates, which are commutative
-integer sums. So an embedded log can be rebuilt by ``workers`` processes, each folding
-the runs whose key hashes to it (:func:`shard_of`: ``crc32(run_id) % workers``, the way
-Kafka spreads keys over partitions); the parent merges the shards' runs and sums the
-fleet aggregates. Every worker still reads (and checksums) the whole log, but decodes and
-folds only its own records. The result is the read model a single-process replay builds
-(tested), in a fraction of the time on a multi-core machine.
+Every view and fold state here is per run; the fleet aggregates are commutative integer
+sums; the one thing shared across runs is the terminal barrier's watermarks (per barrier
+topic, moved by every run's records, see :mod:`projections.engine`). So an embedded log
+can be rebuilt by ``workers`` processes, each folding the runs whose key hashes to it
+(:func:`shard_of`: ``crc32(run_id) % workers``, the way Kafka spreads keys over
+partitions), while reading the barrier topics whole so its watermarks move exactly as a
+single engine's do (other runs' barrier facts are decoded but not applied). The parent
+merges the shards' runs (disjoint) and sums the fleet aggregates. The result is the read
+model a single-process replay builds, positions and watermarks included (tested).
+
+Per record, a worker reads and checksums the whole log, decodes its own runs' records and
+every barrier-topic record, and folds its own runs' only: with W free cores the wall time
+is about read + barrier decode + (decode + fold) / W.
 
 Two targets:
 
@@ -16,13 +22,21 @@ Two targets:
 - SQLite: each worker writes a shard file; the parent merges them into the (new, empty)
   store with SQL in one transaction.
 
-Assumptions: a from-scratch rebuild (an empty target). Every worker reads exactly the same
-range — the log's end offsets when the rebuild starts, or ``until`` — so records appended
-meanwhile are never half-seen. Derived events come back merged by event time (stable by
-worker), so for ``workers > 1`` the interleaving of *different* runs' derived events can
-differ from a single-process replay; each run's own sequence is the same. Runs still held
-at the terminal barrier are released at the end (``force_release``), as the single-process
-replay does by default; a store that must keep them held is resumed single-process.
+Assumptions:
+
+- Records are keyed by their run id (``EventBase.key()``, what every producer here
+  writes); a record without a key is placed by its decoded run id, and a record keyed by
+  another run's id stops the rebuild with a clear error (replay it with one worker).
+- A from-scratch rebuild (an empty target). Every worker reads the same range — the log's
+  end offsets when the rebuild starts, or ``until`` — and the positions stored are where
+  the readers stopped (a corrupt record ends a topic there, as in one process).
+- Derived events come back merged by event time (stable by worker): for ``workers > 1``
+  the interleaving of *different* runs' derived events can differ from a single-process
+  replay; each run's own sequence is the same. Dead letters are listed shard by shard.
+- Runs still held at the terminal barrier are released at the end, as the single-process
+  replay does by default; a store that must keep them held is verified single-process.
+- Shard 0 runs in the calling process, the others in forked children (``fork`` start
+  method: call it from a process without threads of its own).
 """
 
 from __future__ import annotations
@@ -35,7 +49,7 @@ import sqlite3
 import tempfile
 import time
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,8 +58,7 @@ from typing import Any
 from events.codec import decode_or_raise, encode
 from events.dead_letter import DeadLetter
 from events.envelope import EventBase
-from events.log.base import Record
-from projections.engine import INPUTS, ProjectionEngine
+from projections.engine import BARRIER_TOPICS, INPUTS, ProjectionEngine
 from projections.policy import Prices, RunStatePolicy
 from projections.replay import COMMIT_EVERY, ReplayResult, _chunks
 from projections.store import Batch, InMemoryReadModel, Positions, SqliteReadModel
@@ -71,12 +84,14 @@ class _Job:
     sqlite_out: str | None
 
 
-class _Mine(dict[bytes | None, bool]):
-    """Key -> "is it this shard's?", computed once per distinct key: its ``__getitem__``
-    is the key filter of the read, a C-level dict lookup per record."""
+class _Passes(dict[bytes | None, bool]):
+    """The read filter of a shard's own topics: key -> "may it be this shard's?", once per
+    distinct key (``__getitem__`` is a C-level dict lookup per record). A record without
+    a key passes (its run id decides after decoding)."""
 
     def __init__(self, shard: int, workers: int) -> None:
         super().__init__()
+        self[None] = True
         self.shard, self.workers = shard, workers
 
     def __missing__(self, key: bytes | None) -> bool:
@@ -84,13 +99,17 @@ class _Mine(dict[bytes | None, bool]):
         return mine
 
 
-def _records(log: Any, job: _Job) -> Iterator[Record]:
-    keys = _Mine(job.shard, job.workers).__getitem__
-    return log.iter_records(list(INPUTS), keys=keys, to_offsets=job.ends)  # type: ignore[no-any-return]
+def _owns(shard: int, workers: int) -> Callable[[bytes | None], bool]:
+    def owns(key: bytes | None) -> bool:
+        return shard_of(key, workers) == shard
+
+    return owns
 
 
 def _run_shard(job: _Job) -> dict[str, Any]:
-    """One worker: fold this shard's records of the log, from offset 0 to ``job.ends``."""
+    """One worker: fold this shard's runs of the log, from offset 0 to ``job.ends``. It
+    reads the barrier topics whole (other runs' records there move the barrier's
+    watermarks) and the other topics filtered by key."""
     from events.log.embedded import EmbeddedLog
 
     gc_was_enabled = gc.isenabled()
@@ -104,9 +123,14 @@ def _run_shard(job: _Job) -> dict[str, Any]:
             store,
             RunStatePolicy.model_validate_json(job.policy_json),
             Prices.model_validate_json(job.prices_json),
+            owns=_owns(job.shard, job.workers),
         )
+        passes = _Passes(job.shard, job.workers).__getitem__
+        keys = {topic: passes for topic in INPUTS if topic not in BARRIER_TOPICS}
+        reached: dict[str, int] = {}
+        records = log.iter_records(list(INPUTS), keys=keys, to_offsets=job.ends, reached=reached)
         derived: list[bytes] = []
-        for chunk in _chunks(_records(log, job), job.commit_every):
+        for chunk in _chunks(records, job.commit_every):
             out = engine.process(chunk)
             if job.collect:
                 derived += [encode(ev) for ev in out]
@@ -121,6 +145,8 @@ def _run_shard(job: _Job) -> dict[str, Any]:
             "rejected_foreign": engine.rejected_foreign,
             "dead_letters": engine.dead_letters,
             "fleet": engine.fleet.to_doc(),
+            "watermarks": engine.watermarks,
+            "reached": reached,
             "derived": derived,
             "runs": store.runs_contents() if isinstance(store, InMemoryReadModel) else None,
         }
@@ -226,7 +252,6 @@ def rebuild_sharded(
     policy, prices = policy or RunStatePolicy.load(), prices or Prices.load()
     started = time.perf_counter()
     ends = _end_offsets(log_dir, until)
-    positions = {f"{t}:0": e for t, e in ends.items() if e}
     with tempfile.TemporaryDirectory(
         dir=Path(store_path).parent if store_path is not None else None
     ) as tmp:
@@ -236,13 +261,22 @@ def rebuild_sharded(
             _jobs(log_dir, workers, ends, policy, prices, commit_every, collect, shard_files)
         )
         fleet = merge_fleets([r["fleet"] for r in results])
+        # where the readers stopped (every worker reads the same bytes; a bad record ends
+        # a topic there, as in one process), and the barrier's (global) watermarks
+        reached = {t: min(r["reached"].get(t, 0) for r in results) for t in INPUTS}
+        positions = {f"{t}:0": n for t, n in reached.items() if n}
+        watermarks: dict[str, float] = {}
+        for r in results:
+            for k, ts in r["watermarks"].items():
+                watermarks[k] = max(ts, watermarks.get(k, ts))
+        held = {"watermarks": watermarks, "runs": {}} if watermarks else {}
         if store_path is None:
             store: InMemoryReadModel | SqliteReadModel = InMemoryReadModel()
             for r in results:
                 store.absorb_runs(r["runs"])
-            store.commit(Batch(fleet=fleet, positions=positions))
+            store.commit(Batch(fleet=fleet, positions=positions, held=held))
         else:
-            _merge_sqlite(store_path, files, fleet, positions)
+            _merge_sqlite(store_path, files, fleet, positions, held)
             store = SqliteReadModel(store_path)
     engine = ProjectionEngine(store, policy, prices)
     engine.applied = sum(r["applied"] for r in results)
@@ -253,13 +287,17 @@ def rebuild_sharded(
     if collect:
         streams = [[decode_or_raise(raw) for raw in r["derived"]] for r in results]
         derived = list(heapq.merge(*streams, key=lambda ev: ev.ts))
-    result = ReplayResult(engine, derived, records=sum(ends.values()))
+    result = ReplayResult(engine, derived, records=sum(reached.values()))
     result.seconds = time.perf_counter() - started
     return result
 
 
 def _merge_sqlite(
-    store_path: str | os.PathLike[str], files: list[str], fleet: Fleet, positions: Positions
+    store_path: str | os.PathLike[str],
+    files: list[str],
+    fleet: Fleet,
+    positions: Positions,
+    held: dict[str, Any],
 ) -> None:
     """Copy the shard files' rows into the store, with the fleet and positions: one
     transaction (the store is either empty or complete)."""
@@ -271,7 +309,7 @@ def _merge_sqlite(
             for table in ("runs", "series", "fold_state"):
                 con.execute(f"INSERT INTO main.{table} SELECT * FROM s{i}.{table}")
         con.execute("INSERT OR REPLACE INTO meta VALUES ('fleet', ?)", (_json(fleet.to_doc()),))
-        con.execute("INSERT OR REPLACE INTO meta VALUES ('held', ?)", (_json({}),))
+        con.execute("INSERT OR REPLACE INTO meta VALUES ('held', ?)", (_json(held),))
         con.executemany("INSERT OR REPLACE INTO positions VALUES (?, ?)", sorted(positions.items()))
         con.execute("COMMIT")
         for i in range(len(files)):

@@ -30,7 +30,7 @@ import bisect
 import json
 import os
 import time
-from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping, Sequence
 from itertools import islice
 from operator import itemgetter
 from pathlib import Path
@@ -166,15 +166,20 @@ class EmbeddedLog(LogBackend):
         self,
         topics: Sequence[str] | None = None,
         from_offsets: dict[str, int] | None = None,
-        keys: Callable[[bytes | None], bool] | None = None,
+        keys: Mapping[str, Callable[[bytes | None], bool]] | None = None,
         to_offsets: dict[str, int] | None = None,
+        reached: dict[str, int] | None = None,
     ) -> Iterator[Record]:
         """Records of several topics merged by append time (deterministic; see module doc).
-        ``keys``: only records whose key it accepts (a key-sharded reader's filter; applied
-        before the merge, which keeps the order of what is left). ``to_offsets``: stop a
-        topic before that offset (default: its current end)."""
+
+        ``keys``: per topic, only the records whose key its filter accepts (a key-sharded
+        reader's filter; applied before the merge, which keeps the order of what is left;
+        topics not named are not filtered). ``to_offsets``: stop a topic before that
+        offset (default: its current end). ``reached``: filled with each topic's offset
+        after the last record read, filtered or not — where the reader stopped, once the
+        iterator is exhausted (a bad record ends a topic)."""
         names = sorted(topics if topics is not None else self.topic_names())
-        starts, stops = from_offsets or {}, to_offsets or {}
+        starts, stops, filters = from_offsets or {}, to_offsets or {}, keys or {}
         streams = []
         for name in names:
             if not (self.root / name).is_dir():
@@ -182,7 +187,7 @@ class EmbeddedLog(LogBackend):
             tlog = self._topic(name)
             tlog.refresh()
             chunks = tlog.read_chunks(starts.get(name, 0), stops.get(name))
-            streams.append(_keyed(name, chunks, keys))
+            streams.append(_keyed(name, chunks, filters.get(name), reached))
         for chunk in merge_chunks(streams):
             yield from map(_RECORD, chunk)
 
@@ -263,7 +268,10 @@ class EmbeddedLog(LogBackend):
 
 
 def _keyed(
-    name: str, chunks: Iterator[list[RawTuple]], keys: Callable[[bytes | None], bool] | None
+    name: str,
+    chunks: Iterator[list[RawTuple]],
+    keys: Callable[[bytes | None], bool] | None,
+    reached: dict[str, int] | None,
 ) -> Iterator[list[_Keyed]]:
     """A topic's records keyed for the merge by the running maximum of their stamps (so
     the stream is sorted even where stamps step back: two appenders racing for the lock, a
@@ -271,6 +279,8 @@ def _keyed(
     topic's records always stay in offset order."""
     hi = -1
     for chunk in chunks:
+        if reached is not None and chunk:
+            reached[name] = chunk[-1][1] + 1
         stamps = [r[0] for r in chunk]
         if stamps and stamps[0] > hi and stamps == sorted(stamps):  # the usual case, in C
             hi = stamps[-1]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 
 from runwatch import settings
@@ -70,6 +71,8 @@ def run(args: argparse.Namespace, term: Terminal) -> int:
         raise Abort("--workers must be at least 1")
     live = SqliteReadModel(store_path)
     if args.kafka is not None:
+        if args.workers > 1:
+            raise Abort("--workers applies to an embedded log; a Kafka replay is one process")
         bootstrap = settings.kafka_bootstrap(args.kafka or None)
         if not bootstrap:
             raise Abort("--kafka given but no broker configured (pass BOOTSTRAP)")
@@ -82,7 +85,10 @@ def run(args: argparse.Namespace, term: Terminal) -> int:
             raise Abort(
                 "this store was fed from Kafka (partitioned positions): use --kafka BOOTSTRAP"
             )
-        result = verify(live, log_dir, policy=policy, prices=prices, workers=args.workers)
+        try:
+            result = verify(live, log_dir, policy=policy, prices=prices, workers=args.workers)
+        except (ValueError, BrokenProcessPool) as exc:
+            raise Abort(f"replay failed: {exc}") from None
     report = {
         "identical": result.identical,
         "records_replayed": result.replay.records,

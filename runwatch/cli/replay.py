@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from concurrent.futures.process import BrokenProcessPool
 
 from runwatch.cli.terminal import Abort, Terminal
 
@@ -66,8 +67,8 @@ def run(args: argparse.Namespace, term: Terminal) -> int:
         projected = replay_projections(
             args.log, args.store, args.policy, args.prices, workers=args.workers
         )
-    except ValueError as exc:
-        raise Abort(str(exc)) from None
+    except (ValueError, BrokenProcessPool) as exc:
+        raise Abort(str(exc) or f"a replay worker died ({type(exc).__name__})") from None
     for event in projected.derived:
         count += 1
         if args.json:

@@ -275,3 +275,80 @@ async def test_live_follower_restarts_from_its_store_and_matches_the_replay(tmp_
     replay = rebuild_from_log(tmp_path / "log")
     assert first_difference(replay.store.export(), SqliteReadModel(store_path).export()) is None
     assert per_run(live_derived) == per_run(replay.derived)
+
+
+def _other_shard_run(run_id: str, prefix: str) -> str:
+    from projections.sharded import shard_of
+
+    return next(
+        f"{prefix}{i}"
+        for i in range(1000)
+        if shard_of(f"{prefix}{i}".encode(), 2) != shard_of(run_id.encode(), 2)
+    )
+
+
+def test_sharded_replay_releases_held_terminals_where_one_process_does(tmp_path):
+    """Another shard's runs move the barrier topics' (global) watermarks past run A's end,
+    so one process releases A's terminal; a late alert of A (stamped before its end)
+    arrives afterwards. Every worker must see the same watermarks, or it folds the late
+    alert before the terminal and A ends differently."""
+    from projections.sharded import rebuild_sharded
+    from tests.projection_runs import RunFactory
+
+    a = "run-a"
+    b = _other_shard_run(a, "run-b")
+    log = EmbeddedLog(tmp_path / "log", sync=False)
+    log.open_sync()
+    run_a = synth_run(a, "acme", "healthy", steps=30, t0=1.7e9)
+    end = run_a[-1].ts
+    log.append_events_sync(run_a)
+    log.append_events_sync(synth_run(b, "acme", "hacked", steps=60, t0=end + 10))
+    log.append_events_sync([RunFactory(a, "acme", t0=end - 5).fired("kl_blowup", 29)])
+    one = rebuild_from_log(tmp_path / "log")
+    two = rebuild_sharded(tmp_path / "log", workers=2)
+    assert one.store.get_run(a).state == "SUCCEEDED"
+    assert first_difference(one.store.export(), two.store.export()) is None
+    assert one.store.load().held == two.store.load().held  # the watermarks, kept for a resume
+    live = SqliteReadModel(tmp_path / "live.sqlite")
+    rebuild_from_log(tmp_path / "log", live)
+    assert verify(live, tmp_path / "log", workers=2).identical
+
+
+def test_sharded_replay_stops_at_a_corrupt_record_like_one_process(tmp_path):
+    from pathlib import Path
+
+    from projections.sharded import rebuild_sharded
+
+    log = EmbeddedLog(tmp_path / "log", sync=False)
+    log.open_sync()
+    log.append_events_sync(synth_run("r1", "acme", "healthy", steps=20))
+    seg = sorted(Path(tmp_path / "log" / "runwatch.telemetry").glob("*.seg"))[0]
+    data = bytearray(seg.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    seg.write_bytes(bytes(data))
+    one = rebuild_from_log(tmp_path / "log")
+    for two in (
+        rebuild_sharded(tmp_path / "log", workers=2),
+        rebuild_sharded(tmp_path / "log", tmp_path / "s.sqlite", workers=2),
+    ):
+        assert two.store.positions() == one.store.positions()
+        assert two.records == one.records
+
+
+def test_sharded_replay_places_keyless_records_by_run_and_refuses_mismatched_keys(tmp_path):
+    from projections.sharded import rebuild_sharded, shard_of
+
+    run = next(f"r{i}" for i in range(100) if shard_of(f"r{i}".encode(), 2) == 1)
+    log = EmbeddedLog(tmp_path / "log", sync=False)
+    log.open_sync()
+    events = synth_run(run, "acme", "healthy", steps=3)
+    log.append_events_sync(events[:-1])
+    log.append_sync(type(events[-1]).TOPIC, None, encode(events[-1]))  # no key
+    one = rebuild_from_log(tmp_path / "log")
+    two = rebuild_sharded(tmp_path / "log", workers=2)
+    assert two.store.get_run(run).state == one.store.get_run(run).state == "SUCCEEDED"
+    assert first_difference(one.store.export(), two.store.export()) is None
+    other = _other_shard_run(run, "r")
+    log.append_sync(type(events[-1]).TOPIC, other.encode(), encode(events[-1]))
+    with pytest.raises(ValueError, match="keyed by their run id"):
+        rebuild_sharded(tmp_path / "log", workers=2)

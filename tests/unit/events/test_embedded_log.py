@@ -208,10 +208,13 @@ def test_iter_records_filters_keys_and_stops_at_given_offsets(tmp_path):
         log.append_events_sync(events[i : i + 9])
     reader = EmbeddedLog(tmp_path, readonly=True)
     everything = list(reader.iter_records([TOPIC]))
-    odd = list(reader.iter_records([TOPIC], keys={b"run-1", b"run-3"}.__contains__))
+    odd = list(reader.iter_records([TOPIC], keys={TOPIC: {b"run-1", b"run-3"}.__contains__}))
     assert odd == [r for r in everything if r.key in (b"run-1", b"run-3")]
+    reached: dict[str, int] = {}
     window = list(reader.iter_records([TOPIC], {TOPIC: 17}, to_offsets={TOPIC: 88}))
     assert [r.offset for r in window] == list(range(17, 88))
+    none = list(reader.iter_records([TOPIC], keys={TOPIC: lambda k: False}, reached=reached))
+    assert none == [] and reached == {TOPIC: 120}
     assert list(reader.iter_records([TOPIC], to_offsets={TOPIC: 0})) == []
 
 
