@@ -90,6 +90,10 @@ class TrajectorySettings:
     dedupe_window: int = 200_000
 
 
+#: Payloads of other instances' groups read ahead of ``/batch`` (at most this many held).
+READ_AHEAD_GROUPS = 16
+
+
 class TrajectoryHost:
     """Hosts the fold and the view over one run's partition; both routers' port."""
 
@@ -132,6 +136,8 @@ class TrajectoryHost:
         self._outbox: asyncio.Queue[EventBase] = asyncio.Queue()
         self._tasks: list[asyncio.Task[None]] = []
         self._readers: dict[int, PayloadReader] = {}  # payload partition -> reader
+        self._read_ahead: dict[str, bytes] = {}  # group id -> payload read ahead of /batch
+        self._prefetch: asyncio.Task[None] | None = None
 
     # -- the ports the routers use --------------------------------------------------------
     @property
@@ -205,16 +211,52 @@ class TrajectoryHost:
     async def batch_body(self, group_ids: tuple[str, ...]) -> bytes:
         """The ``/batch`` body: cached payloads, plus those another instance ingested (or
         this one before a restart lost its cache) read from the payload topic."""
+        if self._prefetch is not None and not self._prefetch.done():
+            await asyncio.shield(self._prefetch)  # it is reading the oldest groups: these
         remote: dict[str, Location] = {}
+        fetched: dict[str, bytes] = {}
         for gid in group_ids:
-            if gid not in self.view.payloads:
+            if gid in self.view.payloads:
+                continue
+            ahead = self._read_ahead.pop(gid, None)
+            if ahead is not None:
+                fetched[gid] = ahead
+            else:
                 remote[gid] = self.view.locations[gid]
-        fetched = await self.fetch_payloads(remote) if remote else None
+        if remote:
+            fetched.update(await self.fetch_payloads(remote))
+        if remote or fetched:  # groups of other instances are being served: read ahead
+            self._start_read_ahead()
         try:
             return self.view.batch_body(group_ids, fetched)
         except CorruptPayload:  # a damaged cache entry: the log has the bytes
             wanted = {g: self.view.locations[g] for g in group_ids if g in self.view.locations}
             return self.view.batch_body(group_ids, await self.fetch_payloads(wanted))
+
+    def _start_read_ahead(self, groups: int = READ_AHEAD_GROUPS) -> None:
+        """Read the payloads the next batches will want from the log in the background:
+        the oldest queued groups this instance has no bytes for (FIFO serving)."""
+        queue = self.view.queue
+        self._read_ahead = {g: b for g, b in self._read_ahead.items() if g in queue}
+        wanted: dict[str, Location] = {}
+        for gid in itertools.islice(queue, 4 * groups):
+            if len(self._read_ahead) + len(wanted) >= groups:
+                break
+            if gid not in self._read_ahead and gid not in self.view.payloads:
+                where = self.view.locations.get(gid)
+                if where is not None:
+                    wanted[gid] = where
+        if wanted:
+            self._prefetch = asyncio.create_task(self._read_ahead_task(wanted))
+
+    async def _read_ahead_task(self, wanted: dict[str, Location]) -> None:
+        try:
+            got = await self.fetch_payloads(wanted)
+        except Exception:  # only a head start: /batch reads them itself
+            log.debug("reading payloads ahead failed", exc_info=True)
+            return
+        queue = self.view.queue
+        self._read_ahead.update((g, b) for g, b in got.items() if g in queue)
 
     async def latest_example(self) -> bytes | None:
         view = self.view
@@ -264,6 +306,10 @@ class TrajectoryHost:
         await asyncio.wait_for(self._ready_event.wait(), timeout_s)
 
     async def stop(self) -> None:
+        if self._prefetch is not None:
+            self._prefetch.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._prefetch
         if self._snapshot_task is not None:
             with contextlib.suppress(Exception):
                 await self._snapshot_task

@@ -384,6 +384,9 @@ def test_payloads_stay_off_the_ordered_partition(tmp_path: Path) -> None:
         body = c.get("/batch").json()["batch"]
         assert [g["scores"][0] for g in body] == [0.0, 1.0]
         assert body[0]["tokens"] == [list(range(2000))] * 2
+        # the next batch's payloads were read ahead of it; served all the same
+        assert [g["scores"][0] for g in c.get("/batch").json()["batch"]] == [2.0, 3.0]
+        assert c.get("/batch").json() == {"batch": None}
         assert c.get("/latest_example").json()["scores"] == [3.0, 3.0]
 
 
