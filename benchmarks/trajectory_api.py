@@ -12,7 +12,8 @@ same pre-built request bodies):
    calls ``GET /batch`` back to back (accepting gzip, as ``requests`` does) until every
    group came back. Figures: /batch p50/p99 latency (request sent to body read) and
    a check that every pushed group was served exactly once (by a marker score).
-3. server peak RSS: ``VmHWM`` of the server process at the end.
+3. server peak RSS: ``VmHWM`` of the server process at the end; and the server
+   processes' CPU time during the push, per group (the broker's is not included).
 
 runwatch runs as ``runwatch serve trajectories --kafka`` (every accepted group on Kafka,
 acks=all, before the 200; batches committed on the log). The reference runs as
@@ -70,6 +71,7 @@ class Result:
     served_groups: int
     duplicates: int
     rss_mb: float
+    cpu_s: float = float("nan")
 
     def row(self) -> dict[str, object]:
         lat = sorted(self.batch_ms)
@@ -88,6 +90,7 @@ class Result:
             "served_groups": self.served_groups,
             "duplicates": self.duplicates,
             "peak_rss_mb": round(self.rss_mb, 1),
+            "push_cpu_ms/group": round(self.cpu_s / self.groups * 1000, 3),
         }
 
 
@@ -123,6 +126,15 @@ def peak_rss_mb(pid: int) -> float:
     except OSError:
         pass
     return float("nan")
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process so far (``/proc/PID/stat``)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return float("nan")
 
 
 def wait_up(url: str, proc: subprocess.Popen[bytes], timeout_s: float = 300.0) -> None:
@@ -228,7 +240,9 @@ def run_servers(
         for url, proc in zip(urls, procs):
             wait_up(url, proc)
         register(urls[0], args.batch_groups * args.seqs)
+        cpu0 = sum(cpu_seconds(p.pid) for p in procs)
         push_s = asyncio.run(push(urls, bodies, args.concurrency))
+        cpu_s = sum(cpu_seconds(p.pid) for p in procs) - cpu0
         latencies, served, dups = drain(urls[0], args.groups, args.seqs)
         rss = max(peak_rss_mb(p.pid) for p in procs)
     finally:
@@ -240,7 +254,8 @@ def run_servers(
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
-    return Result(name, push_s, sum(map(len, bodies)), args.groups, latencies, served, dups, rss)
+    pushed = sum(map(len, bodies))
+    return Result(name, push_s, pushed, args.groups, latencies, served, dups, rss, cpu_s)
 
 
 def warm_up_broker(
