@@ -31,7 +31,11 @@ from events.catalog.profile import StepProfiled, StragglerDetected, WorkerProfil
 from events.catalog.reward import CanaryProbeScored, RewardBatchFailed, RewardBatchScored
 from events.catalog.rollout import RolloutBatchCompleted, RolloutTraceRecorded
 from events.catalog.trainer import StepPhaseTimed, TrainerStepCompleted, WeightSyncCompleted
-from events.catalog.trajectory import ScoredDataGroupAccepted, TrajectoryBatchServed
+from events.catalog.trajectory import (
+    ScoredDataGroupAccepted,
+    ScoredDataGroupStored,
+    TrajectoryBatchServed,
+)
 from events.catalog.usage import UsageRecorded
 from events.codec import EVENT_ADAPTER, Event, decode, decode_or_raise, encode, topic_of
 from events.dead_letter import DeadLetter
@@ -67,6 +71,7 @@ __all__ = [
     "RunStateChanged",
     "RunSubmitted",
     "ScoredDataGroupAccepted",
+    "ScoredDataGroupStored",
     "StepPhaseTimed",
     "StepProfiled",
     "StragglerDetected",
