@@ -27,10 +27,14 @@ buffer are measured too, the client spreading pushes round-robin as a load balan
 front of them would (the trainer drains through one of them).
 
 Every server is measured ``--rounds`` times (3), in turn, and the medians are reported
-beside each round: the machine is shared, and its load moves between runs. Before each
-server starts, dirty pages are written back (``os.sync``), so no run pays for the
-previous one's files; before the first round the broker is warmed up with unmeasured
-pushes (``--warmup-pushes``), so no run pays for a cold JVM.
+beside each round (the machine is shared; its load moves between runs). The reference
+goes first in each round: measured after the runwatch runs, even on a machine whose CPUs
+were idle again, it pushed at 50-70 % of its rate and spent up to twice the CPU per group
+(cause not found; an idle broker alone does not do it), so it is measured where it is
+fastest. Before each server starts, dirty pages are written back (``os.sync``) and the
+machine is left to settle (:func:`settle`: CPUs at most 15 % busy for a second, the
+fraction printed as ``busy_before``); before the first round the broker is warmed up with
+unmeasured pushes (``--warmup-pushes``), so no run pays for a cold JVM.
 
 Usage: ``python benchmarks/trajectory_api.py [--bootstrap HOST:PORT] [--groups N] [--rounds N]``
 (without ``--bootstrap`` a broker is provisioned as the tests do, and stopped after).
@@ -72,6 +76,8 @@ class Result:
     duplicates: int
     rss_mb: float
     cpu_s: float = float("nan")
+    #: busy fraction of the machine's CPUs in the second before this server started
+    busy_before: float = float("nan")
 
     def row(self) -> dict[str, object]:
         lat = sorted(self.batch_ms)
@@ -91,6 +97,7 @@ class Result:
             "duplicates": self.duplicates,
             "peak_rss_mb": round(self.rss_mb, 1),
             "push_cpu_ms/group": round(self.cpu_s / self.groups * 1000, 3),
+            "busy_before": round(self.busy_before, 2),
         }
 
 
@@ -135,6 +142,29 @@ def cpu_seconds(pid: int) -> float:
         return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
     except (OSError, IndexError, ValueError):
         return float("nan")
+
+
+def _cpu_ticks() -> tuple[int, int]:
+    """(busy, total) jiffies of all CPUs so far (``/proc/stat``)."""
+    values = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = values[3] + (values[4] if len(values) > 4 else 0)  # idle + iowait
+    return sum(values) - idle, sum(values)
+
+
+def settle(max_busy: float = 0.15, timeout_s: float = 60.0) -> float:
+    """Wait until the machine's CPUs were at most ``max_busy`` busy over one second (the
+    broker's and the previous server's after-work — log flushes, JIT, GC, writeback —
+    would otherwise land in the next server's measurement: the reference, measured after
+    runwatch, pushed at ~60 % of its undisturbed rate), at most ``timeout_s``; the busy
+    fraction of the last second, printed with the run (a shared box may never settle)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        b0, t0 = _cpu_ticks()
+        time.sleep(1.0)
+        b1, t1 = _cpu_ticks()
+        busy = (b1 - b0) / max(1, t1 - t0)
+        if busy <= max_busy or time.monotonic() >= deadline:
+            return busy
 
 
 def wait_up(url: str, proc: subprocess.Popen[bytes], timeout_s: float = 300.0) -> None:
@@ -234,7 +264,7 @@ def run_servers(
     # start from a settled machine: the previous server's files (log segments, payload
     # caches) are written back now, not by the kernel during this server's push
     os.sync()
-    time.sleep(1.0)
+    busy_before = settle()
     procs = [subprocess.Popen(c, cwd=ROOT, env=env, start_new_session=True) for c in cmds]
     try:
         for url, proc in zip(urls, procs):
@@ -255,7 +285,9 @@ def run_servers(
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
     pushed = sum(map(len, bodies))
-    return Result(name, push_s, pushed, args.groups, latencies, served, dups, rss, cpu_s)
+    return Result(
+        name, push_s, pushed, args.groups, latencies, served, dups, rss, cpu_s, busy_before
+    )
 
 
 def warm_up_broker(
@@ -307,6 +339,21 @@ def report(rows: list[dict[str, object]]) -> None:
             f"{r['batch_p99_ms']} ms (goal <= 30), peak RSS {r['peak_rss_mb']} MB "
             "(goal <= 300)"
         )
+
+
+def _against_best_reference(rounds: list[list[Result]], medians: list[dict[str, object]]) -> None:
+    """The conservative ratio: runwatch's median push rate against the reference's best
+    round (the reference's rate swings most between rounds, see the module doc)."""
+    best = max(
+        (x.groups / x.push_s for results in rounds for x in results if x.name.startswith("atrop")),
+        default=None,
+    )
+    if best is None:
+        return
+    for row in medians:
+        if not str(row["server"]).startswith("atrop"):
+            ratio = float(row["groups/s"]) / best  # type: ignore[arg-type]
+            print(f"{row['server']}: median push {ratio:.2f}x the reference's best round")
 
 
 def median_rows(rounds: list[list[dict[str, object]]]) -> list[dict[str, object]]:
@@ -376,6 +423,16 @@ def main() -> int:
             warm_up_broker(bootstrap, bodies, args, scratch)
         for r in range(args.rounds):
             results = []
+            if args.only != "runwatch":  # first: see the module doc
+                port = free_port()
+                cmd = [
+                    args.atropos_python, "-m", "uvicorn", "atroposlib.api:app",
+                    "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning",
+                    "--no-access-log",
+                ]  # fmt: skip
+                url = f"http://127.0.0.1:{port}"
+                label = "atroposlib 0.4.0 (in-memory)"
+                results.append(run_servers(label, [cmd], [url], args, bodies))
             if args.only != "reference":
                 for n in sorted({1, args.instances}):
                     run_id = f"bench-{uuid.uuid4().hex[:8]}"
@@ -391,16 +448,6 @@ def main() -> int:
                         urls.append(f"http://127.0.0.1:{port}")
                     label = "runwatch (Kafka, durable)" + (f" x{n} instances" if n > 1 else "")
                     results.append(run_servers(label, cmds, urls, args, bodies))
-            if args.only != "runwatch":
-                port = free_port()
-                cmd = [
-                    args.atropos_python, "-m", "uvicorn", "atroposlib.api:app",
-                    "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning",
-                    "--no-access-log",
-                ]  # fmt: skip
-                url = f"http://127.0.0.1:{port}"
-                label = "atroposlib 0.4.0 (in-memory)"
-                results.append(run_servers(label, [cmd], [url], args, bodies))
             rounds.append(results)
             if args.rounds > 1 and not args.json:
                 print(f"-- round {r + 1}/{args.rounds} (load average {os.getloadavg()[0]:.2f})")
@@ -415,7 +462,9 @@ def main() -> int:
         return 0
     if args.rounds > 1:
         print(f"-- median of {args.rounds} rounds (each server once per round, in turn)")
-        report(median_rows([[x.row() for x in results] for results in rounds]))
+        medians = median_rows([[x.row() for x in results] for results in rounds])
+        report(medians)
+        _against_best_reference(rounds, medians)
     else:
         report([x.row() for x in rounds[0]])
     return 0
