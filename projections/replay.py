@@ -76,6 +76,14 @@ def _chunks(it: Iterator[Record], n: int) -> Iterator[list[Record]]:
         yield chunk
 
 
+def topic_stops(until: Positions | None) -> dict[str, int] | None:
+    """``until`` (``topic:0`` positions of an embedded log) as the per-topic stop offsets
+    of :meth:`~events.log.embedded.EmbeddedLog.iter_records` (a topic not named: 0)."""
+    if until is None:
+        return None
+    return {topic: until.get(f"{topic}:0", 0) for topic in INPUTS}
+
+
 def _until(records: Iterator[Record], until: Positions | None) -> Iterator[Record]:
     if until is None:
         yield from records
@@ -141,7 +149,7 @@ def rebuild_from_log(
         log = EmbeddedLog(root, readonly=True)
     engine = ProjectionEngine(store or InMemoryReadModel(), policy, prices)
     starts = {k.rsplit(":", 1)[0]: v for k, v in engine.positions.items()}
-    records = _until(log.iter_records(list(INPUTS), from_offsets=starts), until)
+    records = log.iter_records(list(INPUTS), from_offsets=starts, to_offsets=topic_stops(until))
     return _feed(
         engine, records, force_release=force_release, commit_every=commit_every, collect=collect
     )

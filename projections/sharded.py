@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import gc
 import heapq
+import json
 import multiprocessing
 import os
 import sqlite3
@@ -60,7 +61,7 @@ from events.dead_letter import DeadLetter
 from events.envelope import EventBase
 from projections.engine import BARRIER_TOPICS, INPUTS, ProjectionEngine
 from projections.policy import Prices, RunStatePolicy
-from projections.replay import COMMIT_EVERY, ReplayResult, _chunks
+from projections.replay import COMMIT_EVERY, ReplayResult, _chunks, topic_stops
 from projections.store import Batch, InMemoryReadModel, Positions, SqliteReadModel
 from projections.views import Fleet
 
@@ -183,9 +184,8 @@ def _end_offsets(log_dir: str | os.PathLike[str], until: Positions | None) -> di
 
     log = EmbeddedLog(log_dir, readonly=True)
     ends = {topic: log.end_offset_sync(topic) for topic in INPUTS}
-    if until is not None:
-        ends = {t: min(e, until.get(f"{t}:0", 0)) for t, e in ends.items()}
-    return ends
+    stops = topic_stops(until)
+    return ends if stops is None else {t: min(e, stops[t]) for t, e in ends.items()}
 
 
 def _run_jobs(jobs: list[_Job]) -> list[dict[str, Any]]:
@@ -198,32 +198,6 @@ def _run_jobs(jobs: list[_Job]) -> list[dict[str, Any]]:
         others = [pool.submit(_run_shard, job) for job in jobs[1:]]
         first = _run_shard(jobs[0])
         return [first, *(f.result() for f in others)]
-
-
-def _jobs(
-    log_dir: str | os.PathLike[str],
-    workers: int,
-    ends: dict[str, int],
-    policy: RunStatePolicy,
-    prices: Prices,
-    commit_every: int,
-    collect: bool,
-    shard_files: list[str] | None,
-) -> list[_Job]:
-    return [
-        _Job(
-            str(log_dir),
-            i,
-            workers,
-            ends,
-            policy.model_dump_json(),
-            prices.model_dump_json(),
-            commit_every,
-            collect,
-            shard_files[i] if shard_files else None,
-        )
-        for i in range(workers)
-    ]
 
 
 def rebuild_sharded(
@@ -257,9 +231,22 @@ def rebuild_sharded(
     ) as tmp:
         files = [str(Path(tmp) / f"shard{i}.sqlite") for i in range(workers)]
         shard_files = files if store_path is not None else None
-        results = _run_jobs(
-            _jobs(log_dir, workers, ends, policy, prices, commit_every, collect, shard_files)
-        )
+        policy_json, prices_json = policy.model_dump_json(), prices.model_dump_json()
+        jobs = [
+            _Job(
+                str(log_dir),
+                i,
+                workers,
+                ends,
+                policy_json,
+                prices_json,
+                commit_every,
+                collect,
+                shard_files[i] if shard_files else None,
+            )
+            for i in range(workers)
+        ]
+        results = _run_jobs(jobs)
         fleet = merge_fleets([r["fleet"] for r in results])
         # where the readers stopped (every worker reads the same bytes; a bad record ends
         # a topic there, as in one process), and the barrier's (global) watermarks
@@ -308,17 +295,12 @@ def _merge_sqlite(
             con.execute(f"ATTACH DATABASE ? AS s{i}", (path,))
             for table in ("runs", "series", "fold_state"):
                 con.execute(f"INSERT INTO main.{table} SELECT * FROM s{i}.{table}")
-        con.execute("INSERT OR REPLACE INTO meta VALUES ('fleet', ?)", (_json(fleet.to_doc()),))
-        con.execute("INSERT OR REPLACE INTO meta VALUES ('held', ?)", (_json(held),))
+        fleet_doc = json.dumps(fleet.to_doc())
+        con.execute("INSERT OR REPLACE INTO meta VALUES ('fleet', ?)", (fleet_doc,))
+        con.execute("INSERT OR REPLACE INTO meta VALUES ('held', ?)", (json.dumps(held),))
         con.executemany("INSERT OR REPLACE INTO positions VALUES (?, ?)", sorted(positions.items()))
         con.execute("COMMIT")
         for i in range(len(files)):
             con.execute(f"DETACH DATABASE s{i}")
     finally:
         con.close()
-
-
-def _json(doc: Any) -> str:
-    import json
-
-    return json.dumps(doc)

@@ -41,10 +41,10 @@ from events.envelope import EventBase
 from events.log.base import Appended, LogBackend, LogConsumer, Record
 from events.log.segments import (
     DEFAULT_SEGMENT_BYTES,
-    RawRecord,
     RawTuple,
     Recovery,
     TopicLog,
+    fsync_dir,
     monotonic_ns,
 )
 from events.topics import TOPICS
@@ -159,8 +159,10 @@ class EmbeddedLog(LogBackend):
             return
         tlog = self._topic(topic)
         tlog.refresh()
-        for raw in tlog.read(from_offset, max_records):
-            yield _record(topic, raw)
+        stop = from_offset + max_records if max_records is not None else None
+        for chunk in tlog.read_chunks(from_offset, stop):
+            for ts, off, key, value in chunk:
+                yield Record(topic, 0, off, key, value, ts // 1_000_000)
 
     def iter_records(
         self,
@@ -220,11 +222,7 @@ class EmbeddedLog(LogBackend):
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, final)
-        fd = os.open(directory, os.O_RDONLY)  # the rename itself survives a power loss
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        fsync_dir(directory)  # the rename itself survives a power loss
 
     # -- the async LogBackend interface ---------------------------------------------------
 
@@ -296,10 +294,6 @@ def _keyed(
             if keys is None or keys(key):
                 out.append((hi, name, off, Record(name, 0, off, key, value, ts // 1_000_000)))
         yield out
-
-
-def _record(topic: str, raw: RawRecord) -> Record:
-    return Record(topic, 0, raw.offset, raw.key, raw.value, raw.timestamp_ns // 1_000_000)
 
 
 #: A record with its merge key in front: (timestamp_ns, topic, offset, record).

@@ -65,7 +65,8 @@ def monotonic_ns() -> int:
     return _last_ns
 
 
-def _fsync_dir(path: Path) -> None:
+def fsync_dir(path: Path) -> None:
+    """Make a directory's entries (a create, a rename) survive a power loss."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -387,7 +388,7 @@ class TopicLog:
                 base = self.end_offset
                 path = self.dir / f"{base:020d}{SEGMENT_SUFFIX}"
                 path.touch()
-                _fsync_dir(self.dir)  # the new segment's directory entry is durable too
+                fsync_dir(self.dir)  # the new segment's directory entry is durable too
                 self._segments.append(_Segment(base=base, path=path))
             seg = self._segments[-1]
             first = seg.base + seg.count

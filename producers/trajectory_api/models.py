@@ -106,39 +106,21 @@ class ScoredGroup(msgspec.Struct):
     distill_logprobs: list[list[list[float]]] | None = None
 
     def __post_init__(self) -> None:
-        _check_messages(self.messages)
+        if self.messages is not None:
+            for conversation in self.messages:
+                for msg in conversation:
+                    if "role" not in msg or "content" not in msg:
+                        raise ValueError("Message must have 'role' and 'content' fields")
 
 
-class _RawIdsGroup(msgspec.Struct):
+class _RawIdsGroup(ScoredGroup):
     """:class:`ScoredGroup` with each row of ``tokens`` and ``masks`` kept as raw JSON
     text: the fast path of :func:`accept_groups`, taken only when every row is a plain
-    array of JSON integers (see :func:`_int_rows`). Same fields, order and checks."""
+    array of JSON integers (see :func:`_int_rows`). A subclass: the redefined fields keep
+    their places, every other field and check is the parent's."""
 
-    tokens: list[msgspec.Raw]
-    masks: list[msgspec.Raw]
-    scores: list[float]
-    advantages: list[list[float]] | None = None
-    ref_logprobs: list[list[float]] | None = None
-    messages: list[list[dict[str, Any]]] | None = None
-    generation_params: dict[str, Any] | None = None
-    inference_logprobs: list[list[float]] | None = None
-    overrides: list[dict[str, Any]] | None = None
-    group_overrides: dict[str, Any] | None = None
-    images: Any | None = None
-    env_id: int | None = None
-    distill_token_ids: list[list[list[int]]] | None = None
-    distill_logprobs: list[list[list[float]]] | None = None
-
-    def __post_init__(self) -> None:
-        _check_messages(self.messages)
-
-
-def _check_messages(messages: list[list[dict[str, Any]]] | None) -> None:
-    if messages is not None:
-        for conversation in messages:
-            for msg in conversation:
-                if "role" not in msg or "content" not in msg:
-                    raise ValueError("Message must have 'role' and 'content' fields")
+    tokens: list[msgspec.Raw]  # type: ignore[assignment]
+    masks: list[msgspec.Raw]  # type: ignore[assignment]
 
 
 class InvalidBody(Exception):

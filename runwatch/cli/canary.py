@@ -13,7 +13,8 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from runwatch.cli.terminal import Abort, Terminal
+from runwatch.cli.outdir import fresh_out_dir
+from runwatch.cli.terminal import Terminal
 
 HELP = "inject the four canary faults; fail unless alerts fire"
 
@@ -31,14 +32,7 @@ def run(args: argparse.Namespace, term: Terminal) -> int:
 
     tmp = None
     if args.out:
-        out = Path(args.out)
-        marker = out / ".runwatch-canary"
-        if out.exists():
-            if not marker.exists() and any(out.iterdir()):
-                raise Abort(f"{out} exists and is not a runwatch canary directory; pick another")
-            shutil.rmtree(out)
-        out.mkdir(parents=True)
-        marker.touch()
+        out = fresh_out_dir(Path(args.out), "canary")
     else:
         tmp = tempfile.mkdtemp(prefix="runwatch-canary-")
         out = Path(tmp)

@@ -13,10 +13,10 @@ charts in ``--out``. Exit 1 if the plane missed anything a scenario expects.
 from __future__ import annotations
 
 import argparse
-import shutil
 import time
 from pathlib import Path
 
+from runwatch.cli.outdir import fresh_out_dir
 from runwatch.cli.terminal import Abort, Terminal
 
 HELP = "train several real runs and show the whole plane working"
@@ -55,13 +55,7 @@ def run(args: argparse.Namespace, term: Terminal) -> int:
     chosen = [s for s in scenarios(args.short) if not args.only or s.run_id in args.only]
     if not chosen:
         raise Abort(f"no scenario named {', '.join(args.only or [])}")
-    marker = out / ".runwatch-demo"
-    if out.exists():
-        if not marker.exists() and any(out.iterdir()):
-            raise Abort(f"{out} exists and is not a runwatch demo directory; pick another --out")
-        shutil.rmtree(out)
-    out.mkdir(parents=True)
-    marker.touch()
+    fresh_out_dir(out, "demo")
     log_dir = out / "log"
     started = time.monotonic()
     term.progress(f"runwatch demo: {len(chosen)} runs, 2 tenants, log at {log_dir}")

@@ -21,10 +21,13 @@ from producers.trajectory_api.models import (
 
 def test_twins_have_the_same_fields_in_the_same_order():
     assert list(ScoredData.model_fields) == list(ScoredGroup.__struct_fields__)
-    raw_ids = _RawIdsGroup.__annotations__
+    import msgspec
+
+    raw_ids = {f.name: f.type for f in msgspec.structs.fields(_RawIdsGroup)}
+    full = {f.name: f.type for f in msgspec.structs.fields(ScoredGroup)}
     assert list(raw_ids) == list(ScoredGroup.__struct_fields__)
     assert {k: v for k, v in raw_ids.items() if k not in ("tokens", "masks")} == {
-        k: v for k, v in ScoredGroup.__annotations__.items() if k not in ("tokens", "masks")
+        k: v for k, v in full.items() if k not in ("tokens", "masks")
     }
 
 
