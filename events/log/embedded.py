@@ -44,8 +44,8 @@ from events.log.segments import (
     RawTuple,
     Recovery,
     TopicLog,
-    fsync_dir,
     monotonic_ns,
+    write_atomically,
 )
 from events.topics import TOPICS
 
@@ -213,16 +213,8 @@ class EmbeddedLog(LogBackend):
 
     def commit_positions(self, group_id: str, positions: dict[str, int]) -> None:
         """Atomically replace the group's committed positions."""
-        directory = self.root / GROUPS_DIR
-        directory.mkdir(parents=True, exist_ok=True)
-        final = directory / f"{group_id}.json"
-        tmp = directory / f".{group_id}.json.tmp"
-        with open(tmp, "w") as f:
-            json.dump(positions, f, sort_keys=True)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, final)
-        fsync_dir(directory)  # the rename itself survives a power loss
+        doc = json.dumps(positions, sort_keys=True).encode()
+        write_atomically(self.root / GROUPS_DIR / f"{group_id}.json", doc)
 
     # -- the async LogBackend interface ---------------------------------------------------
 

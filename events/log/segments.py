@@ -74,6 +74,19 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def write_atomically(path: Path, data: bytes) -> None:
+    """Replace ``path`` with ``data`` all at once: a temporary file beside it, fsync'd,
+    renamed over it, the rename fsync'd. A crash leaves the old file or the new one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    fsync_dir(path.parent)
+
+
 def frame(key: bytes | None, value: bytes, timestamp_ns: int) -> bytes:
     """The bytes of one record."""
     key_bytes = b"" if key is None else key

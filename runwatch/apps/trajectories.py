@@ -60,6 +60,7 @@ from events.dead_letter import DeadLetter
 from events.dedupe import Deduplicator
 from events.envelope import EventBase, new_envelope
 from events.log.base import Appended, LogBackend, Record
+from events.log.segments import write_atomically
 from producers.trajectory_api import GzipRequestMiddleware
 from producers.trajectory_api import build_router as build_ingress
 from projections.trajectory_view import SpillPayloads, TrajectoryView
@@ -430,7 +431,7 @@ class TrajectoryHost:
 
         def encode_and_write() -> None:
             snap["fold"] = fold.dump_state(state).decode()
-            _write_atomically(path, json.dumps(snap, separators=(",", ":")).encode())
+            write_atomically(path, json.dumps(snap, separators=(",", ":")).encode())
 
         self._since_snapshot = 0
         self._snapshot_at = asyncio.get_running_loop().time()
@@ -555,16 +556,6 @@ class PayloadReader:
         if it is not None:
             with contextlib.suppress(Exception):
                 await it.aclose()  # type: ignore[attr-defined]
-
-
-def _write_atomically(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def build_app(host: TrajectoryHost) -> FastAPI:

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import base64
 import json
-import os
 import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -35,6 +34,7 @@ from events.dead_letter import DeadLetter
 from events.envelope import EventBase
 from events.fold import Fold
 from events.log.embedded import GROUPS_DIR, EmbeddedLog
+from events.log.segments import write_atomically
 from events.topics import DEAD_LETTER_TOPIC
 from runwatch.hosting.core import Slot, apply_event, dump_slot, load_slot, new_slot
 
@@ -96,15 +96,8 @@ class EmbeddedHost:
             raw = dump_slot(hosted.fold, hosted.slots[key])
             hosted.slot_bytes[key] = base64.b64encode(raw).decode()
         hosted.dirty.clear()
-        path = self.state_path(hosted.fold)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.tmp")
         doc = {"fold": hosted.fold.name, "positions": hosted.positions, "slots": hosted.slot_bytes}
-        with open(tmp, "w") as f:
-            json.dump(doc, f, sort_keys=True)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
+        write_atomically(self.state_path(hosted.fold), json.dumps(doc, sort_keys=True).encode())
 
     # -- processing ----------------------------------------------------------------------
 
