@@ -86,9 +86,13 @@ class LogBackend(abc.ABC):
 
     @abc.abstractmethod
     async def append_many(
-        self, topic: str, records: Sequence[tuple[bytes | None, bytes]]
+        self, topic: str, records: Sequence[tuple[bytes | None, bytes]], *, spread: bool = False
     ) -> list[Appended]:
-        """Append many records, pipelined; returns once all are acknowledged, in order."""
+        """Append many records, pipelined; returns once all are acknowledged, in order.
+
+        ``spread``: the records need no per-key order (each is read back at the place
+        this returns), so a backend may put them on any partitions, and spread them over
+        several to write them in parallel; their keys are kept."""
 
     @abc.abstractmethod
     async def partitions(self, topic: str) -> list[int]:

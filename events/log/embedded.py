@@ -231,9 +231,9 @@ class EmbeddedLog(LogBackend):
         return self.append_sync(topic, key, value)
 
     async def append_many(
-        self, topic: str, records: Sequence[tuple[bytes | None, bytes]]
+        self, topic: str, records: Sequence[tuple[bytes | None, bytes]], *, spread: bool = False
     ) -> list[Appended]:
-        return self.append_many_sync(topic, records)
+        return self.append_many_sync(topic, records)  # one partition: nothing to spread
 
     async def partitions(self, topic: str) -> list[int]:
         return [0]

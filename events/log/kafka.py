@@ -116,6 +116,9 @@ class KafkaLog(LogBackend):
         self.producer_config = {**PRODUCER_DEFAULTS, **(producer_config or {})}
         self.consumer_config = {**CONSUMER_DEFAULTS, **(consumer_config or {})}
         self._producer: AIOKafkaProducer | None = None
+        #: a second producer (own connection) for ``spread`` appends, started on first use
+        self._bulk: AIOKafkaProducer | None = None
+        self._bulk_starting = asyncio.Lock()
         self._partitions: dict[str, list[int]] = {}
         self._consumers: set[KafkaLogConsumer] = set()
 
@@ -134,9 +137,11 @@ class KafkaLog(LogBackend):
     async def close(self) -> None:
         for consumer in list(self._consumers):
             await consumer.close()
-        if self._producer is not None:
-            producer, self._producer = self._producer, None
-            await producer.stop()  # flushes pending batches
+        for name in ("_bulk", "_producer"):
+            producer = getattr(self, name)
+            if producer is not None:
+                setattr(self, name, None)
+                await producer.stop()  # flushes pending batches
 
     async def create_topics(self, specs: Iterable[TopicSpec]) -> list[str]:
         """Create the topics that do not exist yet; returns the names created."""
@@ -207,6 +212,23 @@ class KafkaLog(LogBackend):
             raise RuntimeError("KafkaLog is not started (use `async with KafkaLog(...)`)")
         return self._producer
 
+    async def bulk_producer(self) -> AIOKafkaProducer:
+        """The producer of ``spread`` appends: bulk bytes (payloads) get their own
+        connection, so the small ordered appends are not queued behind a multi-megabyte
+        request (the producer has one request in flight per broker)."""
+        if self._producer is None:
+            raise RuntimeError("KafkaLog is not started (use `async with KafkaLog(...)`)")
+        async with self._bulk_starting:
+            if self._bulk is None:
+                bulk = AIOKafkaProducer(
+                    bootstrap_servers=self.bootstrap,
+                    client_id=f"{self.client_id}-bulk-producer",
+                    **self.producer_config,
+                )
+                await bulk.start()
+                self._bulk = bulk
+        return self._bulk
+
     async def partitions(self, topic: str) -> list[int]:
         cached = self._partitions.get(topic)
         if cached is None:
@@ -229,12 +251,12 @@ class KafkaLog(LogBackend):
         return Appended(topic, meta.partition, meta.offset)
 
     async def append_many(
-        self, topic: str, records: Sequence[tuple[bytes | None, bytes]]
+        self, topic: str, records: Sequence[tuple[bytes | None, bytes]], *, spread: bool = False
     ) -> list[Appended]:
-        return await (await self.send_many(topic, records))
+        return await (await self.send_many(topic, records, spread=spread))
 
     async def send_many(
-        self, topic: str, records: Sequence[tuple[bytes | None, bytes]]
+        self, topic: str, records: Sequence[tuple[bytes | None, bytes]], *, spread: bool = False
     ) -> Awaitable[list[Appended]]:
         """Hand ``records`` to the producer as whole batches, in order, and return an
         awaitable of their acknowledgements (what :meth:`append_many` awaits at once).
@@ -243,13 +265,19 @@ class KafkaLog(LogBackend):
         the broker acknowledges this one; calls made one after another keep their order
         per partition. (Concurrent calls for the same topic may interleave their
         batches, as concurrent ``send`` calls would: sequence them for per-run order.)
+
+        ``spread``: the records go to the partitions in turn, one batch each, from a
+        random one, whatever their keys, through :meth:`bulk_producer`. The producer
+        keeps one batch per partition in a produce request and one request in flight per
+        broker, so records keyed to one partition are written one batch per broker round
+        trip; spread, a request carries a batch for each partition.
         """
         if not records:
             return _done([])
-        producer = self.producer
+        producer = await self.bulk_producer() if spread else self.producer
         parts = await self.partitions(topic)
         n = len(parts)
-        sticky = random.choice(parts)  # records without a key share one partition per call
+        sticky = random.randrange(n)  # records without a key share one partition per call
         open_batches: dict[int, Any] = {}
         open_index: dict[int, int] = {}  # partition -> index of its open batch in `sent`
         counts: dict[int, int] = {}  # records in the open batch of each partition
@@ -265,13 +293,18 @@ class KafkaLog(LogBackend):
 
         async def submit(partition: int) -> None:
             batch = open_batches.pop(partition)
+            # closed: the producer sends it at once instead of letting it linger for
+            # records that could never join it (a batch handed over whole gets none),
+            # and the partition's next batch waits behind it for no reason
+            batch.close()
             fut = await self._retry_enqueue(
                 lambda: producer.send_batch(batch, topic, partition=partition)
             )
             sent[open_index.pop(partition)] = (partition, fut)
 
         for key, value in records:
-            partition = sticky if key is None else parts[partition_for(key, n)]
+            spot = sticky if key is None or spread else partition_for(key, n)
+            partition = parts[spot % n]
             batch = open_batches.get(partition)
             if batch is None:
                 batch = open_batch(partition)
@@ -279,6 +312,9 @@ class KafkaLog(LogBackend):
                 if counts[partition] == 0:
                     raise ValueError(f"a record of {len(value)} bytes exceeds the batch size")
                 await submit(partition)
+                if spread:  # the next batch on the next partition
+                    sticky += 1
+                    partition = parts[sticky % n]
                 batch = open_batch(partition)
                 batch.append(key=key, value=value, timestamp=None)
             where.append((open_index[partition], counts[partition]))

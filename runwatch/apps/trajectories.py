@@ -203,7 +203,7 @@ class TrajectoryHost:
         """Append group payloads to the payload topic (one record each) and keep them in
         this instance's payload cache, so serving them needs no read from the log."""
         records = [(self.key, p) for _, p, _ in payloads]
-        where = await self.backend.append_many(PAYLOADS_TOPIC, records)
+        where = await self.backend.append_many(PAYLOADS_TOPIC, records, spread=True)
         self._churn_bytes += sum(len(p) for _, p in records)
         for gid, payload, crc in payloads:
             self.view.payloads.put(gid, payload, crc)

@@ -6,6 +6,7 @@ without seeing each other's records.
 
 from __future__ import annotations
 
+import itertools
 import uuid
 from collections import defaultdict
 
@@ -117,6 +118,30 @@ async def test_append_read_round_trip(kafka_bootstrap: str) -> None:
         p0 = appended[0].partition
         tail = [r async for r in log.read(topic, p0, from_offset=3)]
         assert [r.offset for r in tail][:1] == [3]
+
+
+async def test_spread_appends_fill_partitions_in_turn_and_read_back_by_place(
+    kafka_bootstrap: str,
+) -> None:
+    """``spread``: bulk records of one key go to the partitions one batch each (so a
+    produce request carries several), keep their key, and are found where the answer
+    says; the ordered producer still works beside the bulk one."""
+    topic = _topic("spread")
+    value = bytes(range(256)) * 400  # 100 KiB: five to a 512 KiB batch
+    records = [(b"run-s", value[i:] + bytes([i])) for i in range(40)]
+    async with KafkaLog(kafka_bootstrap, create_registry_topics=False) as log:
+        await log.create_topic(topic, partitions=3)
+        where = await log.append_many(topic, records, spread=True)
+        ordered = await log.append_many(topic, [(b"run-s", b"after")])
+        assert ordered[0].partition == partition_for(b"run-s", 3)
+        assert len({w.partition for w in where}) == 3  # 8 batches over 3 partitions
+        runs = [w.partition for w in where]  # partitions change only at batch ends
+        assert sum(a != b for a, b in itertools.pairwise(runs)) == 7
+        by_pos = {(r.partition, r.offset): r for r in await _read_all(log, topic)}
+        assert len(by_pos) == len(records) + 1
+        for (key, val), at in zip(records, where, strict=True):
+            rec = by_pos[(at.partition, at.offset)]
+            assert (rec.key, rec.value) == (key, val)
 
 
 async def test_every_event_type_round_trips_through_kafka(kafka_bootstrap: str) -> None:
