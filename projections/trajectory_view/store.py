@@ -12,6 +12,9 @@ with the snapshot (:meth:`SpillPayloads.dump_index`); on restart :meth:`load_ind
 reopens the segments it names. Entries whose segment is gone (every payload in it was
 dropped after the snapshot) are forgotten; the replay after the snapshot drops them again.
 Each entry carries a CRC32, checked on read, so bytes lost to an OS crash are found.
+
+:meth:`PayloadStore.put_many` may be called from a worker thread (a server writes a
+request's payloads there while the log acknowledges them); the stores are thread-safe.
 """
 
 from __future__ import annotations
@@ -20,8 +23,9 @@ import abc
 import contextlib
 import os
 import tempfile
+import threading
 import zlib
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 
@@ -29,6 +33,11 @@ class PayloadStore(abc.ABC):
     @abc.abstractmethod
     def put(self, group_id: str, payload: bytes, crc: int | None = None) -> None:
         """Keep ``payload``; ``crc`` is its zlib CRC-32 when the caller has it already."""
+
+    def put_many(self, items: Sequence[tuple[str, bytes, int | None]]) -> None:
+        """:meth:`put` each (group id, payload, crc); safe to call from another thread."""
+        for group_id, payload, crc in items:
+            self.put(group_id, payload, crc)
 
     @abc.abstractmethod
     def get(self, group_id: str) -> bytes:
@@ -106,6 +115,9 @@ class SpillPayloads(PayloadStore):
         self._index: dict[str, tuple[int, int, int, int]] = {}
         self._live: dict[int, int] = {}  # segment -> live payloads
         self._fds: dict[int, int] = {}
+        # put_many runs on a writer thread: the index, the files and their descriptors
+        # change under this lock only
+        self._lock = threading.RLock()
         self._active = max(self._on_disk(), default=-1)
         self._size = 0
         self._roll()
@@ -134,40 +146,48 @@ class SpillPayloads(PayloadStore):
         self._path(segment).unlink(missing_ok=True)
 
     def put(self, group_id: str, payload: bytes, crc: int | None = None) -> None:
-        if group_id in self._index:
-            return
-        if self._size >= self.segment_bytes:
-            self._roll()
-        fd = self._fds[self._active]
-        os.pwrite(fd, payload, self._size)
-        if crc is None:
-            crc = zlib.crc32(payload)
-        self._index[group_id] = (self._active, self._size, len(payload), crc)
-        self._live[self._active] += 1
-        self._size += len(payload)
+        with self._lock:
+            if group_id in self._index:
+                return
+            if self._size >= self.segment_bytes:
+                self._roll()
+            fd = self._fds[self._active]
+            os.pwrite(fd, payload, self._size)
+            if crc is None:
+                crc = zlib.crc32(payload)
+            self._index[group_id] = (self._active, self._size, len(payload), crc)
+            self._live[self._active] += 1
+            self._size += len(payload)
+
+    def put_many(self, items: Sequence[tuple[str, bytes, int | None]]) -> None:
+        with self._lock:
+            super().put_many(items)
 
     def get(self, group_id: str) -> bytes:
-        segment, offset, length, crc = self._index[group_id]
-        data = os.pread(self._fds[segment], length, offset)
+        with self._lock:
+            segment, offset, length, crc = self._index[group_id]
+            data = os.pread(self._fds[segment], length, offset)
         if zlib.crc32(data) != crc:
             raise CorruptPayload(group_id)
         return data
 
     def drop(self, group_ids: Iterable[str]) -> None:
-        for gid in group_ids:
-            where = self._index.pop(gid, None)
-            if where is None:
-                continue
-            segment = where[0]
-            self._live[segment] -= 1
-            if self._live[segment] == 0 and segment != self._active:
-                self._delete(segment)
+        with self._lock:
+            for gid in group_ids:
+                where = self._index.pop(gid, None)
+                if where is None:
+                    continue
+                segment = where[0]
+                self._live[segment] -= 1
+                if self._live[segment] == 0 and segment != self._active:
+                    self._delete(segment)
 
     def clear(self) -> None:
-        for segment in list(self._fds):
-            self._delete(segment)
-        self._index.clear()
-        self._roll()
+        with self._lock:
+            for segment in list(self._fds):
+                self._delete(segment)
+            self._index.clear()
+            self._roll()
 
     def __len__(self) -> int:
         return len(self._index)
@@ -178,10 +198,15 @@ class SpillPayloads(PayloadStore):
     def dump_index(self) -> dict[str, object] | None:
         if not self.keep_files:
             return None
-        return {"entries": dict(self._index)}  # a copy: encoded on another thread
+        with self._lock:
+            return {"entries": dict(self._index)}  # a copy: encoded on another thread
 
     def load_index(self, index: dict[str, object]) -> None:
         """Adopt the entries of a saved index whose bytes are still on disk."""
+        with self._lock:
+            self._load_index(index)
+
+    def _load_index(self, index: dict[str, object]) -> None:
         entries: dict[str, list[int]] = index["entries"]  # type: ignore[assignment]
         sizes: dict[int, int] = {}
         for gid, (segment, offset, length, crc) in entries.items():
@@ -199,11 +224,12 @@ class SpillPayloads(PayloadStore):
                 self._delete(segment)
 
     def close(self) -> None:
-        for segment in list(self._fds):
-            if self.keep_files:
-                os.close(self._fds.pop(segment))
-            else:
-                self._delete(segment)
+        with self._lock:
+            for segment in list(self._fds):
+                if self.keep_files:
+                    os.close(self._fds.pop(segment))
+                else:
+                    self._delete(segment)
         if self._owned:
             with contextlib.suppress(OSError):
                 self.dir.rmdir()

@@ -34,6 +34,7 @@ import socket
 import uuid
 import zlib
 from collections.abc import AsyncIterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -139,6 +140,8 @@ class TrajectoryHost:
         self._readers: dict[int, PayloadReader] = {}  # payload partition -> reader
         self._read_ahead: dict[str, bytes] = {}  # group id -> payload read ahead of /batch
         self._prefetch: asyncio.Task[None] | None = None
+        #: one thread, so the payload cache is written in request order
+        self._spill_writer = ThreadPoolExecutor(1, thread_name_prefix="payload-cache")
 
     # -- the ports the routers use --------------------------------------------------------
     @property
@@ -201,12 +204,23 @@ class TrajectoryHost:
 
     async def append_payloads(self, payloads: Sequence[tuple[str, bytes, int]]) -> list[Appended]:
         """Append group payloads to the payload topic (one record each) and keep them in
-        this instance's payload cache, so serving them needs no read from the log."""
+        this instance's payload cache, so serving them needs no read from the log.
+
+        The cache is written on a writer thread while the log acknowledges (the writes
+        release the GIL); if the append fails, the cached copies are dropped again."""
         records = [(self.key, p) for _, p, _ in payloads]
-        where = await self.backend.append_many(PAYLOADS_TOPIC, records, spread=True)
         self._churn_bytes += sum(len(p) for _, p in records)
-        for gid, payload, crc in payloads:
-            self.view.payloads.put(gid, payload, crc)
+        cached = asyncio.get_running_loop().run_in_executor(
+            self._spill_writer, self.view.payloads.put_many, payloads
+        )
+        try:
+            where = await self.backend.append_many(PAYLOADS_TOPIC, records, spread=True)
+        except BaseException:
+            with contextlib.suppress(Exception):
+                await cached
+            self.view.payloads.drop([gid for gid, _, _ in payloads])
+            raise
+        await cached
         return where
 
     async def batch_body(self, group_ids: tuple[str, ...]) -> bytes:
@@ -324,6 +338,7 @@ class TrajectoryHost:
         for reader in self._readers.values():
             await reader.close()
         await self.backend.close()
+        self._spill_writer.shutdown(wait=True)
         self.view.payloads.close()
 
     # -- the tail: log -> fold -> view -> answers ----------------------------------------
@@ -481,15 +496,21 @@ class TrajectoryHost:
     async def _trim_memory(self, every_s: float = 0.5, churn_bytes: int = 8 << 20) -> None:
         """Give freed heap pages back to the OS after heavy pushes: request bodies and
         payload copies are large, short-lived and interleaved with long-lived objects, so
-        glibc would otherwise keep the peak forever (RSS is a budget, seed 004)."""
+        glibc would otherwise keep the peak forever (RSS is a budget, seed 004).
+
+        Only once a burst is over (nothing appended for ``every_s``): while pushes go on,
+        the freed pages are used again at once, and handing them back only makes the next
+        requests fault them in again (page faults are dear on a VM)."""
         try:
             trim = ctypes.CDLL("libc.so.6").malloc_trim
         except (OSError, AttributeError):
             return
+        seen = self._churn_bytes
         while True:
             await asyncio.sleep(every_s)
-            if self._churn_bytes >= churn_bytes:
-                self._churn_bytes = 0
+            quiet, seen = self._churn_bytes == seen, self._churn_bytes
+            if quiet and self._churn_bytes >= churn_bytes:
+                self._churn_bytes = seen = 0
                 trim(0)
 
     async def _publish(self) -> None:
