@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
+
 import pytest
 
 from projections.trajectory_view.store import MemoryPayloads, SpillPayloads
@@ -21,4 +23,25 @@ def test_put_get_drop(kind, tmp_path):
         assert len(list((tmp_path / "p").iterdir())) <= 3
     store.clear()
     assert len(store) == 0
+    store.close()
+
+
+def test_spill_writes_on_a_thread_while_the_loop_drops_and_reads(tmp_path):
+    """put_many runs on the server's writer thread while the event loop serves and drops
+    older payloads: every payload reads back intact, dropped segments go, none leak."""
+    store = SpillPayloads(tmp_path / "p", segment_bytes=4096)
+    chunks = [
+        [(f"g{c}-{i}", f"payload {c} {i} ".encode() * 20, None) for i in range(10)]
+        for c in range(40)
+    ]
+    with ThreadPoolExecutor(1) as writer:
+        pending = [writer.submit(store.put_many, chunk) for chunk in chunks]
+        for c, (chunk, fut) in enumerate(zip(chunks, pending, strict=True)):
+            fut.result()
+            for gid, payload, _ in chunk:
+                assert store.get(gid) == payload
+            if c % 2:  # the loop drops what it served while the writer goes on
+                store.drop(gid for gid, _, _ in chunks[c - 1] + chunk)
+    assert len(store) == 0
+    assert len(list((tmp_path / "p").iterdir())) == 1  # only the active segment is left
     store.close()
