@@ -49,6 +49,7 @@ from events.catalog.trajectory import (
     TrajectoryTrainerRegistered,
 )
 from events.envelope import EventBase, derive_envelope
+from stream_processors.batching.backlog import EMPTY, Backlog
 from stream_processors.batching.selection import Queued, select_batch, subset_sum, unbatchable
 
 
@@ -72,7 +73,7 @@ class BatchingState(NamedTuple):
     max_off_policy_steps: int | None = None
     step: int = 0
     envs: tuple[EnvSlot, ...] = ()
-    queue: tuple[Queued, ...] = ()
+    queue: Backlog = EMPTY
     arrivals: int = 0
     reserved: tuple[Reservation, ...] = ()
     buffered: tuple[Queued, ...] = ()  # size-mismatched groups, all envs, arrival order
@@ -116,7 +117,7 @@ class BatchingFold:
                 batch_size=event.batch_size,
                 max_off_policy_steps=event.max_off_policy_steps,
                 step=event.starting_step,
-                queue=tuple(g for g in state.queue if g.size <= event.batch_size),
+                queue=Backlog(g for g in state.queue if g.size <= event.batch_size),
             )
             return state, [self._reject(event, g, "too_large", state) for g in rejected]
         if isinstance(event, TrajectoryEnvRegistered):
@@ -149,10 +150,10 @@ class BatchingFold:
             return state, [self._reject(ev, group, "too_large", state)]
         env_id = group.env_id
         if env_id is None or not 0 <= env_id < len(state.envs):
-            return state._replace(queue=(*state.queue, group)), []
+            return state._replace(queue=state.queue.appended(group)), []
         want = state.envs[env_id].group_size
         if group.size == want:
-            return state._replace(queue=(*state.queue, group)), []
+            return state._replace(queue=state.queue.appended(group)), []
         # the reference's rule: hold it until the env's buffered groups sum to group_size
         pending = [g for g in state.buffered if g.env_id == env_id] + [group]
         picked = subset_sum([g.size for g in pending], want) if want > 0 else None
@@ -177,7 +178,7 @@ class BatchingFold:
                     group_ids=tuple(g.group_id for g in admitted),
                 )
             )
-        state = state._replace(queue=(*state.queue, *admitted), buffered=buffered)
+        state = state._replace(queue=state.queue.appended(*admitted), buffered=buffered)
         return state, derived
 
     # -- batches out ----------------------------------------------------------------------
@@ -187,19 +188,24 @@ class BatchingFold:
         if not state.registered:
             return state, [self._unavailable(ev, state, "not_registered")]
         derived: Derived = []
-        queue = list(state.queue)
+        queue = state.queue
         limits = {e.env_id: e.max_off_policy_steps for e in state.envs}
-        if state.max_off_policy_steps is not None or any(v is not None for v in limits.values()):
-            fresh = []
-            for g in queue:
+        default = state.max_off_policy_steps
+        finite = [v for v in (*limits.values(), default) if v is not None]
+        if finite:
+
+            def is_stale(g: Queued) -> bool:
                 limit = limits.get(g.env_id)  # type: ignore[arg-type]
-                limit = state.max_off_policy_steps if limit is None else limit
-                if limit is not None and state.step - g.step > limit:
-                    age = f"{state.step - g.step} steps old, limit {limit}"
-                    derived.append(self._reject(ev, g, "stale", state, age))
-                else:
-                    fresh.append(g)
-            queue = fresh
+                limit = default if limit is None else limit
+                return limit is not None and state.step - g.step > limit
+
+            # only groups older than the strictest limit can be stale
+            queue, stale = queue.split_off(is_stale, older_than=state.step - min(finite))
+            for g in stale:
+                limit = limits.get(g.env_id)  # type: ignore[arg-type]
+                limit = default if limit is None else limit
+                age = f"{state.step - g.step} steps old, limit {limit}"
+                derived.append(self._reject(ev, g, "stale", state, age))
         minimums = self._minimums(state)
         while True:
             picked = select_batch(queue, state.batch_size, minimums)
@@ -207,15 +213,16 @@ class BatchingFold:
                 break
             blocker = unbatchable(queue, state.batch_size)
             if blocker is None:
-                state = state._replace(queue=tuple(queue))
+                state = state._replace(queue=queue)
                 derived.append(self._unavailable(ev, state, "not_enough_data"))
                 return state, derived
-            derived.append(self._reject(ev, queue.pop(blocker), "unbatchable", state))
+            derived.append(self._reject(ev, queue[blocker], "unbatchable", state))
+            queue = queue.without((blocker,))
         groups = tuple(queue[i] for i in picked)
         step = state.step + 1
         state = state._replace(
             step=step,
-            queue=_without(queue, picked),
+            queue=queue.without(picked),
             reserved=(*state.reserved, Reservation(ev.request_id, ev.producer, groups)),
         )
         served = TrajectoryBatchServed(
@@ -248,9 +255,9 @@ class BatchingFold:
         if not mine:
             return state, []
         back = [g for r in mine for g in r.groups]
-        queue = tuple(sorted((*state.queue, *back), key=lambda g: g.order))
         state = state._replace(
-            queue=queue, reserved=tuple(r for r in state.reserved if not which(r))
+            queue=state.queue.merged(back),
+            reserved=tuple(r for r in state.reserved if not which(r)),
         )
         return state, [
             TrajectoryBatchRequeued(
@@ -282,12 +289,13 @@ class BatchingFold:
             request_id=ev.request_id,
             reason=reason,
             queued_groups=len(state.queue),
-            queued_sequences=sum(g.size for g in state.queue),
+            queued_sequences=state.queue.sequences,
         )
 
     # -- persistence ----------------------------------------------------------------------
     def dump_state(self, state: BatchingState) -> bytes:
-        return json.dumps(state, separators=(",", ":")).encode()
+        flat = state._replace(queue=tuple(state.queue))
+        return json.dumps(flat, separators=(",", ":")).encode()
 
     def load_state(self, raw: bytes) -> BatchingState:
         d = json.loads(raw)
@@ -297,22 +305,11 @@ class BatchingFold:
             d[2],
             d[3],
             tuple(EnvSlot(*e) for e in d[4]),
-            tuple(Queued(*g) for g in d[5]),
+            Backlog(Queued(*g) for g in d[5]),
             d[6],
             tuple(Reservation(r[0], r[1], tuple(Queued(*g) for g in r[2])) for r in d[7]),
             tuple(Queued(*g) for g in d[8]),
         )
-
-
-def _without(queue: Sequence[Queued], picked: Sequence[int]) -> tuple[Queued, ...]:
-    """``queue`` minus the ascending positions ``picked`` (slices: C speed)."""
-    out: list[Queued] = []
-    prev = 0
-    for i in picked:
-        out.extend(queue[prev:i])
-        prev = i + 1
-    out.extend(queue[prev:])
-    return tuple(out)
 
 
 def fold_all(

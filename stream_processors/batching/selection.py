@@ -19,6 +19,7 @@ that can never fit are found by :func:`unbatchable` and reported by the fold.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Mapping, Sequence
 from typing import NamedTuple
 
@@ -70,17 +71,19 @@ def select_batch(
     for env_id, minimum in sorted((minimums or {}).items()):
         if minimum <= 0:
             continue
-        mine = [i for i, g in enumerate(queue) if g.env_id == env_id]
-        if not mine:
+        # the env's groups oldest first, read only as far as its minimum needs
+        mine = ((i, g) for i, g in enumerate(queue) if g.env_id == env_id)
+        first = next(mine, None)
+        if first is None:
             return None
         got = 0
-        for i in mine:
+        for i, g in itertools.chain((first,), mine):
             if got >= minimum:
                 break
-            if total + queue[i].size <= batch_size:
+            if total + g.size <= batch_size:
                 taken.add(i)
-                got += queue[i].size
-                total += queue[i].size
+                got += g.size
+                total += g.size
     fixed = frozenset(taken)
     for i, g in enumerate(queue):
         if total == batch_size:
@@ -89,15 +92,27 @@ def select_batch(
             taken.add(i)
             total += g.size
     if total != batch_size:
-        if sum(g.size for g in queue) < batch_size:
+        if not _holds_at_least(queue, batch_size):
             return None
         fixed_total = sum(queue[i].size for i in fixed)
-        candidates = [i for i in range(len(queue)) if i not in fixed][:SEARCH_WINDOW]
+        candidates = list(
+            itertools.islice((i for i, _ in enumerate(queue) if i not in fixed), SEARCH_WINDOW)
+        )
         picked = subset_sum([queue[i].size for i in candidates], batch_size - fixed_total)
         if picked is None:
             return None
         taken = set(fixed) | {candidates[p] for p in picked}
     return tuple(sorted(taken))
+
+
+def _holds_at_least(queue: Sequence[Queued], sequences: int) -> bool:
+    """Whether the queue holds ``sequences`` sequences (reads only as far as needed)."""
+    total = 0
+    for g in queue:
+        total += g.size
+        if total >= sequences:
+            return True
+    return False
 
 
 def unbatchable(queue: Sequence[Queued], batch_size: int) -> int | None:
@@ -109,7 +124,7 @@ def unbatchable(queue: Sequence[Queued], batch_size: int) -> int | None:
     divide ``batch_size`` (such sizes need partners of matching remainders that are not
     there); if every size divides it, nothing is blamed (a batch will come).
     """
-    window = queue[:SEARCH_WINDOW]
+    window = tuple(itertools.islice(queue, SEARCH_WINDOW))
     if batch_size <= 0 or sum(g.size for g in window) < 2 * batch_size:
         return None
     for i, g in enumerate(window):
