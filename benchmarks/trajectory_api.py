@@ -27,14 +27,18 @@ buffer are measured too, the client spreading pushes round-robin as a load balan
 front of them would (the trainer drains through one of them).
 
 Every server is measured ``--rounds`` times (3), in turn, and the medians are reported
-beside each round (the machine is shared; its load moves between runs). The reference
-goes first in each round: measured after the runwatch runs, even on a machine whose CPUs
-were idle again, it pushed at 50-70 % of its rate and spent up to twice the CPU per group
-(cause not found; an idle broker alone does not do it), so it is measured where it is
-fastest. Before each server starts, dirty pages are written back (``os.sync``) and the
-machine is left to settle (:func:`settle`: CPUs at most 15 % busy for a second, the
-fraction printed as ``busy_before``); before the first round the broker is warmed up with
-unmeasured pushes (``--warmup-pushes``), so no run pays for a cold JVM.
+beside each round (the machine is shared; its load moves between runs), and runwatch's
+medians against the reference's best round. The reference's rate is the unstable one:
+in some runs its CPU per group rose from 0.75 to 1.3-1.6 ms over the rounds (or was high
+from the start) while runwatch's stayed put. Not reproduced by page cache (3 GB written
+before it), by a broker that took 1.1 GB beside it, or by runwatch runs just before it
+in the same process; the fresh-memory fault cost (``fault_ms/GB``) did not move with it.
+It holds ~1.6 GB of Python objects, so a host's memory contention would hit it hardest;
+that is a guess. So the reference goes first in each round, and the conservative ratio
+is the one against its best round. Before each server starts, dirty pages are written
+back (``os.sync``) and the machine is left to settle (:func:`settle`: CPUs at most 15 %
+busy for a second, printed as ``busy_before``); before the first round the broker is
+warmed up with unmeasured pushes (``--warmup-pushes``), so no run pays for a cold JVM.
 
 Usage: ``python benchmarks/trajectory_api.py [--bootstrap HOST:PORT] [--groups N] [--rounds N]``
 (without ``--bootstrap`` a broker is provisioned as the tests do, and stopped after).
@@ -78,6 +82,8 @@ class Result:
     cpu_s: float = float("nan")
     #: busy fraction of the machine's CPUs in the second before this server started
     busy_before: float = float("nan")
+    #: what touching fresh memory cost just before this server started (:func:`fault_probe`)
+    fault_ms_per_gb: float = float("nan")
 
     def row(self) -> dict[str, object]:
         lat = sorted(self.batch_ms)
@@ -98,6 +104,7 @@ class Result:
             "peak_rss_mb": round(self.rss_mb, 1),
             "push_cpu_ms/group": round(self.cpu_s / self.groups * 1000, 3),
             "busy_before": round(self.busy_before, 2),
+            "fault_ms/GB": round(self.fault_ms_per_gb),
         }
 
 
@@ -165,6 +172,20 @@ def settle(max_busy: float = 0.15, timeout_s: float = 60.0) -> float:
         busy = (b1 - b0) / max(1, t1 - t0)
         if busy <= max_busy or time.monotonic() >= deadline:
             return busy
+
+
+def fault_probe(mb: int = 256) -> float:
+    """Milliseconds per GiB to fault in fresh memory (one write per 4 KiB page).
+
+    Printed per server because the reference holds every pushed group as Python objects
+    (~1.6 GB here) and this cost moves with the VM's host (400-1,300 ms/GiB seen). It did
+    not explain the reference's slow rounds, though (see the module doc)."""
+    t0 = time.perf_counter()
+    buf = bytearray(mb << 20)
+    buf[::4096] = b"\x01" * ((mb << 20) // 4096)
+    seconds = time.perf_counter() - t0
+    del buf
+    return seconds * 1000 * 1024 / mb
 
 
 def wait_up(url: str, proc: subprocess.Popen[bytes], timeout_s: float = 300.0) -> None:
@@ -265,6 +286,7 @@ def run_servers(
     # caches) are written back now, not by the kernel during this server's push
     os.sync()
     busy_before = settle()
+    fault_ms_per_gb = fault_probe()
     procs = [subprocess.Popen(c, cwd=ROOT, env=env, start_new_session=True) for c in cmds]
     try:
         for url, proc in zip(urls, procs):
@@ -286,7 +308,17 @@ def run_servers(
                 proc.wait()
     pushed = sum(map(len, bodies))
     return Result(
-        name, push_s, pushed, args.groups, latencies, served, dups, rss, cpu_s, busy_before
+        name,
+        push_s,
+        pushed,
+        args.groups,
+        latencies,
+        served,
+        dups,
+        rss,
+        cpu_s,
+        busy_before,
+        fault_ms_per_gb,
     )
 
 
