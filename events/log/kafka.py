@@ -44,6 +44,7 @@ from aiokafka.client import AIOKafkaClient
 from aiokafka.errors import (
     CommitFailedError,
     IllegalStateError,
+    KafkaError,
     KafkaTimeoutError,
     RebalanceInProgressError,
     TopicAlreadyExistsError,
@@ -119,6 +120,7 @@ class KafkaLog(LogBackend):
         #: a second producer (own connection) for ``spread`` appends, started on first use
         self._bulk: AIOKafkaProducer | None = None
         self._bulk_starting = asyncio.Lock()
+        self._closing = False
         self._partitions: dict[str, list[int]] = {}
         self._consumers: set[KafkaLogConsumer] = set()
 
@@ -127,6 +129,7 @@ class KafkaLog(LogBackend):
         specs = [*(TOPICS.values() if self.create_registry_topics else ()), *self.extra_topics]
         if specs:
             await self.create_topics(specs)
+        self._closing = False
         self._producer = AIOKafkaProducer(
             bootstrap_servers=self.bootstrap,
             client_id=f"{self.client_id}-producer",
@@ -135,13 +138,18 @@ class KafkaLog(LogBackend):
         await self._producer.start()
 
     async def close(self) -> None:
+        self._closing = True  # no bulk producer starts from here on
         for consumer in list(self._consumers):
             await consumer.close()
-        for name in ("_bulk", "_producer"):
-            producer = getattr(self, name)
+        async with self._bulk_starting:  # one being started is done starting
+            bulk, self._bulk = self._bulk, None
+        producer, self._producer = self._producer, None
+        try:
+            if bulk is not None:
+                await bulk.stop()  # flushes pending batches
+        finally:
             if producer is not None:
-                setattr(self, name, None)
-                await producer.stop()  # flushes pending batches
+                await producer.stop()
 
     async def create_topics(self, specs: Iterable[TopicSpec]) -> list[str]:
         """Create the topics that do not exist yet; returns the names created."""
@@ -216,18 +224,34 @@ class KafkaLog(LogBackend):
         """The producer of ``spread`` appends: bulk bytes (payloads) get their own
         connection, so the small ordered appends are not queued behind a multi-megabyte
         request (the producer has one request in flight per broker)."""
-        if self._producer is None:
-            raise RuntimeError("KafkaLog is not started (use `async with KafkaLog(...)`)")
         async with self._bulk_starting:
+            if self._producer is None or self._closing:
+                raise RuntimeError("KafkaLog is not started (use `async with KafkaLog(...)`)")
             if self._bulk is None:
-                bulk = AIOKafkaProducer(
-                    bootstrap_servers=self.bootstrap,
-                    client_id=f"{self.client_id}-bulk-producer",
-                    **self.producer_config,
-                )
-                await bulk.start()
-                self._bulk = bulk
+                self._bulk = await self._started_producer("bulk-producer")
         return self._bulk
+
+    async def _started_producer(self, name: str) -> AIOKafkaProducer:
+        """A started producer; a broker that is away is waited out for up to
+        ``delivery_timeout_s``, as appends wait it out (:meth:`_retry_enqueue`)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.delivery_timeout_s
+        while True:
+            producer = AIOKafkaProducer(
+                bootstrap_servers=self.bootstrap,
+                client_id=f"{self.client_id}-{name}",
+                **self.producer_config,
+            )
+            try:
+                await producer.start()
+                return producer
+            except KafkaError:
+                with contextlib.suppress(Exception):
+                    await producer.stop()
+                if loop.time() > deadline:
+                    raise
+                log.warning("Kafka %s cannot connect (broker away?); retrying", name)
+                await asyncio.sleep(self.producer_config.get("retry_backoff_ms", 200) / 1000)
 
     async def partitions(self, topic: str) -> list[int]:
         cached = self._partitions.get(topic)
@@ -342,6 +366,8 @@ class KafkaLog(LogBackend):
 
     async def flush(self) -> None:
         await self.producer.flush()
+        if self._bulk is not None:
+            await self._bulk.flush()
 
     # ------------------------------------------------------------------ reading
     async def end_offset(self, topic: str, partition: int) -> int:

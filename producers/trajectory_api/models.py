@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import gc
 import math
+import re
 import zlib
 from typing import Any, NamedTuple
 
@@ -149,6 +150,8 @@ def _int_row_table() -> bytes:
 
 
 _INT_ROW_TABLE = _int_row_table()
+#: In a valid JSON integer array, ``-0`` can only be the integer minus zero.
+_NEGATIVE_ZERO = re.compile(rb"-0")
 
 
 def parse_groups(body: bytes, many: bool) -> list[ScoredGroup]:
@@ -229,10 +232,11 @@ def _int_rows(rows: list[msgspec.Raw]) -> list[msgspec.Raw] | None:
     whitespace and turns every byte that cannot be part of an integer array into NUL;
     the rest are ``memchr`` scans: no NUL (no ``.``, exponent, quote, letter or brace:
     no float, string or lax value), a ``[`` first and no other bracket but the last
-    ``]`` (flat). What is left is a row of integers written as msgspec writes them, with
-    one exception: ``-0`` stays ``-0`` where the full path writes ``0`` - the same
-    integer to any JSON reader (searching every row for ``-0`` cost more than all the
-    rest of this check).
+    ``]`` (flat). What is left is a row of integers written exactly as msgspec writes
+    them, unless it holds a ``-0`` (written ``0``; some readers, serde_json among them,
+    take ``-0`` for a float): those rows take the full path. The ``-0`` search runs only
+    on rows with a ``-`` and through ``re`` (4x faster than ``bytes.__contains__`` on
+    a two-byte needle).
     """
     out = []
     for row in rows:
@@ -242,6 +246,7 @@ def _int_rows(rows: list[msgspec.Raw]) -> list[msgspec.Raw] | None:
             or text[:1] != b"["
             or text.find(b"[", 1) != -1
             or text.find(b"]", 0, -1) != -1
+            or (b"-" in text and _NEGATIVE_ZERO.search(text) is not None)
         ):
             return None
         out.append(msgspec.Raw(text))

@@ -116,7 +116,8 @@ class SpillPayloads(PayloadStore):
         self._live: dict[int, int] = {}  # segment -> live payloads
         self._fds: dict[int, int] = {}
         # put_many runs on a writer thread: the index, the files and their descriptors
-        # change under this lock only
+        # change under this lock only, taken per payload (so the event loop, which also
+        # takes it, never waits for more than one write)
         self._lock = threading.RLock()
         self._active = max(self._on_disk(), default=-1)
         self._size = 0
@@ -159,10 +160,6 @@ class SpillPayloads(PayloadStore):
             self._live[self._active] += 1
             self._size += len(payload)
 
-    def put_many(self, items: Sequence[tuple[str, bytes, int | None]]) -> None:
-        with self._lock:
-            super().put_many(items)
-
     def get(self, group_id: str) -> bytes:
         with self._lock:
             segment, offset, length, crc = self._index[group_id]
@@ -175,7 +172,7 @@ class SpillPayloads(PayloadStore):
         with self._lock:
             for gid in group_ids:
                 where = self._index.pop(gid, None)
-                if where is None:
+                if where is None or where[0] not in self._live:  # unknown, or closed
                     continue
                 segment = where[0]
                 self._live[segment] -= 1
@@ -230,6 +227,8 @@ class SpillPayloads(PayloadStore):
                     os.close(self._fds.pop(segment))
                 else:
                     self._delete(segment)
+            self._index.clear()
+            self._live.clear()
         if self._owned:
             with contextlib.suppress(OSError):
                 self.dir.rmdir()

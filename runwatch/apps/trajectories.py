@@ -207,20 +207,23 @@ class TrajectoryHost:
         this instance's payload cache, so serving them needs no read from the log.
 
         The cache is written on a writer thread while the log acknowledges (the writes
-        release the GIL); if the append fails, the cached copies are dropped again."""
+        release the GIL). If the append fails or the request is cancelled, the cached
+        copies are dropped once the writer is done with them (no event will point at
+        them)."""
         records = [(self.key, p) for _, p, _ in payloads]
         self._churn_bytes += sum(len(p) for _, p in records)
         cached = asyncio.get_running_loop().run_in_executor(
             self._spill_writer, self.view.payloads.put_many, payloads
         )
+        done = False
         try:
             where = await self.backend.append_many(PAYLOADS_TOPIC, records, spread=True)
-        except BaseException:
-            with contextlib.suppress(Exception):
-                await cached
-            self.view.payloads.drop([gid for gid, _, _ in payloads])
-            raise
-        await cached
+            await asyncio.shield(cached)
+            done = True
+        finally:
+            if not done:
+                ids = [gid for gid, _, _ in payloads]
+                cached.add_done_callback(lambda _: self.view.payloads.drop(ids))
         return where
 
     async def batch_body(self, group_ids: tuple[str, ...]) -> bytes:
@@ -508,7 +511,9 @@ class TrajectoryHost:
         seen = self._churn_bytes
         while True:
             await asyncio.sleep(every_s)
-            quiet, seen = self._churn_bytes == seen, self._churn_bytes
+            # quiet: less than 1/8 of the threshold appended since the last look (a
+            # trainer's polls and small events do not hold the trim off)
+            quiet, seen = self._churn_bytes - seen < churn_bytes // 8, self._churn_bytes
             if quiet and self._churn_bytes >= churn_bytes:
                 self._churn_bytes = seen = 0
                 trim(0)

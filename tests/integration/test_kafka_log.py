@@ -142,6 +142,10 @@ async def test_spread_appends_fill_partitions_in_turn_and_read_back_by_place(
         for (key, val), at in zip(records, where, strict=True):
             rec = by_pos[(at.partition, at.offset)]
             assert (rec.key, rec.value) == (key, val)
+        await log.flush()
+    with pytest.raises(RuntimeError):  # closed: no bulk producer starts again
+        await log.append_many(topic, records[:1], spread=True)
+    assert log._bulk is None
 
 
 async def test_every_event_type_round_trips_through_kafka(kafka_bootstrap: str) -> None:

@@ -415,3 +415,31 @@ def test_groups_logged_inline_by_an_older_server_are_still_served(tmp_path: Path
         wait_ready(c)
         assert [g["scores"][0] for g in c.get("/batch").json()["batch"]] == [0.0, 1.0]
         assert c.get("/latest_example").json()["scores"] == [1.0, 1.0]
+
+
+def test_a_push_whose_payload_append_fails_leaves_nothing_in_the_cache(tmp_path: Path) -> None:
+    """The payload cache is written on a thread while the log acknowledges; when the
+    append fails (here: the log refuses it), the request fails and its cached copies are
+    dropped once written, so no bytes without an event stay behind."""
+    with client_for(tmp_path / "log") as c:
+        wait_ready(c)
+        start_training(c)
+        host = c.app.state.host  # type: ignore[attr-defined]
+        real = host.backend.append_many
+
+        async def refuse(topic: str, records: object, **kw: object) -> object:
+            if topic == "runwatch.trajectory-payloads":
+                raise OSError("disk full")
+            return await real(topic, records, **kw)
+
+        host.backend.append_many = refuse
+        with pytest.raises(OSError):
+            c.post("/scored_data_list", json=[group(1.0), group(2.0)])
+        host.backend.append_many = real
+        deadline = time.monotonic() + 10
+        while len(host.view.payloads):
+            assert time.monotonic() < deadline, "cached copies of a failed push stayed"
+            time.sleep(0.01)
+        assert c.post("/scored_data_list", json=[group(3.0)]).json()["groups_processed"] == 1
+        settle(c)
+        assert len(host.view.payloads) == 1 and len(host.view.queue) == 1

@@ -45,3 +45,12 @@ def test_spill_writes_on_a_thread_while_the_loop_drops_and_reads(tmp_path):
     assert len(store) == 0
     assert len(list((tmp_path / "p").iterdir())) == 1  # only the active segment is left
     store.close()
+
+
+def test_a_closed_spill_store_ignores_late_drops(tmp_path):
+    """A failing push may drop its cached copies after the server closed the store."""
+    store = SpillPayloads(tmp_path / "p", keep_files=True)
+    store.put_many([("a", b"x" * 10, None), ("b", b"y" * 10, None)])
+    store.close()
+    store.drop(["a", "b"])  # no KeyError, and the kept files stay
+    assert len(store) == 0 and list((tmp_path / "p").iterdir())
