@@ -248,7 +248,7 @@ class KafkaLog(LogBackend):
             except KafkaError:
                 with contextlib.suppress(Exception):
                     await producer.stop()
-                if loop.time() > deadline:
+                if self._closing or loop.time() > deadline:
                     raise
                 log.warning("Kafka %s cannot connect (broker away?); retrying", name)
                 await asyncio.sleep(self.producer_config.get("retry_backoff_ms", 200) / 1000)

@@ -223,7 +223,13 @@ class TrajectoryHost:
         finally:
             if not done:
                 ids = [gid for gid, _, _ in payloads]
-                cached.add_done_callback(lambda _: self.view.payloads.drop(ids))
+
+                def forget(written: asyncio.Future[None]) -> None:
+                    if not written.cancelled():
+                        written.exception()  # seen: the request failed already
+                    self.view.payloads.drop(ids)
+
+                cached.add_done_callback(forget)
         return where
 
     async def batch_body(self, group_ids: tuple[str, ...]) -> bytes:
