@@ -130,11 +130,7 @@ class KafkaLog(LogBackend):
         if specs:
             await self.create_topics(specs)
         self._closing = False
-        self._producer = AIOKafkaProducer(
-            bootstrap_servers=self.bootstrap,
-            client_id=f"{self.client_id}-producer",
-            **self.producer_config,
-        )
+        self._producer = self._new_producer("producer")
         await self._producer.start()
 
     async def close(self) -> None:
@@ -231,17 +227,20 @@ class KafkaLog(LogBackend):
                 self._bulk = await self._started_producer("bulk-producer")
         return self._bulk
 
+    def _new_producer(self, name: str) -> AIOKafkaProducer:
+        return AIOKafkaProducer(
+            bootstrap_servers=self.bootstrap,
+            client_id=f"{self.client_id}-{name}",
+            **self.producer_config,
+        )
+
     async def _started_producer(self, name: str) -> AIOKafkaProducer:
         """A started producer; a broker that is away is waited out for up to
         ``delivery_timeout_s``, as appends wait it out (:meth:`_retry_enqueue`)."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.delivery_timeout_s
         while True:
-            producer = AIOKafkaProducer(
-                bootstrap_servers=self.bootstrap,
-                client_id=f"{self.client_id}-{name}",
-                **self.producer_config,
-            )
+            producer = self._new_producer(name)
             try:
                 await producer.start()
                 return producer

@@ -140,16 +140,9 @@ _ENCODER = msgspec.json.Encoder()
 _JSON_SPACE = b" \t\n\r"
 
 
-def _int_row_table() -> bytes:
-    """A ``bytes.translate`` table keeping what a JSON integer array is made of (digits,
-    ``,``, ``-``, brackets) and mapping every other byte to NUL (see :func:`_int_rows`)."""
-    table = bytearray(256)
-    for c in b"0123456789,-[]":
-        table[c] = c
-    return bytes(table)
-
-
-_INT_ROW_TABLE = _int_row_table()
+#: ``bytes.translate`` table keeping what a JSON integer array is made of (digits, ``,``,
+#: ``-``, brackets) and mapping every other byte to NUL (see :func:`_int_rows`).
+_INT_ROW_TABLE = bytes(c if c in b"0123456789,-[]" else 0 for c in range(256))
 #: In a valid JSON integer array, ``-0`` can only be the integer minus zero.
 _NEGATIVE_ZERO = re.compile(rb"-0")
 

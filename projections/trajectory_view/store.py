@@ -118,7 +118,7 @@ class SpillPayloads(PayloadStore):
         # put_many runs on a writer thread: the index, the files and their descriptors
         # change under this lock only, taken per payload (so the event loop, which also
         # takes it, never waits for more than one write)
-        self._lock = threading.RLock()
+        self._lock = threading.Lock()
         self._active = max(self._on_disk(), default=-1)
         self._size = 0
         self._roll()

@@ -194,17 +194,18 @@ class BatchingFold:
         finite = [v for v in (*limits.values(), default) if v is not None]
         if finite:
 
-            def is_stale(g: Queued) -> bool:
+            def limit_of(g: Queued) -> int | None:
                 limit = limits.get(g.env_id)  # type: ignore[arg-type]
-                limit = default if limit is None else limit
+                return default if limit is None else limit
+
+            def is_stale(g: Queued) -> bool:
+                limit = limit_of(g)
                 return limit is not None and state.step - g.step > limit
 
             # only groups older than the strictest limit can be stale
             queue, stale = queue.split_off(is_stale, older_than=state.step - min(finite))
             for g in stale:
-                limit = limits.get(g.env_id)  # type: ignore[arg-type]
-                limit = default if limit is None else limit
-                age = f"{state.step - g.step} steps old, limit {limit}"
+                age = f"{state.step - g.step} steps old, limit {limit_of(g)}"
                 derived.append(self._reject(ev, g, "stale", state, age))
         minimums = self._minimums(state)
         while True:
