@@ -11,7 +11,8 @@ carried on every outcome) rather than dropped in silence.
 
 Fallbacks that are *not* weaker in kind, and so do not refuse any tier:
 ``cgroup_pids`` -> RLIMIT_NPROC under the worker's own uid; ``cgroup_memory`` -> RLIMIT_AS;
-``scratch_tmpfs`` -> a plain host directory bounded by RLIMIT_FSIZE.
+``cgroup_cpu`` -> RLIMIT_CPU (a total, not a rate); ``scratch_tmpfs`` -> a plain host
+directory bounded by RLIMIT_FSIZE.
 
 The probe costs ~50 ms and is cached per process (``probe()``); pass explicit paths to probe
 a different setup (tests use that to prove refusal).
@@ -50,6 +51,8 @@ REQUIRED_BY_TIER: dict[str, frozenset[str]] = {
             "mount_ns",
             "net_ns",
             "pid_ns",
+            "own_pid1",
+            "proc_masked",
             "seccomp",
             "rlimits",
         }
@@ -58,8 +61,21 @@ REQUIRED_BY_TIER: dict[str, frozenset[str]] = {
 REQUIRED_BY_TIER["environment"] = REQUIRED_BY_TIER["verifier"]
 REQUIRED_BY_TIER["reward_model"] = REQUIRED_BY_TIER["verifier"]
 
+#: Layers the bubblewrap probe reports on.
+BWRAP_LAYERS = (
+    "unprivileged_uid",
+    "empty_env",
+    "user_ns",
+    "mount_ns",
+    "net_ns",
+    "pid_ns",
+    "own_pid1",
+    "proc_masked",
+)
+
 #: Layers with an equivalent fallback (see module docstring).
 FALLBACKS: dict[str, str] = {
+    "cgroup_cpu": "RLIMIT_CPU (CPU-seconds per worker life, no rate cap)",
     "cgroup_pids": "RLIMIT_NPROC under the worker's own uid",
     "cgroup_memory": "RLIMIT_AS",
     "scratch_tmpfs": "plain scratch directory bounded by RLIMIT_FSIZE",
@@ -170,18 +186,54 @@ def umount(path: str) -> None:
 
 
 def _probe_bwrap(bwrap: str, setpriv: str | None, is_root: bool) -> tuple[dict[str, bool], str]:
-    """Run a throwaway sandbox and read back what it saw."""
+    """Run a throwaway sandbox and read back what it saw; without ``--as-pid-1`` and the
+    /proc masks if this bubblewrap refuses them (those two layers then read missing)."""
+    got, err = _probe_bwrap_once(bwrap, setpriv, is_root, hardened=True)
+    if got:
+        return got, err
+    got, err2 = _probe_bwrap_once(bwrap, setpriv, is_root, hardened=False)
+    return got, err2 or f"--as-pid-1 or the /proc masks refused: {err}"
+
+
+def _probe_bwrap_once(
+    bwrap: str, setpriv: str | None, is_root: bool, *, hardened: bool
+) -> tuple[dict[str, bool], str]:
     script = (
         "import os;"
         "ns=lambda n: os.readlink('/proc/self/ns/'+n);"
         "print(os.getuid(), ns('net'), ns('mnt'), ns('pid'), ns('user'), os.getpid(),"
-        " len(set(os.environ) - {'PWD', 'LC_CTYPE'}), sep='|')"
+        " len(set(os.environ) - {'PWD', 'LC_CTYPE'}), len(open('/proc/stat').read()),"
+        " len(os.listdir('/proc/pressure')) if os.path.isdir('/proc/pressure') else 0,"
+        " sep='|')"
     )
+    with tempfile.TemporaryDirectory(prefix="rw-sbx-empty-") as empty:
+        empty_file = os.path.join(empty, "empty")
+        open(empty_file, "wb").close()
+        os.chmod(empty_file, 0o444)
+        os.chmod(empty, 0o555)
+        hardening = ["--as-pid-1"] if hardened else []
+        masks = ["--ro-bind", empty_file, "/proc/stat"] if hardened else []
+        if hardened and os.path.isdir("/proc/pressure"):
+            os.makedirs(os.path.join(empty, "dir"), mode=0o555)
+            masks += ["--ro-bind", os.path.join(empty, "dir"), "/proc/pressure"]
+        return _run_probe(bwrap, setpriv, is_root, script, hardening, masks, hardened)
+
+
+def _run_probe(
+    bwrap: str,
+    setpriv: str | None,
+    is_root: bool,
+    script: str,
+    hardening: list[str],
+    masks: list[str],
+    hardened: bool,
+) -> tuple[dict[str, bool], str]:
     inner = [
         bwrap,
         "--unshare-user",
         "--unshare-ipc",
         "--unshare-pid",
+        *hardening,
         "--unshare-net",
         "--unshare-uts",
         "--die-with-parent",
@@ -191,6 +243,7 @@ def _probe_bwrap(bwrap: str, setpriv: str | None, is_root: bool) -> tuple[dict[s
         *_root_symlinks(),
         "--proc",
         "/proc",
+        *masks,
         "--dev",
         "/dev",
         "--remount-ro",
@@ -216,7 +269,7 @@ def _probe_bwrap(bwrap: str, setpriv: str | None, is_root: bool) -> tuple[dict[s
     if proc.returncode != 0:
         return {}, f"bwrap exited {proc.returncode}: {proc.stderr.strip()[:300]}"
     try:
-        sb_uid, net, mnt, pid_ns, user, pid, nenv = proc.stdout.strip().split("|")
+        sb_uid, net, mnt, pid_ns, user, pid, nenv, nstat, npressure = proc.stdout.strip().split("|")
     except ValueError:
         return {}, f"unexpected probe output {proc.stdout[:200]!r}"
 
@@ -232,6 +285,9 @@ def _probe_bwrap(bwrap: str, setpriv: str | None, is_root: bool) -> tuple[dict[s
             "user_ns": user != host("user"),
             # bwrap sets PWD, python itself LC_CTYPE (PEP 538); the worker clears both
             "empty_env": int(nenv) == 0,
+            # the sandbox's pid 1 is the probe itself: no bwrap init inside
+            "own_pid1": hardened and int(pid) == 1,
+            "proc_masked": hardened and int(nstat) == 0 and int(npressure) == 0,
         },
         "",
     )
@@ -321,11 +377,11 @@ def probe_uncached(bwrap: str | None = None, setpriv: str | None = None) -> Kern
     if bwrap and os.path.exists(bwrap):
         got, err = _probe_bwrap(bwrap, setpriv, is_root)
         usable.update(got)
-        for layer in ("unprivileged_uid", "empty_env", "user_ns", "mount_ns", "net_ns", "pid_ns"):
+        for layer in BWRAP_LAYERS:
             if not usable[layer]:
                 why[layer] = err or f"the probe sandbox did not get {layer}"
     else:
-        for layer in ("unprivileged_uid", "empty_env", "user_ns", "mount_ns", "net_ns", "pid_ns"):
+        for layer in BWRAP_LAYERS:
             why[layer] = "bubblewrap (bwrap) not installed: run scripts/setup-sandbox.sh"
 
     err = _probe_seccomp()
@@ -335,6 +391,7 @@ def probe_uncached(bwrap: str | None = None, setpriv: str | None = None) -> Kern
     for layer, controller, limit_file, value in (
         ("cgroup_pids", "pids", "pids.max", "16"),
         ("cgroup_memory", "memory", "memory.limit_in_bytes", str(64 << 20)),
+        ("cgroup_cpu", "cpu", "cpu.cfs_quota_us", "50000"),
     ):
         err = _probe_cgroup(controller, limit_file, value) if is_root else "needs root"
         usable[layer] = not err

@@ -22,6 +22,7 @@ Inside a sandbox the filesystem is only: /usr (ro) and its /bin, /lib* links, /e
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import os
 import shlex
@@ -47,6 +48,9 @@ from sandbox.types import ResourceLimits
 
 RUNTIME_SOURCE = Path(__file__).with_name("runtime") / "worker_main.py"
 UID_BASE = 200_000
+CFS_PERIOD_US = 100_000
+#: The cgroup v1 controllers a worker may get, keyed as in :func:`worker_cgroups`.
+CONTROLLERS = ("pids", "memory", "cpu", "cpuacct")
 UID_SLOTS = 256
 
 
@@ -148,6 +152,10 @@ class Cgroup:
             pass
         return 0
 
+    def cpu_seconds(self) -> float:
+        """CPU time used by the group so far (``cpuacct.usage``; 0 where absent)."""
+        return self.read_int("cpuacct.usage") / 1e9
+
     def read_int(self, fname: str) -> int:
         try:
             return int((self.path / fname).read_text().strip())
@@ -186,7 +194,8 @@ class Cgroup:
 def worker_cgroups(
     name: str, limits: ResourceLimits, features: KernelFeatures, layers: frozenset[str]
 ) -> Iterator[dict[str, Cgroup]]:
-    """The pids and memory cgroups of one worker (those usable and requested)."""
+    """The pids, memory and cpu cgroups of one worker (those usable and requested), keyed
+    by controller name (``pids``, ``memory``, ``cpu``)."""
     groups: dict[str, Cgroup] = {}
     try:
         if "cgroup_pids" in layers and features.usable.get("cgroup_pids"):
@@ -202,6 +211,22 @@ def worker_cgroups(
                     "memory.memsw.limit_in_bytes": str(limits.memory_bytes),
                 }
             )
+        if "cgroup_cpu" in layers and features.usable.get("cgroup_cpu"):
+            cg = Cgroup("cpu", name)
+            groups["cpu"] = cg
+            cg.create(
+                {
+                    "cpu.cfs_period_us": str(CFS_PERIOD_US),
+                    "cpu.cfs_quota_us": str(max(1000, int(limits.cpu_cores * CFS_PERIOD_US))),
+                }
+            )
+            # CPU-time evidence (RLIMIT_CPU kills with SIGKILL): cpuacct, where it is a
+            # hierarchy of its own (on a joint cpu,cpuacct mount the cpu group has it)
+            acct = Path(CGROUP_V1_ROOT) / "cpuacct"
+            if acct.is_dir() and acct.resolve() != (Path(CGROUP_V1_ROOT) / "cpu").resolve():
+                cg = Cgroup("cpuacct", name)
+                groups["cpuacct"] = cg
+                cg.create({})
         yield groups
     finally:
         for cg in groups.values():
@@ -261,7 +286,7 @@ def reap_stale() -> int:
                 umount(os.path.join(entry.path, "scratch"))
                 shutil.rmtree(entry.path, ignore_errors=True)
                 reaped += 1
-        for controller in ("pids", "memory"):
+        for controller in CONTROLLERS:
             parent = Path(CGROUP_V1_ROOT) / controller / CGROUP_PARENT
             if not parent.is_dir():
                 continue
@@ -292,18 +317,62 @@ def empty_dir(path: Path) -> None:
             continue
 
 
+#: Top-level /proc entries a sandbox keeps: its own processes (numeric), ``self``,
+#: ``thread-self`` and the symlinks into them. Everything else in /proc describes the
+#: host (``stat``, ``pressure``, ``cgroups`` counts live sandboxes of other tenants,
+#: ``loadavg``, ``sys/kernel/random/boot_id``...) and is masked: files by a read-only
+#: empty file, directories by a read-only empty directory — the procfs equivalent of
+#: ``subset=pid``, which bubblewrap cannot pass to its /proc mount.
+PROC_KEEP = frozenset({"self", "thread-self"})
+
+
+@functools.lru_cache(maxsize=1)
+def proc_masks() -> tuple[tuple[str, bool], ...]:
+    """The host-describing /proc entries to mask, as ``(name, is_dir)`` (read once)."""
+    masks: list[tuple[str, bool]] = []
+    with contextlib.suppress(OSError):
+        for entry in sorted(os.scandir("/proc"), key=lambda e: e.name):
+            if entry.name.isdigit() or entry.name in PROC_KEEP or entry.is_symlink():
+                continue
+            with contextlib.suppress(OSError):
+                masks.append((entry.name, entry.is_dir(follow_symlinks=False)))
+    return tuple(masks)
+
+
+def empty_masks() -> tuple[str, str]:
+    """A root-owned read-only empty (directory, file) pair that masks /proc entries."""
+    path = base_dir() / "empty"
+    with contextlib.suppress(FileExistsError):
+        path.mkdir(mode=0o755)
+    d, f = path / "dir", path / "file"
+    with contextlib.suppress(FileExistsError):
+        d.mkdir(mode=0o555)
+    if not f.exists():
+        f.write_bytes(b"")
+    os.chmod(d, 0o555)
+    os.chmod(f, 0o444)
+    return str(d), str(f)
+
+
 def bwrap_argv(
     *,
     features: KernelFeatures,
     layers: frozenset[str],
-    bundle: ArtifactBundle,
     scratch: Path,
     python: str,
     fd: int,
     seccomp_fd: int | None,
-    limits_json: str,
+    artifact_fd: int,
+    runtime_fd: int,
 ) -> list[str]:
-    """The bubblewrap command line of one worker (namespaces + minimal read-only view)."""
+    """The bubblewrap command line of one worker (namespaces + minimal read-only view).
+
+    The worker is the sandbox's pid 1 (``--as-pid-1``): no process of bubblewrap's runs
+    inside the sandbox, so there is no foreign init for tenant code to write to through
+    ``/proc/1/mem`` — pid 1 is the tenant's own process, under the tenant's own rlimits and
+    cgroups, holding no host fd. The artifact and the worker runtime are copied in from
+    fds (``--ro-bind-data``), so no host path appears in the sandbox's mount table.
+    """
     assert features.bwrap is not None
     argv = [features.bwrap, "--unshare-user", "--unshare-ipc", "--unshare-uts"]
     argv += ["--unshare-cgroup-try", "--die-with-parent", "--new-session", "--clearenv"]
@@ -311,6 +380,8 @@ def bwrap_argv(
         argv.append("--unshare-net")
     if "pid_ns" in layers:
         argv.append("--unshare-pid")
+        if "own_pid1" in layers:
+            argv.append("--as-pid-1")
     argv += ["--hostname", "sandbox", "--ro-bind", "/usr", "/usr", *_root_symlinks()]
     if os.path.exists("/etc/ld.so.cache"):
         argv += ["--ro-bind", "/etc/ld.so.cache", "/etc/ld.so.cache"]
@@ -318,13 +389,19 @@ def bwrap_argv(
     if not py_real.startswith("/usr/"):
         prefix = str(Path(py_real).parent.parent)
         argv += ["--ro-bind", prefix, prefix]
-    argv += ["--proc", "/proc", "--dev", "/dev", "--remount-ro", "/dev"]
-    argv += ["--ro-bind", str(bundle.runtime_dir), "/runtime"]
-    argv += ["--ro-bind", str(bundle.artifact_dir), "/artifact"]
+    argv += ["--proc", "/proc"]
+    if "proc_masked" in layers:
+        empty_dir_, empty_file = empty_masks()
+        for name, is_dir in proc_masks():
+            argv += ["--ro-bind", empty_dir_ if is_dir else empty_file, f"/proc/{name}"]
+    argv += ["--dev", "/dev", "--remount-ro", "/dev"]
+    argv += ["--perms", "0555", "--dir", "/runtime", "--perms", "0555", "--dir", "/artifact"]
+    argv += ["--perms", "0444", "--ro-bind-data", str(runtime_fd), "/runtime/worker_main.py"]
+    argv += ["--perms", "0444", "--ro-bind-data", str(artifact_fd), "/artifact/reward.py"]
     argv += ["--bind", str(scratch), "/scratch", "--remount-ro", "/", "--chdir", "/scratch"]
     if seccomp_fd is not None:
         argv += ["--seccomp", str(seccomp_fd)]
-    argv += ["--", python, "-I", "-S", "-B", "/runtime/worker_main.py", str(fd), limits_json]
+    argv += ["--", python, "-I", "-S", "-B", "/runtime/worker_main.py", str(fd)]
     return argv
 
 

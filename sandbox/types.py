@@ -71,10 +71,13 @@ Layer = Literal[
     "mount_ns",
     "net_ns",
     "pid_ns",
+    "own_pid1",
+    "proc_masked",
     "seccomp",
     "rlimits",
     "cgroup_pids",
     "cgroup_memory",
+    "cgroup_cpu",
     "scratch_tmpfs",
 ]
 ALL_LAYERS: tuple[Layer, ...] = (
@@ -84,10 +87,13 @@ ALL_LAYERS: tuple[Layer, ...] = (
     "mount_ns",
     "net_ns",
     "pid_ns",
+    "own_pid1",
+    "proc_masked",
     "seccomp",
     "rlimits",
     "cgroup_pids",
     "cgroup_memory",
+    "cgroup_cpu",
     "scratch_tmpfs",
 )
 
@@ -98,12 +104,15 @@ class ResourceLimits:
 
     ``cpu_seconds`` is RLIMIT_CPU for the worker's whole life (a recycled function-tier
     worker accumulates CPU across its batches); the per-batch bound is ``deadline_s``,
-    wall clock, measured on the host.
+    wall clock, measured on the host. ``cpu_cores`` is the rate cap (cgroup CFS quota:
+    ``cpu_cores`` x 100 ms of CPU per 100 ms period for the worker's whole tree), so a
+    tenant thread left spinning can never take more than that share of the host.
     """
 
     deadline_s: float = 10.0
     memory_bytes: int = 512 * 1024 * 1024  # RLIMIT_AS and the memory cgroup
     cpu_seconds: int = 120
+    cpu_cores: float = 1.0  # cgroup cpu.cfs_quota_us / cpu.cfs_period_us
     open_files: int = 64
     file_size_bytes: int = 16 * 1024 * 1024
     pids: int = 32  # cgroup pids.max, else RLIMIT_NPROC under the worker's own uid

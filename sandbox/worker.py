@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-import json
 import os
 import signal
 import socket
@@ -103,6 +102,7 @@ class SandboxWorker:
         self.baseline: set[int] = set()
         self.batches = 0
         self.alive = False
+        self.dirty = False  # tenant code left threads behind: retire after this batch
         self._stack = contextlib.ExitStack()
         self._ids = itertools.count(1)
         self._stderr: Any = None
@@ -152,24 +152,27 @@ class SandboxWorker:
             seccomp_fd = os.memfd_create("rw-seccomp", 0)
             os.write(seccomp_fd, compiled_filter())
             os.lseek(seccomp_fd, 0, os.SEEK_SET)
-        nproc = -1 if "cgroup_pids" in self.cgroups else limits.pids
+        # bwrap copies these into the sandbox (--ro-bind-data) and closes them
+        artifact_fd = os.open(self.bundle.artifact_dir / "reward.py", os.O_RDONLY)
+        runtime_fd = os.open(self.bundle.runtime_dir / "worker_main.py", os.O_RDONLY)
+        nproc = -1 if "pids" in self.cgroups else limits.pids
         if uid is None:
             nproc = -1  # not our own uid: RLIMIT_NPROC would count the host's processes
-        worker_limits = {**asdict(limits), "nproc": nproc}
         inner = bwrap_argv(
             features=features,
             layers=layers,
-            bundle=self.bundle,
             scratch=self.scratch,
             python=cfg.worker_python or default_worker_python(),
             fd=child_sock.fileno(),
             seccomp_fd=seccomp_fd,
-            limits_json=json.dumps(worker_limits),
+            artifact_fd=artifact_fd,
+            runtime_fd=runtime_fd,
         )
         argv = launch_argv(uid=uid, setpriv=features.setpriv, cgroups=self.cgroups, inner=inner)
         self._stderr = st.enter_context(tempfile.TemporaryFile())  # noqa: SIM115
         try:
-            pass_fds = (child_sock.fileno(),) + ((seccomp_fd,) if seccomp_fd is not None else ())
+            pass_fds = (child_sock.fileno(), artifact_fd, runtime_fd)
+            pass_fds += (seccomp_fd,) if seccomp_fd is not None else ()
             self.proc = subprocess.Popen(
                 argv,
                 env={},
@@ -182,10 +185,15 @@ class SandboxWorker:
             )
         finally:
             child_sock.close()
-            if seccomp_fd is not None:
-                os.close(seccomp_fd)
+            for extra in (seccomp_fd, artifact_fd, runtime_fd):
+                if extra is not None:
+                    os.close(extra)
         st.callback(self._kill)
         deadline = started + limits.startup_s
+        # the limits travel over the socket, not argv: /proc/1/cmdline shows nothing of ours
+        err = send_frame(host_sock, {"op": "limits", **asdict(limits), "nproc": nproc}, deadline)
+        if err:
+            return _failed(Cause.PLATFORM_ERROR, started, f"worker did not start: {err}")
         hello = recv_frame(host_sock, deadline, 4096)
         if hello.message is None or hello.message.get("op") != "hello":
             return _failed(
@@ -259,6 +267,11 @@ class SandboxWorker:
         if op != "result" or msg.get("id") != rid:
             self.alive = False
             return _failed(Cause.TENANT_BAD_OUTPUT, started, f"off-contract reply op={op!r}")
+        threads = msg.get("threads")
+        if not isinstance(threads, int) or threads != 1:
+            # tenant code left a thread running (or hid the count): these scores stand,
+            # but this process is never handed another batch
+            self.dirty = True
         gate = check_scores(msg.get("scores"), len(batch), self.config.score_range)
         if not gate.ok:
             self.alive = False
@@ -269,8 +282,13 @@ class SandboxWorker:
         )
 
     def reset_between_batches(self) -> bool:
-        """Kill processes the tenant left behind and empty scratch. False: retire worker."""
-        if not self.alive:
+        """Kill processes the tenant left behind and empty scratch. False: retire worker.
+
+        Everything but the baseline (bubblewrap's monitor outside the sandbox and the
+        worker, the sandbox's pid 1) is killed; a worker whose own process still runs a
+        tenant thread is retired, so nothing of one batch keeps running into the next.
+        """
+        if not self.alive or self.dirty:
             return False
         try:
             pids = self.cgroups.get("pids")
@@ -317,7 +335,19 @@ class SandboxWorker:
                 rc = None
         if rc is not None and rc in (128 + signal.SIGXCPU, 128 + signal.SIGXFSZ):
             return Cause.TENANT_RESOURCE_EXCEEDED
+        if rc == 128 + signal.SIGKILL and self._cpu_used() >= 0.95 * self.config.limits.cpu_seconds:
+            # RLIMIT_CPU at its hard limit kills with SIGKILL (and the sandbox's pid 1
+            # ignores SIGXCPU): the group's CPU time is the evidence
+            return Cause.TENANT_RESOURCE_EXCEEDED
         return self._resource_evidence(Cause.TENANT_CRASH)
+
+    def _cpu_used(self) -> float:
+        for key in ("cpuacct", "cpu"):
+            if key in self.cgroups:
+                used = self.cgroups[key].cpu_seconds()
+                if used:
+                    return used
+        return 0.0
 
     def _frame_failure(self, frame: Frame, started: float, what: str) -> AttemptResult:
         if frame.error is RecvError.TIMEOUT:

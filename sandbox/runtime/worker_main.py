@@ -1,12 +1,17 @@
 """The sandbox worker: runs INSIDE the sandbox, stdlib only, copied in read-only.
 
-Invoked as ``python3 -I -S -B /runtime/worker_main.py FD LIMITS_JSON``. Order matters:
-1. apply rlimits to itself (inherited by everything it or the tenant starts; an unprivileged
-   process can never raise a hard limit back),
-2. clear the environment, point stdio at /dev/null,
+Invoked as ``python3 -I -S -B /runtime/worker_main.py FD``; it is the sandbox's pid 1
+(bubblewrap ``--as-pid-1``), so nothing but the tenant's own processes lives in the
+sandbox. Order matters:
+1. read the ``limits`` frame and apply the rlimits to itself (inherited by everything it
+   or the tenant starts; an unprivileged process can never raise a hard limit back),
+2. close every fd but the socket, clear the environment, point stdio at /dev/null,
 3. say ``hello`` and wait for ``go`` (the host records the process baseline meanwhile),
 4. import the tenant artifact ``/artifact/reward.py`` (tenant code runs from here on),
-5. serve ``score`` requests until EOF or ``shutdown``.
+5. serve ``score`` requests until EOF or ``shutdown``. Before each batch it reaps the
+   zombies of processes the host killed (as pid 1, orphans are its children); after each
+   batch it reports ``threads``: more than one means tenant code left a thread running,
+   and the host retires the worker instead of reusing it.
 
 Framing and messages: see ``sandbox/protocol.py`` (this file must stay import-free of the
 project: the project tree is not visible in the sandbox).
@@ -99,10 +104,32 @@ def describe(exc):
     return "".join(tb[-6:])[-2000:]
 
 
+def reap_children():
+    """Collect exited children (orphans re-parent to pid 1, which this process is)."""
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+
+
+def thread_count():
+    try:
+        return len(os.listdir("/proc/self/task"))
+    except OSError:
+        return -1
+
+
 def main():
     fd = int(sys.argv[1])
-    limits = json.loads(sys.argv[2])
+    limits = recv(fd)
+    if not limits or limits.get("op") != "limits":
+        return 0
     apply_limits(limits)
+    os.closerange(3, fd)
+    os.closerange(fd + 1, 1 << 16)
     os.environ.clear()
     for k in list(os.environ):
         os.unsetenv(k)
@@ -143,11 +170,12 @@ def main():
         if msg.get("op") != "score":
             continue
         rid = msg.get("id")
+        reap_children()
         try:
             scores = fn(msg.get("batch"))
             if isinstance(scores, tuple):
                 scores = list(scores)
-            send(fd, {"op": "result", "id": rid, "scores": scores})
+            send(fd, {"op": "result", "id": rid, "scores": scores, "threads": thread_count()})
         except BaseException as exc:
             send(fd, {"op": "error", "id": rid, "kind": classify(exc), "message": describe(exc)})
 

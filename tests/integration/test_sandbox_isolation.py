@@ -270,10 +270,12 @@ def test_host_paths_project_tree_and_host_pid1_invisible(client: RewardClient) -
                   '/etc/passwd', '/etc/shadow', {host_scratch_root!r}):
             assert not os.path.exists(p), p
         assert os.listdir('/etc') == ['ld.so.cache'], os.listdir('/etc')
-        # our own pid namespace: pid 1 is the sandbox's init, not the host's
-        assert os.getpid() < 10, os.getpid()
-        cmd = open('/proc/1/cmdline', 'rb').read()
-        assert b'bwrap' in cmd, cmd
+        # our own pid namespace, whose pid 1 is the worker itself (no bwrap init inside)
+        assert os.getpid() == 1, os.getpid()
+        cmd = open('/proc/1/cmdline', 'rb').read().split(b'\\0')
+        assert cmd[:5] == [b'/usr/bin/python3', b'-I', b'-S', b'-B',
+                           b'/runtime/worker_main.py'], cmd
+        assert b'bwrap' not in b' '.join(cmd) and b'{{' not in b' '.join(cmd), cmd
         """,
     )
 
@@ -448,18 +450,21 @@ def test_memory_hog_dies_at_its_cap(client: RewardClient) -> None:
     assert run_ok(client, "result = 4.0") == (4.0,)
 
 
-def test_worker_tree_lives_in_its_pids_and_memory_cgroups(client: RewardClient) -> None:
+def test_worker_tree_lives_in_its_pids_memory_and_cpu_cgroups(client: RewardClient) -> None:
     """Host-side view: every process of a worker sits in cgroups carrying its limits."""
     pool = client._pool
     assert pool is not None
     w, failure = pool.acquire()
     assert w is not None, failure
     try:
-        assert set(w.cgroups) == {"pids", "memory"}
-        pids, mem = w.cgroups["pids"], w.cgroups["memory"]
+        assert {"pids", "memory", "cpu"} <= set(w.cgroups)
+        pids, mem, cpu = w.cgroups["pids"], w.cgroups["memory"], w.cgroups["cpu"]
         assert (pids.path / "pids.max").read_text().strip() == str(FAST_LIMITS.pids)
         assert mem.read_int("memory.limit_in_bytes") == FAST_LIMITS.memory_bytes
-        assert len(pids.procs()) >= 2 and pids.procs() == mem.procs()
+        quota = cpu.read_int("cpu.cfs_quota_us") / cpu.read_int("cpu.cfs_period_us")
+        assert quota == FAST_LIMITS.cpu_cores
+        # bubblewrap's monitor (outside the sandbox) and the worker, the sandbox's pid 1
+        assert len(pids.procs()) == 2 and pids.procs() == mem.procs() == cpu.procs()
     finally:
         pool.release(w, healthy=False)
 
