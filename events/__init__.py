@@ -9,6 +9,12 @@ from events.catalog.checkpoint import (
     ResumeRejected,
     ResumeRequested,
 )
+from events.catalog.control import (
+    CancelRequested,
+    CommandRejected,
+    PauseRequested,
+    UnpauseRequested,
+)
 from events.catalog.derived import (
     AlertFired,
     AlertResolved,
@@ -47,12 +53,15 @@ __all__ = [
     "AlertFired",
     "AlertResolved",
     "CanaryProbeScored",
+    "CancelRequested",
     "CheckpointWritten",
+    "CommandRejected",
     "DeadLetter",
     "Deduplicator",
     "EvalGateScored",
     "Event",
     "EventBase",
+    "PauseRequested",
     "ResumeCertified",
     "ResumeRejected",
     "ResumeRequested",
@@ -78,6 +87,7 @@ __all__ = [
     "TenantUsageUpdated",
     "TrainerStepCompleted",
     "TrajectoryBatchServed",
+    "UnpauseRequested",
     "UsageRecorded",
     "WeightSyncCompleted",
     "WorkerProfiled",

@@ -43,6 +43,13 @@ class TopicSpec:
 _SPECS = (
     TopicSpec("runwatch.lifecycle", 3, "long", "run lifecycle: submitted .. completed/failed"),
     TopicSpec(
+        "runwatch.control",
+        3,
+        "long",
+        "commands to runs (pause / resume / cancel requested, by whom and why) and their "
+        "rejections; the trainer follows its run's commands here",
+    ),
+    TopicSpec(
         "runwatch.telemetry",
         3,
         "long",

@@ -50,3 +50,24 @@ def _usage_v1_to_v2(raw: dict[str, Any]) -> dict[str, Any]:
     """v1 had no pool: rollout generation ran on the rollout fleet, the rest on the trainer."""
     raw["pool"] = "rollout_fleet" if raw.get("phase") == "rollout" else "trainer"
     return raw
+
+
+@upcaster("RunPaused", 1)
+def _paused_v1_to_v2(raw: dict[str, Any]) -> dict[str, Any]:
+    """v1 named neither the pause checkpoint nor the request it answered."""
+    raw.setdefault("checkpoint", "")
+    raw.setdefault("request_id", "")
+    return raw
+
+
+@upcaster("RunResumed", 1)
+def _resumed_v1_to_v2(raw: dict[str, Any]) -> dict[str, Any]:
+    raw.setdefault("checkpoint", "")
+    raw.setdefault("request_id", "")
+    return raw
+
+
+@upcaster("RunCancelled", 1)
+def _cancelled_v1_to_v2(raw: dict[str, Any]) -> dict[str, Any]:
+    raw.setdefault("request_id", "")
+    return raw

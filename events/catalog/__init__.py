@@ -2,6 +2,7 @@
 
 from events.catalog import (  # noqa: F401  (imported for registration)
     checkpoint,
+    control,
     derived,
     eval,
     lifecycle,

@@ -34,13 +34,27 @@ class RunStarted(_Lifecycle):
 
 
 class RunPaused(_Lifecycle):
+    """The trainer stopped after ``step``: checkpoint written, nothing generated or billed
+    until it resumes. v2 adds ``checkpoint`` (the pause checkpoint's id) and
+    ``request_id`` (the ``PauseRequested`` it answers; '' when the trainer paused itself)."""
+
+    SCHEMA_VERSION: ClassVar[int] = 2
     type: Literal["RunPaused"] = "RunPaused"
+    schema_version: int = 2
     reason: str = ""
+    checkpoint: str = ""
+    request_id: str = ""
 
 
 class RunResumed(_Lifecycle):
+    """The trainer continues. v2 adds ``request_id`` and ``checkpoint`` (resumed from)."""
+
+    SCHEMA_VERSION: ClassVar[int] = 2
     type: Literal["RunResumed"] = "RunResumed"
+    schema_version: int = 2
     reason: str = ""
+    checkpoint: str = ""
+    request_id: str = ""
 
 
 class RunCompleted(_Lifecycle):
@@ -59,5 +73,10 @@ class RunFailed(_Lifecycle):
 
 
 class RunCancelled(_Lifecycle):
+    """v2 adds ``request_id`` (the ``CancelRequested`` it answers)."""
+
+    SCHEMA_VERSION: ClassVar[int] = 2
     type: Literal["RunCancelled"] = "RunCancelled"
+    schema_version: int = 2
     reason: str = ""
+    request_id: str = ""

@@ -1,0 +1,63 @@
+"""Commands to a run, as facts: who asked a run to pause, resume or stop, and why.
+
+A command is a request, not a state: the run's state follows the trainer's answer
+(:class:`~events.catalog.lifecycle.RunPaused` / ``RunResumed`` / ``RunCancelled``, each
+naming the ``request_id`` it answers), never the request. Requests live on their own
+topic, keyed by ``run_id`` like everything else, so a trainer follows exactly its own
+run's partition and an auditor replays who asked what, when and why.
+
+``actor`` says which kind of principal asked: the ``controller`` (the run-control
+processor, acting on a paging alert named by ``alert_id``), an ``operator`` or the
+``customer``; ``principal`` names them (a key id, an operator name) where known.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar, Literal
+
+from events.envelope import EventBase
+
+Actor = Literal["controller", "operator", "customer"]
+CONTROL_TOPIC = "runwatch.control"
+
+
+class _Command(EventBase):
+    TOPIC: ClassVar[str] = CONTROL_TOPIC
+    actor: Actor
+    principal: str = ""
+    reason: str = ""
+    #: The alert that caused the request ('' when a person asked).
+    alert_id: str = ""
+    #: The control policy version the controller decided under ('' for people).
+    policy_version: str = ""
+
+
+class PauseRequested(_Command):
+    """Stop generating and training at the end of the current step, checkpoint, wait."""
+
+    type: Literal["PauseRequested"] = "PauseRequested"
+
+
+class UnpauseRequested(_Command):
+    """Continue a paused run from its pause checkpoint (through the resume gate). The API
+    and CLI call this "resume"; the name ``ResumeRequested`` is the checkpoint room's fact
+    that a (preempted) run is being restarted from a checkpoint."""
+
+    type: Literal["UnpauseRequested"] = "UnpauseRequested"
+
+
+class CancelRequested(_Command):
+    """End the run: the trainer stops and reports ``RunCancelled``."""
+
+    type: Literal["CancelRequested"] = "CancelRequested"
+
+
+class CommandRejected(EventBase):
+    """A command that cannot apply (unknown run, finished run, resume of a run that is not
+    paused...): recorded with the reason, never a state change."""
+
+    TOPIC: ClassVar[str] = CONTROL_TOPIC
+    type: Literal["CommandRejected"] = "CommandRejected"
+    command_id: str
+    command: str
+    reason: str

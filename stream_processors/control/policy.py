@@ -1,0 +1,72 @@
+"""The run-control policy: which alerts stop a run. Configuration, not code (principle 5).
+
+A frozen pydantic model loaded from YAML (default: ``policy.yaml`` beside this module).
+Layers, later wins: the defaults, ``algorithms.<algo>``, ``tenants.<tenant>``; each may
+set ``pause_on`` (the alert routings that pause: ``page`` by default; ``ticket`` and
+``advisory`` alerts never pause unless a layer says so) and ``advisory_detectors``
+(detectors demoted to advisory for control: they still fire and page, they never pause).
+Every request the controller makes names the policy ``version`` plus the first 8 hex
+digits of the file's sha256, so an edit without a version bump is still told apart.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+DEFAULT_POLICY_PATH = Path(__file__).with_name("policy.yaml")
+RoutingName = Literal["page", "ticket", "advisory"]
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class ControlLayer(_Frozen):
+    pause_on: tuple[RoutingName, ...] | None = None
+    advisory_detectors: tuple[str, ...] | None = None
+
+
+class ControlPolicy(_Frozen):
+    version: str = "default"
+    pause_on: tuple[RoutingName, ...] = ("page",)
+    advisory_detectors: tuple[str, ...] = ()
+    algorithms: dict[str, ControlLayer] = Field(default_factory=dict)
+    tenants: dict[str, ControlLayer] = Field(default_factory=dict)
+
+    def pauses(self, *, tenant: str, algorithm: str, detector: str, routing: str) -> bool:
+        """Whether an alert of ``detector`` routed ``routing`` pauses this tenant's run."""
+        pause_on, advisory = self.pause_on, self.advisory_detectors
+        for layer in (self.algorithms.get(algorithm), self.tenants.get(tenant)):
+            if layer is None:
+                continue
+            if layer.pause_on is not None:
+                pause_on = layer.pause_on
+            if layer.advisory_detectors is not None:
+                advisory = layer.advisory_detectors
+        return routing in pause_on and detector not in advisory
+
+    @classmethod
+    def load(cls, path: str | Path | None = None) -> ControlPolicy:
+        """Read and validate a policy file; a bad file is a ``ValueError`` naming the key."""
+        p = Path(path or DEFAULT_POLICY_PATH)
+        try:
+            raw = p.read_bytes()
+        except FileNotFoundError:
+            raise ValueError(f"control policy not found: {p}") from None
+        try:
+            data = yaml.safe_load(raw)
+        except yaml.YAMLError as exc:
+            raise ValueError(f"{p}: not valid YAML: {exc}") from None
+        if not isinstance(data, dict):
+            raise ValueError(f"{p}: expected a mapping at the top level")
+        try:
+            policy = cls.model_validate(data)
+        except ValidationError as exc:
+            raise ValueError(f"{p}: {exc}") from None
+        digest = hashlib.sha256(raw).hexdigest()[:8]
+        return policy.model_copy(update={"version": f"{policy.version}+{digest}"})

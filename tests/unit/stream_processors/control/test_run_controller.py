@@ -1,0 +1,143 @@
+"""The run controller as a pure fold: which alerts pause, once, and never a finished run."""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from events import (
+    AlertFired,
+    PauseRequested,
+    RunCompleted,
+    RunPaused,
+    RunResumed,
+    RunSubmitted,
+    UnpauseRequested,
+)
+from events.envelope import EventBase
+from stream_processors.control import ControlPolicy, RunControllerFold
+from stream_processors.control.fold import ControlState
+
+_N = iter(range(1, 1_000_000))
+
+
+def ev(cls: type[EventBase], *, tenant: str = "acme", step: int = 5, **kw: Any) -> EventBase:
+    n = next(_N)
+    return cls(
+        event_id=uuid.UUID(int=n),
+        tenant_id=tenant,
+        run_id="run-1",
+        step=step,
+        ts=float(n),
+        producer="test",
+        seq=n,
+        **kw,
+    )
+
+
+def alert(routing: str = "page", detector: str = "kl_blowup", alert_id: str = "a1", **kw: Any):
+    return ev(
+        AlertFired,
+        alert_id=alert_id,
+        detector=detector,
+        layer="algorithmic",
+        routing=routing,
+        window_start=1,
+        window_end=5,
+        config_version="v",
+        reason="kl slope 3x cap",
+        first_response="lower the LR",
+        **kw,
+    )
+
+
+def fold(f: RunControllerFold, events: list[EventBase]) -> tuple[ControlState, list[EventBase]]:
+    state, out = f.initial(), []
+    for e in events:
+        state, derived = f.apply(state, e)
+        out.extend(derived)
+    return state, out
+
+
+def test_a_paging_alert_requests_a_pause_naming_the_alert_and_policy() -> None:
+    f = RunControllerFold(ControlPolicy(version="p1"))
+    a = alert()
+    state, out = fold(f, [ev(RunSubmitted, algorithm="grpo"), a])
+    assert len(out) == 1 and isinstance(out[0], PauseRequested)
+    req = out[0]
+    assert (req.actor, req.alert_id, req.policy_version) == ("controller", "a1", "p1")
+    assert (req.run_id, req.tenant_id, req.step, req.ts) == (a.run_id, a.tenant_id, 5, a.ts)
+    assert "kl_blowup" in req.reason and state.phase == "pausing"
+    # deterministic: a replay derives the same request id
+    _, again = fold(RunControllerFold(ControlPolicy(version="p1")), [a])
+    assert again[0].event_id == req.event_id
+
+
+@pytest.mark.parametrize("routing", ["ticket", "advisory"])
+def test_ticket_and_advisory_alerts_never_pause(routing: str) -> None:
+    _, out = fold(RunControllerFold(ControlPolicy()), [alert(routing=routing)])
+    assert out == []
+
+
+def test_one_request_while_pausing_or_paused_and_none_after_the_end() -> None:
+    f = RunControllerFold(ControlPolicy())
+    _, out = fold(f, [alert(alert_id="a1"), alert(alert_id="a2"), ev(RunPaused)])
+    assert len(out) == 1
+    _, out = fold(f, [ev(RunCompleted), alert(alert_id="a3")])
+    assert out == []
+
+
+def test_resumed_run_is_not_paused_again_by_the_same_episode_but_is_by_a_new_one() -> None:
+    f = RunControllerFold(ControlPolicy())
+    events = [alert(alert_id="a1"), ev(RunPaused), ev(RunResumed), alert(alert_id="a1")]
+    _, out = fold(f, events)
+    assert len(out) == 1
+    _, out = fold(f, [*events, alert(alert_id="a2")])
+    assert [o.alert_id for o in out] == ["a1", "a2"]
+
+
+def test_a_person_pausing_first_means_the_controller_does_not_ask_again() -> None:
+    f = RunControllerFold(ControlPolicy())
+    person = ev(PauseRequested, actor="operator", principal="ops@x", reason="maintenance")
+    _, out = fold(f, [person, alert()])
+    assert out == []
+    # an unpause before the trainer paused makes the run live again
+    _, out = fold(f, [person, ev(UnpauseRequested, actor="customer"), alert()])
+    assert len(out) == 1
+
+
+def test_layers_tenant_over_algorithm_over_default() -> None:
+    policy = ControlPolicy.model_validate(
+        {
+            "version": "p",
+            "algorithms": {"ppo": {"advisory_detectors": ["kl_blowup"]}},
+            "tenants": {"globex": {"pause_on": ["page", "ticket"]}, "initech": {"pause_on": []}},
+        }
+    )
+    assert policy.pauses(tenant="acme", algorithm="grpo", detector="kl_blowup", routing="page")
+    assert not policy.pauses(tenant="acme", algorithm="ppo", detector="kl_blowup", routing="page")
+    assert policy.pauses(tenant="globex", algorithm="grpo", detector="x", routing="ticket")
+    assert not policy.pauses(tenant="initech", algorithm="grpo", detector="x", routing="page")
+    f = RunControllerFold(policy)
+    _, out = fold(f, [ev(RunSubmitted, algorithm="ppo"), alert(detector="kl_blowup")])
+    assert out == []  # demoted to advisory for control: still fires, never pauses
+
+
+def test_state_round_trips() -> None:
+    f = RunControllerFold(ControlPolicy())
+    state, _ = fold(f, [ev(RunSubmitted, algorithm="ppo"), alert()])
+    assert f.load_state(f.dump_state(state)) == state
+
+
+def test_policy_file_versioned_by_content_and_bad_keys_refused(tmp_path: Path) -> None:
+    good = tmp_path / "p.yaml"
+    good.write_text("version: v7\npause_on: [page]\n")
+    assert ControlPolicy.load(good).version.startswith("v7+")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("version: v7\npause_when: [page]\n")
+    with pytest.raises(ValueError, match="pause_when"):
+        ControlPolicy.load(bad)
+    assert ControlPolicy.load().pause_on == ("page",)
