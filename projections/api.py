@@ -23,9 +23,16 @@ from projections.store import ReadModel
 from projections.views import CUSTOMER_METRICS, OPERATOR_METRICS, RunView
 
 MAX_PAGE = 500
+MAX_POINTS = 10_000
+#: The bound of every integer parameter that has no smaller natural one (offsets, steps):
+#: the largest integer every JSON client reads exactly, well inside SQLite's 64-bit
+#: integers, so a huge value is a 422 naming the bound, never an overflow (500).
+MAX_INT = 2**53 - 1
 NOT_FOUND = "run not found"
-Offset = Annotated[int, Query(ge=0)]
-Limit = Annotated[int, Query(ge=1, le=MAX_PAGE)]
+Offset = Annotated[int, Query(ge=0, le=MAX_INT, description=f"0..{MAX_INT}")]
+Limit = Annotated[int, Query(ge=1, le=MAX_PAGE, description=f"1..{MAX_PAGE}")]
+SinceStep = Annotated[int, Query(ge=0, le=MAX_INT, description=f"0..{MAX_INT}")]
+PointLimit = Annotated[int, Query(ge=1, le=MAX_POINTS, description=f"1..{MAX_POINTS}")]
 
 
 class Point(BaseModel):
@@ -169,9 +176,12 @@ def create_app(store: ReadModel, keys: ApiKeys, title: str = "runwatch query API
         return who
 
     def visible_run(run_id: str, who: Principal) -> RunView:
-        view = store.get_run(run_id)
+        # The tenant is part of the lookup (one index seek on (run_id, tenant_id)): a run of
+        # another tenant is never read, so it answers the same 404 as an unknown id at the
+        # same cost -- no body and no timing tell them apart.
+        view = store.get_run(run_id, None if who.operator else who.tenant_id)
         if view is None or not who.can_read(view.tenant_id):
-            raise HTTPException(404, NOT_FOUND)  # foreign and unknown look the same
+            raise HTTPException(404, NOT_FOUND)
         return view
 
     def page(views: list[RunView], total: int, offset: int, limit: int) -> RunPage:
@@ -218,8 +228,8 @@ def create_app(store: ReadModel, keys: ApiKeys, title: str = "runwatch query API
     async def charts(
         run_id: str,
         who: Annotated[Principal, Depends(principal)],
-        since_step: Annotated[int, Query(ge=0)] = 0,
-        limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
+        since_step: SinceStep = 0,
+        limit: PointLimit = 1000,
     ) -> Response:
         """The customer chart set: reward, KL, eval-gate scores, spend so far (by step)."""
         visible_run(run_id, who)
@@ -274,8 +284,8 @@ def create_app(store: ReadModel, keys: ApiKeys, title: str = "runwatch query API
     async def op_get_run(
         run_id: str,
         who: Annotated[Principal, Depends(operator)],
-        since_step: Annotated[int, Query(ge=0)] = 0,
-        limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
+        since_step: SinceStep = 0,
+        limit: PointLimit = 1000,
     ) -> OperatorRun:
         """All layers: state machine (incl. rejected transitions), alerts, reward ledger,
         usage, run mechanics, and every per-step series."""

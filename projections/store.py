@@ -91,7 +91,11 @@ class ReadModel(abc.ABC):
 
     # -- read side -------------------------------------------------------------------
     @abc.abstractmethod
-    def get_run(self, run_id: str) -> RunView | None: ...
+    def get_run(self, run_id: str, tenant_id: str | None = None) -> RunView | None:
+        """The run, if it exists *and* belongs to ``tenant_id`` (``None``: any tenant).
+
+        The tenant is part of the lookup, so a run of another tenant is not even read:
+        it costs exactly what an id that does not exist costs (no timing oracle)."""
 
     @abc.abstractmethod
     def list_runs(
@@ -201,10 +205,12 @@ class InMemoryReadModel(ReadModel):
             self._series.update(part.series)
             self._folds.update(part.fold_states)
 
-    def get_run(self, run_id: str) -> RunView | None:
+    def get_run(self, run_id: str, tenant_id: str | None = None) -> RunView | None:
         with self._lock:
             doc = self._docs.get(run_id)
-            return RunView.from_doc(json.loads(json.dumps(doc))) if doc else None
+            if doc is None or (tenant_id is not None and doc["tenant_id"] != tenant_id):
+                return None
+            return RunView.from_doc(json.loads(json.dumps(doc)))
 
     def list_runs(self, tenant_id, offset, limit, state=None):  # type: ignore[no-untyped-def]
         with self._lock:
@@ -250,6 +256,7 @@ CREATE TABLE IF NOT EXISTS positions (
 CREATE TABLE IF NOT EXISTS runs (
   run_id TEXT PRIMARY KEY, tenant_id TEXT NOT NULL, state TEXT, created_ts REAL, doc TEXT NOT NULL);
 CREATE INDEX IF NOT EXISTS runs_by_tenant ON runs (tenant_id, created_ts, run_id);
+CREATE UNIQUE INDEX IF NOT EXISTS runs_by_id_tenant ON runs (run_id, tenant_id);
 CREATE TABLE IF NOT EXISTS series (
   run_id TEXT NOT NULL, metric TEXT NOT NULL, step INTEGER NOT NULL, value REAL,
   PRIMARY KEY (run_id, metric, step)) WITHOUT ROWID;
@@ -340,8 +347,14 @@ class SqliteReadModel(ReadModel):
             con.execute("ROLLBACK")
             raise
 
-    def get_run(self, run_id: str) -> RunView | None:
-        row = self._con().execute("SELECT doc FROM runs WHERE run_id = ?", (run_id,)).fetchone()
+    def get_run(self, run_id: str, tenant_id: str | None = None) -> RunView | None:
+        con = self._con()
+        if tenant_id is None:
+            row = con.execute("SELECT doc FROM runs WHERE run_id = ?", (run_id,)).fetchone()
+        else:  # one seek of runs_by_id_tenant: a foreign run misses it like an unknown id
+            row = con.execute(
+                "SELECT doc FROM runs WHERE run_id = ? AND tenant_id = ?", (run_id, tenant_id)
+            ).fetchone()
         return RunView.from_doc(json.loads(row[0])) if row else None
 
     def list_runs(self, tenant_id, offset, limit, state=None):  # type: ignore[no-untyped-def]
