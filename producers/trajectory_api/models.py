@@ -19,32 +19,37 @@ import gc
 import math
 import re
 import zlib
+from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import msgspec
-from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
 
 
 class Registration(BaseModel):
+    """``/register``. The reference takes any integers; a ``batch_size`` below 1 made
+    every later group unbatchable (rejected on the log while its client heard
+    "received"), so the sizes are checked here (422, FastAPI's detail)."""
+
     wandb_group: str
     wandb_project: str
-    batch_size: int
-    max_token_len: int
+    batch_size: int = Field(ge=1)
+    max_token_len: int = Field(ge=1)
     checkpoint_dir: str
     save_checkpoint_interval: int
-    starting_step: int
-    num_steps: int
+    starting_step: int = Field(ge=0)
+    num_steps: int = Field(ge=0)
 
 
 class RegisterEnv(BaseModel):
-    max_token_length: int
+    max_token_length: int = Field(ge=1)
     desired_name: str
-    weight: float
-    group_size: int
-    min_batch_allocation: float | None = None
+    weight: float = Field(ge=0, allow_inf_nan=False)
+    group_size: int = Field(ge=1)
+    min_batch_allocation: float | None = Field(default=None, ge=0, le=1)
     #: runwatch extension (old clients omit it): staleness bound of this env's groups,
     #: in trainer steps; None falls back to the server's default.
-    max_off_policy_steps: int | None = None
+    max_off_policy_steps: int | None = Field(default=None, ge=0)
 
 
 class EnvIdentifier(BaseModel):
@@ -170,7 +175,7 @@ class AcceptedGroup(NamedTuple):
     crc: int  # zlib CRC-32 of payload
 
 
-def accept_groups(body: bytes, many: bool) -> list[AcceptedGroup]:
+def accept_groups(body: bytes, many: bool, rules: GroupRules | None = None) -> list[AcceptedGroup]:
     """Validate a body (:func:`parse_groups`) and encode each group (:func:`encode_group`),
     with the cyclic garbage collector paused; token and mask rows that are plain integer
     arrays skip the round trip through Python ints (:func:`_groups_with_raw_ids`).
@@ -179,20 +184,32 @@ def accept_groups(body: bytes, many: bool) -> list[AcceptedGroup]:
     are freed by reference counting as soon as they are encoded, so a collection in between
     would only traverse them (perf: about 15% of the push path's CPU). Only summaries and
     bytes leave this function, so nothing decoded is alive when the collector resumes.
+
+    With ``rules``, every group is also checked against them (:func:`group_errors`);
+    one failing group fails the whole body (:class:`InvalidBody`, nothing accepted).
     """
     enabled = gc.isenabled()
     gc.disable()
     try:
-        return _accept(body, many)
+        return _accept(body, many, rules)
     finally:
         if enabled:
             gc.enable()
 
 
-def _accept(body: bytes, many: bool) -> list[AcceptedGroup]:
+def _accept(body: bytes, many: bool, rules: GroupRules | None) -> list[AcceptedGroup]:
     out = []
-    groups = _groups_with_raw_ids(body, many)
-    for g in groups if groups is not None else parse_groups(body, many):
+    raw = _groups_with_raw_ids(body, many)
+    groups: list[ScoredGroup] = raw if raw is not None else parse_groups(body, many)  # type: ignore[assignment]
+    if rules is not None:
+        detail = []
+        for i, g in enumerate(groups):
+            detail += group_errors(g, ("body", i) if many else ("body",), rules)
+            if len(detail) >= MAX_ERRORS:
+                break
+        if detail:
+            raise InvalidBody(detail[:MAX_ERRORS])
+    for g in groups:
         finite = [s for s in g.scores if math.isfinite(s)]
         mean = sum(finite) / len(finite) if finite else None
         payload = _ENCODER.encode(g)
@@ -244,6 +261,125 @@ def _int_rows(rows: list[msgspec.Raw]) -> list[msgspec.Raw] | None:
             return None
         out.append(msgspec.Raw(text))
     return out
+
+
+@dataclass(frozen=True)
+class GroupRules:
+    """What a scored group must be beyond its schema. The reference server checks none of
+    it, so a malformed group was stored and answered "received", and then either rejected
+    on the log (empty, larger than any batch) or handed to a trainer that indexes tokens,
+    masks and scores together and embeds token ids (a CUDA assert at best).
+
+    Always: at least one sequence; as many mask rows and scores as token rows; each mask
+    row as long as its token row; no negative token id; ``env_id`` not negative. With
+    ``vocab_size``: every token id below it, and every mask value either -100 (ignored)
+    or below it. With ``max_sequences`` (the registered ``batch_size``): no group larger.
+    """
+
+    vocab_size: int | None = None
+    max_sequences: int | None = None
+
+
+#: At most this many problems are listed in one 422.
+MAX_ERRORS = 20
+#: The mask value of a position that is not trained on (the labels' ignore index).
+IGNORED_LABEL = -100
+#: In a raw mask row: a ``-`` that does not start ``-100`` (a negative other than it).
+_NEGATIVE_NOT_IGNORED = re.compile(rb"-(?!100\b)")
+_INTS = msgspec.json.Decoder(list[int])
+
+
+def group_errors(
+    g: ScoredGroup, loc: tuple[str | int, ...], rules: GroupRules
+) -> list[dict[str, Any]]:
+    """FastAPI-style 422 items for what ``g`` breaks of ``rules`` (empty: nothing).
+
+    ``g`` is either path's group: rows of ints, or (the fast path) rows of raw JSON
+    integer arrays without whitespace (see :func:`_int_rows`), checked as text where that
+    is enough: a row's length is its comma count + 1, a negative id is a ``-``. Only a
+    vocabulary bound decodes the rows (msgspec, then C ``min``/``max``)."""
+    errors: list[dict[str, Any]] = []
+    n = len(g.tokens)
+    if n == 0:
+        errors.append(_error(loc, "tokens", "empty_group", "a group needs at least one sequence"))
+    for name in ("masks", "scores"):
+        got = len(getattr(g, name))
+        if got != n:
+            msg = f"{got} {name} for {n} token rows; there must be one per sequence"
+            errors.append(_error(loc, name, "length_mismatch", msg))
+    if rules.max_sequences is not None and n > rules.max_sequences:
+        msg = (
+            f"a group of {n} sequences never fits in a batch of {rules.max_sequences} "
+            "(the registered batch_size)"
+        )
+        errors.append(_error(loc, "tokens", "group_too_large", msg))
+    if g.env_id is not None and g.env_id < 0:
+        msg = "Input should be greater than or equal to 0"
+        errors.append({**_error(loc, "env_id", "greater_than_equal", msg), "ctx": {"ge": "0"}})
+    vocab = rules.vocab_size
+    span = f"[0, {vocab})" if vocab is not None else "[0, vocab_size)"
+    for i, (tokens, masks) in enumerate(zip(g.tokens, g.masks)):
+        t, m = _Row.of(tokens), _Row.of(masks)
+        if t.length != m.length:
+            msg = f"mask row of {m.length} values for a token row of {t.length} ids"
+            errors.append(_error(loc, ("masks", i), "length_mismatch", msg))
+        if (bad := t.bad_token(vocab)) is not None:
+            msg = f"token id {bad} is outside {span}"
+            errors.append(_error(loc, ("tokens", i), "token_out_of_range", msg))
+        if vocab is not None and (bad := m.bad_label(vocab)) is not None:
+            msg = f"mask value {bad} is neither {IGNORED_LABEL} nor in {span}"
+            errors.append(_error(loc, ("masks", i), "token_out_of_range", msg))
+        if len(errors) >= MAX_ERRORS:
+            break
+    return errors
+
+
+def _error(
+    loc: tuple[str | int, ...], where: str | tuple[str | int, ...], kind: str, msg: str
+) -> dict[str, Any]:
+    tail = (where,) if isinstance(where, str) else where
+    return {"type": kind, "loc": [*loc, *tail], "msg": msg}
+
+
+class _Row(NamedTuple):
+    """One token or mask row for :func:`group_errors`: its ints (the full path), or its
+    text (the fast path: a flat array of JSON integers, no whitespace)."""
+
+    ints: list[int] | None
+    text: bytes
+
+    @classmethod
+    def of(cls, row: list[int] | msgspec.Raw) -> _Row:
+        return cls(None, bytes(row)) if isinstance(row, msgspec.Raw) else cls(row, b"")
+
+    @property
+    def length(self) -> int:
+        if self.ints is not None:
+            return len(self.ints)
+        return 0 if self.text == b"[]" else self.text.count(b",") + 1
+
+    def bad_token(self, vocab: int | None) -> int | None:
+        """An id below 0 or (with ``vocab``) not below ``vocab``, if any."""
+        if self.ints is None and vocab is None and b"-" not in self.text:
+            return None  # the common case: nothing to decode
+        ints = self.decoded()
+        if ints and (lo := min(ints)) < 0:
+            return lo
+        if ints and vocab is not None and (hi := max(ints)) >= vocab:
+            return hi
+        return None
+
+    def bad_label(self, vocab: int) -> int | None:
+        """A value neither -100 nor in ``[0, vocab)``, if any."""
+        ints = self.decoded()
+        if ints and (hi := max(ints)) >= vocab:
+            return hi
+        if self.ints is None and not _NEGATIVE_NOT_IGNORED.search(self.text):
+            return None
+        return next((v for v in ints if v < 0 and v != IGNORED_LABEL), None)
+
+    def decoded(self) -> list[int]:
+        return self.ints if self.ints is not None else _INTS.decode(self.text)
 
 
 def encode_group(group: ScoredGroup) -> bytes:

@@ -13,7 +13,12 @@ of it:
   instance appended and has not folded yet), pushes get 503 with ``Retry-After`` and
   nothing is appended (a list is all or nothing);
 - a server still catching up with the log answers ``/register-env`` with "wait for
-  trainer to start", which rollout handlers already retry on.
+  trainer to start", which rollout handlers already retry on;
+- validation beyond the reference's schema (422, nothing appended): registration sizes
+  (:class:`~producers.trajectory_api.models.Registration`), and each group's shape, token
+  ids and size against the registered ``batch_size``
+  (:class:`~producers.trajectory_api.models.GroupRules`), so a group the batching
+  processor would reject, or a trainer could not use, is answered as refused.
 
 The router knows the host only through :class:`IngressHost` (the composition root
 provides it); it never imports the batching processor or the view.
@@ -42,6 +47,7 @@ from events.log.base import Appended
 from producers.trajectory_api.models import (
     AcceptedGroup,
     EnvIdentifier,
+    GroupRules,
     InvalidBody,
     RegisterEnv,
     Registration,
@@ -54,10 +60,15 @@ class IngressHost(Protocol):
 
     max_off_policy_steps: int | None
     max_queue_groups: int
+    #: the model's vocabulary size, when the operator configured it (token ids are
+    #: checked against it); None: only negative ids are refused
+    vocab_size: int | None
     ready: bool
     started: bool
     step: int
     env_count: int
+    #: the registered trainer's batch_size as folded so far (None: not registered)
+    batch_size: int | None
 
     def envelope(self) -> dict[str, Any]: ...
 
@@ -105,8 +116,11 @@ def build_router(host: IngressHost) -> APIRouter:
     router = APIRouter()
 
     async def push(request: Request, many: bool) -> Response | None:
+        # a group that breaks the rules is refused here rather than stored, answered
+        # "received" and then rejected on the log (or served to a trainer it crashes)
+        rules = GroupRules(vocab_size=host.vocab_size, max_sequences=host.batch_size)
         try:
-            groups = accept_groups(await request.body(), many)
+            groups = accept_groups(await request.body(), many, rules)
         except InvalidBody as exc:
             return JSONResponse({"detail": exc.detail}, status_code=422)
         queued = host.backlog_groups()

@@ -82,6 +82,8 @@ class TrajectorySettings:
     instance: str = ""
     max_off_policy_steps: int | None = None
     max_queue_groups: int = 50_000
+    #: The model's vocabulary size: pushed token ids must be below it (None: unchecked).
+    vocab_size: int | None = None
     batch_timeout_s: float = 30.0
     gzip_level: int = 1
     #: Where this instance keeps its payload cache and view snapshots (None: a temporary
@@ -107,6 +109,7 @@ class TrajectoryHost:
         self.key = settings.run_id.encode()
         self.max_off_policy_steps = settings.max_off_policy_steps
         self.max_queue_groups = settings.max_queue_groups
+        self.vocab_size = settings.vocab_size
         self.batch_timeout_s = settings.batch_timeout_s
         self.gzip_level = settings.gzip_level
         self.fold = BatchingFold()
@@ -155,6 +158,11 @@ class TrajectoryHost:
     @property
     def env_count(self) -> int:
         return len(self.view.envs)
+
+    @property
+    def batch_size(self) -> int | None:
+        reg = self.view.registration
+        return reg.batch_size if reg is not None else None
 
     def envelope(self) -> dict[str, Any]:
         return new_envelope(

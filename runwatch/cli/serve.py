@@ -64,6 +64,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--snapshot-every-s", type=float, default=5.0, help="snapshot interval (seconds)"
     )
     t.add_argument("--gzip-level", type=int, default=1, help="response gzip level (1-9)")
+    t.add_argument(
+        "--vocab-size",
+        type=int,
+        help="the model's vocabulary size: pushed token ids must be below it (default: "
+        "only negative ids are refused)",
+    )
 
 
 def run(args: argparse.Namespace, term: Terminal) -> int:
@@ -95,6 +101,8 @@ def _trajectories(args: argparse.Namespace, term: Terminal) -> int:
             )
     if not 1 <= args.gzip_level <= 9:
         raise Abort("--gzip-level must be 1..9")
+    if args.vocab_size is not None and args.vocab_size < 1:
+        raise Abort("--vocab-size must be at least 1")
     instance = args.instance or f"{args.host}:{args.port}"
     state_dir = args.state_dir
     if state_dir is None:
@@ -106,6 +114,7 @@ def _trajectories(args: argparse.Namespace, term: Terminal) -> int:
         instance=instance,
         max_off_policy_steps=args.max_off_policy_steps,
         max_queue_groups=args.max_queue_groups,
+        vocab_size=args.vocab_size,
         state_dir=None if state_dir == "none" else state_dir,
         gzip_level=args.gzip_level,
         snapshot_every_s=args.snapshot_every_s,

@@ -191,7 +191,8 @@ def test_malformed_bodies_are_422_with_fastapi_shape(api: TestClient) -> None:
 
 def test_gzip_request_bodies_and_gzip_responses(api: TestClient) -> None:
     start_training(api, batch_size=64)
-    big = [group(float(i), size=8, tokens=[list(range(512))] * 8) for i in range(8)]
+    row = list(range(512))
+    big = [group(float(i), size=8, tokens=[row] * 8, masks=[row] * 8) for i in range(8)]
     body = gzip.compress(json.dumps(big).encode())
     r = api.post(
         "/scored_data_list",
@@ -228,9 +229,16 @@ def test_exact_batches_from_mixed_group_sizes(api: TestClient) -> None:
 
 
 def test_group_too_large_is_reported_and_does_not_stall(api: TestClient) -> None:
-    start_training(api, batch_size=4)
+    # pushed before the trainer registered: accepted, then rejected on the log when the
+    # registration's batch_size arrives
     api.post("/scored_data_list", json=[group(0.0, size=8), group(1.0, size=4)])
+    api.post("/register", json={**REGISTRATION, "batch_size": 4})
     settle(api)
+    # once the batch_size is known, such a group is refused at the door (nothing stored)
+    r = api.post("/scored_data_list", json=[group(2.0, size=4), group(3.0, size=5)])
+    assert r.status_code == 422 and r.json()["detail"][0]["type"] == "group_too_large"
+    settle(api)
+    assert api.get("/status").json()["queue_size"] == 1
     assert [g["scores"][0] for g in api.get("/batch").json()["batch"]] == [1.0]
     host = api.app.state.host  # type: ignore[attr-defined]
     rejected = [
@@ -364,7 +372,8 @@ def test_gzip_bomb_is_413_not_out_of_memory(tmp_path: Path) -> None:
 def test_payloads_stay_off_the_ordered_partition(tmp_path: Path) -> None:
     """The run's partition carries small metadata events only; each group's bytes are one
     record of the payload topic, and an instance without them serves them from there."""
-    big = [group(float(i), tokens=[list(range(2000))] * 2) for i in range(4)]
+    row = list(range(2000))
+    big = [group(float(i), tokens=[row] * 2, masks=[row] * 2) for i in range(4)]
     with client_for(tmp_path / "log") as c:
         wait_ready(c)
         start_training(c)

@@ -6,9 +6,14 @@ import json
 
 import msgspec
 import pytest
+from pydantic import ValidationError
 
 from producers.trajectory_api.models import (
+    MAX_ERRORS,
+    GroupRules,
     InvalidBody,
+    RegisterEnv,
+    Registration,
     ScoredData,
     ScoredGroup,
     _groups_with_raw_ids,
@@ -134,3 +139,106 @@ def test_invalid_bodies_are_rejected_alike_by_accept_groups():
         with pytest.raises(InvalidBody) as b:
             parse_groups(body, False)
         assert a.value.detail == b.value.detail
+
+
+# -- the rules beyond the schema (issue 20, item 10) ------------------------------------
+
+RULES = GroupRules()
+
+
+def _detail(body: bytes, many: bool = False, rules: GroupRules = RULES) -> list[dict]:
+    with pytest.raises(InvalidBody) as err:
+        accept_groups(body, many, rules)
+    return err.value.detail
+
+
+def _items(detail: list[dict]) -> list[tuple[str, list]]:
+    return [(d["type"], d["loc"]) for d in detail]
+
+
+@pytest.mark.parametrize("spacing", [None, 2])
+def test_shape_rules_alike_on_both_paths(spacing):
+    """Mismatched lengths, an empty group and a negative env id are refused with the same
+    detail whether the rows are plain integers (fast path) or not (full path)."""
+    for first in ([1, 2, 3], [1.0, 2, 3]):  # 1.0: the full path
+        bad = {"tokens": [first, [4]], "masks": [[1, 1], [1]], "scores": [1.0], "env_id": -1}
+        body = json.dumps(bad, indent=spacing).encode()
+        assert _items(_detail(body)) == [
+            ("length_mismatch", ["body", "scores"]),
+            ("greater_than_equal", ["body", "env_id"]),
+            ("length_mismatch", ["body", "masks", 0]),
+        ]
+    empty = {"tokens": [], "masks": [], "scores": []}
+    assert _items(_detail(json.dumps([group_of(1), empty]).encode(), many=True)) == [
+        ("empty_group", ["body", 1, "tokens"])
+    ]
+    assert accept_groups(json.dumps(group_of(2)).encode(), False, RULES)  # a good one passes
+
+
+def group_of(n: int, tokens: list[int] | None = None, masks: list[int] | None = None) -> dict:
+    row = tokens if tokens is not None else [5, 6, 7]
+    return {"tokens": [row] * n, "masks": [masks or [-100, 6, 7]] * n, "scores": [0.5] * n}
+
+
+@pytest.mark.parametrize("fast", [True, False])
+def test_token_ids_against_the_vocabulary(fast):
+    def body(tokens: list, masks: list | None = None) -> bytes:
+        g = group_of(1, tokens, masks or [-100] * len(tokens))
+        if not fast:
+            g["tokens"][0] = [float(t) for t in tokens]  # lax floats: the full path
+        return json.dumps(g).encode()
+
+    assert _detail(body([1, -3, 2]))[0]["msg"] == "token id -3 is outside [0, vocab_size)"
+    assert accept_groups(body([1, 99_999]), False, RULES)  # no vocabulary known: unchecked
+    vocab = GroupRules(vocab_size=1000)
+    (item,) = _detail(body([1, 1000, 2]), rules=vocab)
+    assert (item["type"], item["loc"], item["msg"]) == (
+        "token_out_of_range",
+        ["body", "tokens", 0],
+        "token id 1000 is outside [0, 1000)",
+    )
+    assert accept_groups(body([0, 999], [-100, 999]), False, vocab)
+    for mask in ([-100, 1000], [-1, 5]):
+        (item,) = _detail(body([0, 5], mask), rules=vocab)
+        assert item["loc"] == ["body", "masks", 0] and item["type"] == "token_out_of_range"
+
+
+def test_a_group_larger_than_the_registered_batch_is_refused():
+    rules = GroupRules(max_sequences=4)
+    assert accept_groups(json.dumps(group_of(4)).encode(), False, rules)
+    (item,) = _detail(json.dumps([group_of(4), group_of(5)]).encode(), True, rules)
+    assert item["type"] == "group_too_large" and item["loc"] == ["body", 1, "tokens"]
+
+
+def test_the_list_of_problems_is_bounded():
+    g = {"tokens": [[1, 2]] * 500, "masks": [[1]] * 500, "scores": [1.0] * 500}
+    assert len(_detail(json.dumps(g).encode())) == MAX_ERRORS
+
+
+@pytest.mark.parametrize(
+    ("model", "field", "value"),
+    [
+        (Registration, "batch_size", 0),
+        (Registration, "batch_size", -4),
+        (Registration, "max_token_len", 0),
+        (Registration, "starting_step", -1),
+        (RegisterEnv, "group_size", 0),
+        (RegisterEnv, "weight", -1.0),
+        (RegisterEnv, "weight", float("nan")),
+        (RegisterEnv, "min_batch_allocation", 1.5),
+        (RegisterEnv, "max_off_policy_steps", -1),
+    ],
+)
+def test_registrations_with_impossible_sizes_are_invalid(model, field, value):
+    good = {
+        Registration: {
+            "wandb_group": "g", "wandb_project": "p", "batch_size": 4, "max_token_len": 8,
+            "checkpoint_dir": "/c", "save_checkpoint_interval": 1, "starting_step": 0,
+            "num_steps": 10,
+        },
+        RegisterEnv: {"max_token_length": 8, "desired_name": "e", "weight": 1.0, "group_size": 2},
+    }[model]  # fmt: skip
+    model.model_validate(good)
+    with pytest.raises(ValidationError) as err:
+        model.model_validate({**good, field: value})
+    assert [e["loc"] for e in err.value.errors()] == [(field,)]
