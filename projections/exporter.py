@@ -10,13 +10,25 @@ Naming (prometheus.io/docs/practices/naming): ``runwatch_`` prefix, base units a
 
 Nothing is cached between scrapes; each read is guarded, so a read-model failure turns
 into ``runwatch_exporter_scrape_errors_total`` instead of a failed scrape.
+
+Exposure: tenant names and spend are in these series, so :func:`start_metrics_server`
+binds the loopback address unless told otherwise (``runwatch serve api --metrics-host``)
+and, given a token, answers only ``Authorization: Bearer <token>`` (anything else: 401),
+which is what Prometheus sends with ``authorization: {credentials_file: ...}``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import hashlib
+import hmac
+import socket
+import threading
+from collections.abc import Callable, Iterable, Iterator
+from socketserver import ThreadingMixIn
 from typing import Any
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
+from prometheus_client import make_wsgi_app
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
@@ -261,3 +273,60 @@ def make_registry(store: ReadModel, top_tenants: int = 10) -> CollectorRegistry:
     registry = CollectorRegistry(auto_describe=False)
     registry.register(ProjectionCollector(store, top_tenants))  # type: ignore[arg-type]
     return registry
+
+
+# --- serving ---------------------------------------------------------------------------
+WsgiApp = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
+
+
+def metrics_app(registry: CollectorRegistry, token: str | None = None) -> WsgiApp:
+    """The WSGI app of ``/metrics``; with ``token``, only ``Bearer <token>`` gets it."""
+    app: WsgiApp = make_wsgi_app(registry)
+    if token is None:
+        return app
+    if not token or token != token.strip():
+        raise ValueError("the metrics bearer token must be non-empty, without surrounding spaces")
+    expected = hashlib.sha256(token.encode()).digest()
+
+    def guarded(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+        scheme, _, given = environ.get("HTTP_AUTHORIZATION", "").partition(" ")
+        digest = hashlib.sha256(given.strip().encode("latin-1")).digest()
+        # fixed-length digests: the comparison takes the same time whatever was sent
+        if hmac.compare_digest(digest, expected) and scheme.lower() == "bearer":
+            return app(environ, start_response)
+        start_response(
+            "401 Unauthorized",
+            [
+                ("Content-Type", "text/plain; charset=utf-8"),
+                ("WWW-Authenticate", 'Bearer realm="runwatch metrics"'),
+            ],
+        )
+        return [b"missing or invalid bearer token\n"]
+
+    return guarded
+
+
+class _ThreadingServer(ThreadingMixIn, WSGIServer):
+    daemon_threads = True
+
+
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:
+        return None
+
+
+def start_metrics_server(
+    registry: CollectorRegistry, port: int, host: str = "127.0.0.1", token: str | None = None
+) -> tuple[WSGIServer, threading.Thread]:
+    """Serve ``/metrics`` on ``host:port`` (loopback by default) from a thread of its own.
+
+    Returns the server (``server_address`` holds the bound port; ``shutdown()`` stops it)
+    and its thread."""
+    family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+    server_class = type("MetricsServer", (_ThreadingServer,), {"address_family": family})
+    server = make_server(
+        host, port, metrics_app(registry, token), server_class, handler_class=_QuietHandler
+    )
+    thread = threading.Thread(target=server.serve_forever, name="metrics-exporter", daemon=True)
+    thread.start()
+    return server, thread

@@ -4,13 +4,21 @@ Assembly only (no domain logic): a durable SQLite read model, a follower thread 
 tails the input topics (embedded log or Kafka) into the projection engine and commits
 view + offsets together, the FastAPI app on ``--host/--port`` and, with
 ``--metrics-port``, the Prometheus exporter on its own port (kept off the API port so the
-bounded tenant labels are only visible to whoever can reach the scrape port).
+bounded tenant labels are only visible to whoever can reach the scrape port): on
+``--metrics-host`` (default 127.0.0.1, like the API; bind wider only on purpose) and, with
+``--metrics-token-file``, only for ``Authorization: Bearer <token>``.
+
+The keys file is watched (see :mod:`projections.keys`): an edit applies at the next
+request; SIGHUP reads it at once and says so on stderr.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import ipaddress
+import logging
+import signal
 import threading
 from pathlib import Path
 
@@ -27,6 +35,17 @@ def add_api_arguments(api: argparse.ArgumentParser) -> None:
     api.add_argument("--policy", help="run-state policy YAML (default: packaged)")
     api.add_argument("--prices", help="prices YAML (default: packaged)")
     api.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port")
+    api.add_argument(
+        "--metrics-host",
+        default="127.0.0.1",
+        help="address the metrics port binds (default 127.0.0.1: this host only; tenant names "
+        "and spend are in the series, so bind wider, e.g. 0.0.0.0, only on purpose)",
+    )
+    api.add_argument(
+        "--metrics-token-file",
+        help="require 'Authorization: Bearer <token>' on the metrics port; the token is the "
+        "file's first line (Prometheus: authorization.credentials_file)",
+    )
     api.add_argument("--top-tenants", type=int, default=10, help="tenant label bound (+ other)")
     api.add_argument("--no-follow", action="store_true", help="serve the store, do not tail")
     api.add_argument("--publish", action="store_true", help="append derived events to the log")
@@ -82,13 +101,59 @@ def start_follower(backend, engine, settle_s, publish, term, group_id):  # type:
     return thread, request_stop
 
 
+def read_token(path: str) -> str:
+    """The bearer token: the first line of ``path`` (a ``ValueError`` if none)."""
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise ValueError(f"metrics token file not readable: {path} ({exc.strerror})") from None
+    token = text.splitlines()[0].strip() if text.strip() else ""
+    if not token:
+        raise ValueError(f"metrics token file is empty: {path}")
+    return token
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def watch_keys(keys, term: Terminal) -> None:  # type: ignore[no-untyped-def]
+    """Report key-file reloads on stderr, and read the file again on SIGHUP."""
+    logger = logging.getLogger("runwatch.keys")
+    if not logger.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("keys: %(message)s"))
+        logger.addHandler(handler)
+        logger.setLevel(logging.INFO)
+        logger.propagate = False
+
+    def reload_now() -> None:
+        changed = keys.reload()
+        if keys.error:
+            term.error(f"SIGHUP: API keys not reloaded: {keys.error}; keeping the previous keys")
+        else:
+            term.progress(f"SIGHUP: API keys {'reloaded' if changed else 'unchanged'}")
+
+    def on_hup(signum, frame):  # type: ignore[no-untyped-def]
+        keys.request_reload()
+        # never take the keys' lock inside the handler: it may have interrupted a holder
+        threading.Thread(target=reload_now, name="keys-reload", daemon=True).start()
+
+    if hasattr(signal, "SIGHUP") and threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGHUP, on_hup)
+
+
 def serve(args: argparse.Namespace, term: Terminal) -> int:
     import uvicorn
-    from prometheus_client import start_http_server
 
     from projections.api import create_app
     from projections.engine import ProjectionEngine
-    from projections.exporter import make_registry
+    from projections.exporter import make_registry, start_metrics_server
     from projections.keys import ApiKeys
     from projections.policy import Prices, RunStatePolicy
     from projections.store import SqliteReadModel
@@ -97,8 +162,10 @@ def serve(args: argparse.Namespace, term: Terminal) -> int:
         keys = ApiKeys.load(args.keys)
         policy = RunStatePolicy.load(args.policy)
         prices = Prices.load(args.prices)
+        token = read_token(args.metrics_token_file) if args.metrics_token_file else None
     except ValueError as exc:
         raise Abort(str(exc)) from None
+    watch_keys(keys, term)
     store = SqliteReadModel(args.store)
     stop_follower = None
     if not args.no_follow:
@@ -114,8 +181,23 @@ def serve(args: argparse.Namespace, term: Terminal) -> int:
         group = args.group or f"runwatch-projections-{store.instance_id()[:12]}"
         _, stop_follower = start_follower(backend, engine, args.settle_s, args.publish, term, group)
     if args.metrics_port is not None:
-        start_http_server(args.metrics_port, registry=make_registry(store, args.top_tenants))
-        term.progress(f"projections: Prometheus metrics on :{args.metrics_port}/metrics")
+        registry = make_registry(store, args.top_tenants)
+        try:
+            start_metrics_server(registry, args.metrics_port, args.metrics_host, token)
+        except OSError as exc:
+            if stop_follower:
+                stop_follower()
+            raise Abort(f"metrics port {args.metrics_host}:{args.metrics_port}: {exc}") from None
+        auth = "bearer token required" if token else "no auth"
+        term.progress(
+            f"projections: Prometheus metrics on "
+            f"http://{args.metrics_host}:{args.metrics_port}/metrics ({auth})"
+        )
+        if token is None and not is_loopback(args.metrics_host):
+            term.warn(
+                f"metrics bound to {args.metrics_host} without --metrics-token-file: whoever "
+                "reaches that port reads tenant names and spend"
+            )
     term.progress(f"query API on http://{args.host}:{args.port} (OpenAPI at /docs)")
     try:
         uvicorn.run(create_app(store, keys), host=args.host, port=args.port, log_level="warning")
