@@ -37,19 +37,23 @@ from typing import Any
 import torch
 
 from events.catalog.checkpoint import CheckpointWritten
+from events.catalog.control import CancelRequested, PauseRequested, UnpauseRequested
 from events.catalog.eval import EvalGateScored
 from events.catalog.lifecycle import (
+    RunCancelled,
     RunCompleted,
     RunFailed,
     RunPaused,
     RunProvisioning,
     RunQueued,
+    RunResumed,
     RunStarted,
     RunSubmitted,
 )
 from events.catalog.rollout import RolloutBatchCompleted
 from events.catalog.trainer import StepPhaseTimed, TrainerStepCompleted, WeightSyncCompleted
 from events.catalog.usage import UsageRecorded
+from producers.commands import CommandFeed
 from producers.emitter import Emitter
 from trainer import checkpoint as ckpt
 from trainer.config import TrainerConfig
@@ -163,6 +167,11 @@ class Trainer:
         }
         self._last_cut = time.perf_counter()
         self._carry_other = 0.0
+        #: This run's commands (``runwatch.control``); None: the trainer follows none.
+        self.commands: CommandFeed | None = None
+        self.poll_interval_s = 0.05
+        self.cancelled = False
+        self.paused_s = 0.0  # wall time spent paused (not billed, not a step's time)
 
     def _base_model(self, vocab: int) -> torch.nn.Module:
         """The seeded base model (random init, then the optional supervised warm start).
@@ -490,10 +499,86 @@ class Trainer:
                 f"kl {rec.metrics['kl_to_ref']:.4f}"
                 + (f" eval {rec.eval_score:.3f}" if rec.eval_score is not None else "")
             )
+            saved = None
             if self.step % self.cfg.checkpoint.every == 0 or self.step == self.cfg.steps:
-                self.save_checkpoint()
+                saved = self.save_checkpoint()
+            if self.follow_commands(saved):
+                return
+
+    # -- commands (runwatch.control) -----------------------------------------------------
+
+    def follow_commands(self, saved: ckpt.SaveResult | None = None) -> bool:
+        """Apply this run's new commands at a step boundary; True once it is cancelled.
+
+        Pause: the current step is already finished and published; the trainer writes a
+        checkpoint (unless one was just written at this step), publishes ``RunPaused``
+        naming it and the request, and waits — generating nothing, training nothing and
+        publishing no usage, so the run's spend stays flat — polling every
+        ``poll_interval_s`` until an unpause (``RunResumed``; training continues from the
+        in-memory state, which is bit-for-bit the pause checkpoint) or a cancel
+        (``RunCancelled``). A command that does not apply (unpause of a running run, pause
+        of a paused one) is ignored here; the API refuses it before it is written.
+        """
+        if self.commands is None:
+            return False
+        for cmd in self.commands.poll():
+            if isinstance(cmd, CancelRequested):
+                return self._cancel(cmd)
+            if isinstance(cmd, PauseRequested) and self._pause(cmd, saved):
+                return True
+        return False
+
+    def _pause(self, cmd: PauseRequested, saved: ckpt.SaveResult | None) -> bool:
+        t0 = time.perf_counter()
+        res = saved or self.save_checkpoint()
+        checkpoint = str(res.info.path)
+        who = f"{cmd.actor}{' ' + cmd.principal if cmd.principal else ''}"
+        self._emit(
+            RunPaused,
+            step=self.step,
+            reason=f"paused by {who}: {cmd.reason}",
+            checkpoint=checkpoint,
+            request_id=str(cmd.event_id),
+        )
+        self._flush()
+        self.say(f"paused at step {self.step} by {who}: {cmd.reason}")
+        assert self.commands is not None
+        while True:
+            time.sleep(self.poll_interval_s)
+            for c in self.commands.poll():
+                if isinstance(c, CancelRequested):
+                    return self._cancel(c)
+                if isinstance(c, UnpauseRequested):
+                    self._emit(
+                        RunResumed,
+                        step=self.step,
+                        reason=f"resumed by {c.actor}: {c.reason}".rstrip(": "),
+                        checkpoint=checkpoint,
+                        request_id=str(c.event_id),
+                    )
+                    self._flush()
+                    self.say(f"resumed at step {self.step} by {c.actor}")
+                    # the pause is not the next step's time (nor its bill)
+                    self._last_cut = time.perf_counter()
+                    self._carry_other = 0.0
+                    self.paused_s += self._last_cut - t0
+                    return False
+
+    def _cancel(self, cmd: CancelRequested) -> bool:
+        self._emit(
+            RunCancelled,
+            step=self.step,
+            reason=f"cancelled by {cmd.actor}: {cmd.reason}".rstrip(": "),
+            request_id=str(cmd.event_id),
+        )
+        self._flush()
+        self.say(f"cancelled at step {self.step} by {cmd.actor}")
+        self.cancelled = True
+        return True
 
     def finish(self) -> None:
+        if self.cancelled:
+            return  # RunCancelled is the run's last lifecycle fact
         self._emit(RunCompleted, step=self.step)
         self._flush()
 
@@ -565,6 +650,8 @@ def train(
     """A whole fresh run. Publishes RunFailed (and re-raises) on an error."""
     lock = RunLock(run_dir).acquire()
     trainer = Trainer(cfg, run_dir, emitter, progress)
+    if emitter is not None:
+        trainer.commands = CommandFeed(emitter.sink, cfg.run_id)
     try:
         trainer.start()
         trainer.run_until(cfg.steps)

@@ -40,10 +40,18 @@ from typing import Any
 import numpy as np
 
 from events.catalog.checkpoint import ResumeCertified, ResumeRejected, ResumeRequested
-from events.catalog.lifecycle import RunCompleted, RunFailed, RunResumed, RunSubmitted
+from events.catalog.lifecycle import (
+    RunCancelled,
+    RunCompleted,
+    RunFailed,
+    RunPaused,
+    RunResumed,
+    RunSubmitted,
+)
 from events.catalog.trainer import TrainerStepCompleted, WeightSyncCompleted
 from events.catalog.usage import UsageRecorded
 from events.envelope import EventBase
+from producers.commands import CommandFeed
 from producers.emitter import Emitter
 from producers.sinks import EventSink
 from trainer import checkpoint as ckpt
@@ -426,6 +434,8 @@ def _resume_locked(
     events = list(run_events(log_dir, run_id))  # re-read under the lock: the final record
     if any(isinstance(e, RunCompleted) for e in events):
         raise ResumeError(f"run {run_id!r} already completed; nothing to resume")
+    if any(isinstance(e, RunCancelled) for e in events):
+        raise ResumeError(f"run {run_id!r} was cancelled; nothing to resume")
     seqs = [e.seq for e in events if e.producer == producer_name(run_id)]
     emitter = make_emitter(
         run_id, cfg.tenant_id, log_dir=log_dir, sink=sink, first_seq=max(seqs, default=-1) + 1
@@ -442,6 +452,13 @@ def _resume_locked(
         )
         emitter.flush()
         return result, None
+    # the commands this run already answered are not applied twice after a restart
+    answered = {
+        e.request_id
+        for e in events
+        if isinstance(e, RunPaused | RunResumed | RunCancelled) and e.request_id
+    }
+    trainer.commands = CommandFeed(emitter.sink, run_id, answered=answered)
     try:
         continue_run(result, trainer, cfg.resume.max_staleness)
     except BaseException as exc:

@@ -27,6 +27,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "replay": ("runwatch.cli.replay", "rebuild every derived event and projection from a log"),
     "audit": ("runwatch.cli.audit", "verify a live projection against a from-scratch replay"),
     "train": ("runwatch.cli.train", "run the GRPO trainer from a config file"),
+    "run": ("runwatch.cli.run", "pause, resume or cancel a run (commands as events)"),
     "resume": ("runwatch.cli.resume", "resume a run through the replay-overlap resume gate"),
     "checkpoint": ("runwatch.cli.checkpoint", "inspect a checkpoint"),
     "sandbox": ("runwatch.cli.sandbox", "check or score a tenant reward function in the sandbox"),

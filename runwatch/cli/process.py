@@ -25,6 +25,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     target.add_argument("--log", metavar="DIR", help="embedded log directory")
     parser.add_argument("--once", action="store_true", help="embedded: drain, then exit")
     parser.add_argument("--catalog", help="detector threshold catalog (default: packaged)")
+    parser.add_argument(
+        "--control",
+        nargs="?",
+        const=True,
+        metavar="POLICY",
+        help="also run the run controller: paging alerts pause runs (policy file, default: "
+        "packaged stream_processors/control/policy.yaml)",
+    )
     parser.add_argument("--app-id", default="runwatch-processors", help="faust app id")
     parser.add_argument("--json", action="store_true", help="print the summary as JSON")
 
@@ -34,8 +42,8 @@ def run(args: argparse.Namespace, term: Terminal) -> int:
     from stream_processors.detectors import CatalogError
 
     try:
-        folds = processor_folds(args.catalog)
-    except CatalogError as exc:
+        folds = processor_folds(args.catalog, control=args.control)
+    except (CatalogError, ValueError) as exc:
         raise Abort(str(exc)) from None
     if args.kafka:
         from runwatch.hosting.faust_host import run_worker

@@ -67,6 +67,7 @@ def run(args: argparse.Namespace, term: Terminal) -> int:
     score, n = trainer.evaluate()
     summary = {
         "run_id": cfg.run_id,
+        "outcome": "cancelled" if trainer.cancelled else "completed",
         "steps": trainer.step,
         "eval_score": score,
         "eval_items": n,
@@ -77,8 +78,9 @@ def run(args: argparse.Namespace, term: Terminal) -> int:
     if args.json:
         term.json(summary)
     else:
+        outcome = "was cancelled after" if trainer.cancelled else "completed"
         term.info(
-            f"run {cfg.run_id} completed {trainer.step} steps; held-out exact match {score:.3f} "
+            f"run {cfg.run_id} {outcome} {trainer.step} steps; held-out exact match {score:.3f} "
             f"({n} items); checkpoints in {run_dir / 'checkpoints'}"
         )
     return 0

@@ -1,0 +1,138 @@
+"""The other half of the emitter SDK: a run follows the commands addressed to it.
+
+A producer that can be told to stop (the trainer) reads ``runwatch.control`` through a
+:class:`CommandFeed`: :meth:`CommandFeed.poll` returns the run's ``PauseRequested`` /
+``UnpauseRequested`` / ``CancelRequested`` appended since the last poll, in log order,
+each once, skipping those already answered (a restarted trainer passes the request ids
+its ``RunPaused`` / ``RunResumed`` / ``RunCancelled`` events named). Records that do not
+decode, and commands for other runs, are skipped: the feed never raises on bad input
+(the processors' hosts dead-letter them).
+
+The feed reads the same log the emitter writes: the embedded log (read through the
+sink's own open log, so a command appended by any process is seen at the next poll), or
+any :class:`~events.log.base.LogBackend` behind a :class:`~producers.sinks.BackendSink`
+(Kafka: every partition of the control topic, from the positions this feed reached), or
+a :class:`~producers.sinks.MemorySink` in tests. Polling is cheap (a stat and a read of
+what is new) and the caller decides when: the trainer polls once per step and, while
+paused, every ``poll_interval_s``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Union
+
+from events.catalog.control import (
+    CONTROL_TOPIC,
+    CancelRequested,
+    PauseRequested,
+    UnpauseRequested,
+)
+from events.catalog.lifecycle import (
+    RunCancelled,
+    RunCompleted,
+    RunFailed,
+    RunPaused,
+    RunResumed,
+    RunStarted,
+    RunSubmitted,
+)
+from events.codec import decode
+from events.envelope import EventBase
+from events.log.base import Record
+from producers.sinks import BackendSink, EmbeddedSink, EventSink, MemorySink
+
+Command = Union[PauseRequested, UnpauseRequested, CancelRequested]  # noqa: UP007
+COMMANDS = (PauseRequested, UnpauseRequested, CancelRequested)
+
+
+class CommandFeed:
+    """The commands of one run, as the run's own process follows them."""
+
+    def __init__(self, sink: EventSink, run_id: str, *, answered: Iterable[str] = ()) -> None:
+        self.sink = sink
+        self.run_id = run_id
+        self._seen: set[str] = set(answered)
+        self._next: dict[int, int] = {}  # partition -> next offset to read
+        self._memory_pos = 0
+
+    def poll(self) -> list[Command]:
+        """New commands for this run since the last poll (never raises on bad records)."""
+        out: list[Command] = []
+        for rec in self._new_records():
+            ev = decode(rec.value) if isinstance(rec, Record) else rec
+            if not isinstance(ev, COMMANDS) or ev.run_id != self.run_id:
+                continue
+            if str(ev.event_id) in self._seen:
+                continue
+            self._seen.add(str(ev.event_id))
+            out.append(ev)
+        return out
+
+    def _new_records(self) -> list[object]:
+        sink = self.sink
+        if isinstance(sink, MemorySink):
+            new = sink.events[self._memory_pos :]
+            self._memory_pos = len(sink.events)
+            return list(new)
+        if isinstance(sink, EmbeddedSink):
+            start = self._next.get(0, 0)
+            records = list(sink.log.read_sync(CONTROL_TOPIC, start))
+            if records:
+                self._next[0] = records[-1].offset + 1
+            return records
+        if isinstance(sink, BackendSink):
+            return sink._call(self._read_backend(sink))
+        raise TypeError(f"no command feed over {type(sink).__name__}")
+
+    async def _read_backend(self, sink: BackendSink) -> list[Record]:
+        backend = sink.backend
+        out: list[Record] = []
+        for partition in await backend.partitions(CONTROL_TOPIC):
+            start = self._next.get(partition, 0)
+            end = await backend.end_offset(CONTROL_TOPIC, partition)
+            if end <= start:
+                continue
+            async for rec in backend.read(CONTROL_TOPIC, partition, start, until_end=True):
+                out.append(rec)
+                self._next[partition] = rec.offset + 1
+        return out
+
+
+Action = str  # "pause" | "resume" | "cancel"
+ACTIONS: dict[str, type[EventBase]] = {
+    "pause": PauseRequested,
+    "resume": UnpauseRequested,
+    "cancel": CancelRequested,
+}
+
+
+def run_phase(facts: Iterable[EventBase]) -> str:
+    """Where a run stands for commands, from its lifecycle facts in log order:
+    ``unknown`` (never submitted), ``live``, ``paused`` or ``over``."""
+    phase = "unknown"
+    for ev in facts:
+        if isinstance(ev, RunSubmitted | RunStarted):
+            phase = "live" if phase in ("unknown", "live") else phase
+        elif isinstance(ev, RunPaused):
+            phase = "paused" if phase != "over" else phase
+        elif isinstance(ev, RunResumed):
+            phase = "live" if phase != "over" else phase
+        elif isinstance(ev, RunCompleted | RunFailed | RunCancelled):
+            phase = "over"
+    return phase
+
+
+def refusal(action: Action, phase: str) -> str:
+    """Why ``action`` cannot apply to a run in ``phase`` ('' when it can)."""
+    if action not in ACTIONS:
+        return f"unknown action {action!r} (pause, resume or cancel)"
+    if phase == "unknown":
+        return "no such run"
+    if phase == "over":
+        return "the run has already ended"
+    if action == "resume" and phase != "paused":
+        return "the run is not paused"
+    if action == "pause" and phase == "paused":
+        return "the run is already paused"
+    return ""

@@ -1,0 +1,210 @@
+"""Commands that act: a real ``runwatch train`` process paused, resumed and cancelled.
+
+Everything crosses process boundaries on a real embedded log: the trainer follows its
+control topic; ``runwatch run pause|resume|cancel`` (another process) appends the
+commands; the paging-alert case runs ``runwatch process --control`` (a third process)
+whose run controller turns the trainer's own ``kl_blowup`` page into the pause.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from events.catalog.control import CommandRejected, PauseRequested
+from events.catalog.derived import AlertFired
+from events.catalog.lifecycle import RunCancelled, RunCompleted, RunPaused, RunResumed
+from events.catalog.trainer import TrainerStepCompleted
+from events.catalog.usage import UsageRecorded
+from events.envelope import EventBase
+from events.log.embedded import EmbeddedLog
+
+pytestmark = pytest.mark.timeout(240)
+
+ROOT = Path(__file__).resolve().parents[2]
+CONFIGS = ROOT / "trainer" / "configs"
+
+
+def _cli(*args: str) -> list[str]:
+    return [sys.executable, "-m", "runwatch.cli.main", *args]
+
+
+def _events(log: Path, run_id: str, topics: tuple[str, ...] | None = None) -> list[EventBase]:
+    if not log.is_dir():
+        return []
+    reader = EmbeddedLog(log, readonly=True)
+    reader.open_sync()
+    names = [t for t in (topics or reader.topic_names()) if t in reader.topic_names()]
+    return [e for e in reader.iter_events(names) if isinstance(e, EventBase) and e.run_id == run_id]
+
+
+class Trainer:
+    """A ``runwatch train`` subprocess whose progress lines are read on a thread."""
+
+    def __init__(self, log: Path, run_id: str, config: str = "test.yaml", steps: int = 400):
+        self.proc = subprocess.Popen(
+            _cli(
+                "train",
+                "--config",
+                str(CONFIGS / config),
+                "--log",
+                str(log),
+                "--run-id",
+                run_id,
+                "--steps",
+                str(steps),
+                "--json",
+            ),
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        self.step = 0
+        self.lines: list[str] = []
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.proc.stderr is not None
+        for line in self.proc.stderr:
+            self.lines.append(line)
+            if line.startswith("step "):
+                self.step = int(line.split()[1])
+
+    def wait_step(self, n: int, timeout: float = 90.0) -> None:
+        end = time.monotonic() + timeout
+        while self.step < n:
+            assert self.proc.poll() is None, "".join(self.lines[-20:])
+            assert time.monotonic() < end, f"trainer stuck at step {self.step}"
+            time.sleep(0.02)
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait(timeout=10)
+
+
+def command(log: Path, action: str, run_id: str, *extra: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        _cli("run", action, run_id, "--log", str(log), "--json", *extra),
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=90,
+    )
+
+
+def test_operator_pauses_resumes_and_cancels_a_real_trainer(tmp_path: Path) -> None:
+    log = tmp_path / "log"
+    trainer = Trainer(log, "ctl-run")
+    try:
+        trainer.wait_step(5)
+        asked_at = trainer.step
+        out = command(log, "pause", "ctl-run", "--reason", "maintenance", "--wait", "60")
+        assert out.returncode == 0, out.stderr
+        answer = json.loads(out.stdout)
+        assert answer["answered"] == "RunPaused"
+        # the step in flight when the command landed finishes; nothing after it
+        assert asked_at <= answer["step"] <= asked_at + 2, (asked_at, answer)
+        paused = next(e for e in _events(log, "ctl-run") if isinstance(e, RunPaused))
+        assert paused.request_id == answer["command_id"] and "maintenance" in paused.reason
+        assert Path(paused.checkpoint, "meta.json").exists() or Path(paused.checkpoint).is_dir()
+
+        # paused: no step, no usage (spend stays flat) while we wait
+        before = _events(log, "ctl-run", ("runwatch.telemetry",))
+        time.sleep(1.5)
+        after = _events(log, "ctl-run", ("runwatch.telemetry",))
+        assert len(after) == len(before)
+        assert max(e.step for e in after if isinstance(e, UsageRecorded)) == paused.step
+
+        # a second pause is refused (exit 2) and recorded as rejected, not applied
+        again = command(log, "pause", "ctl-run")
+        assert again.returncode == 2 and "already paused" in again.stderr
+        rejected = [e for e in _events(log, "ctl-run") if isinstance(e, CommandRejected)]
+        assert len(rejected) == 1 and rejected[0].command == "PauseRequested"
+
+        out = command(log, "resume", "ctl-run", "--reason", "done", "--wait", "60")
+        assert out.returncode == 0, out.stderr
+        assert json.loads(out.stdout)["answered"] == "RunResumed"
+        trainer.wait_step(paused.step + 3)  # training again, from where it stopped
+
+        out = command(log, "cancel", "ctl-run", "--wait", "60")
+        assert out.returncode == 0, out.stderr
+        assert json.loads(out.stdout)["answered"] == "RunCancelled"
+        stdout, _ = trainer.proc.communicate(timeout=60)
+        assert trainer.proc.returncode == 0
+        assert json.loads(stdout)["outcome"] == "cancelled"
+    finally:
+        trainer.kill()
+    events = _events(log, "ctl-run")
+    kinds = [type(e) for e in events]
+    assert RunCancelled in kinds and RunCompleted not in kinds
+    steps = [e.step for e in events if isinstance(e, TrainerStepCompleted)]
+    assert steps == list(range(1, len(steps) + 1))  # no step lost or repeated by the pause
+    resumed = next(e for e in events if isinstance(e, RunResumed))
+    assert resumed.checkpoint == paused.checkpoint
+
+    # bad commands: clear errors, exit 2, never a state change
+    for action, run_id, why in (
+        ("resume", "ctl-run", "already ended"),
+        ("cancel", "ctl-run", "already ended"),
+        ("pause", "no-such-run", "no such run"),
+    ):
+        bad = command(log, action, run_id)
+        assert bad.returncode == 2 and why in bad.stderr, (action, bad.stderr)
+
+
+def test_a_paging_alert_pauses_the_run_through_the_controller(tmp_path: Path) -> None:
+    """LR x30: the trainer's own KL blows up, the detector pages, the controller (a
+    ``runwatch process --control`` process) asks, the trainer pauses and stops billing."""
+    log = tmp_path / "log"
+    trainer = Trainer(log, "lr-run", config="canary-oversized-lr.yaml", steps=300)
+    processor = subprocess.Popen(
+        _cli("process", "--log", str(log), "--control"),
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        end = time.monotonic() + 120
+        paused: RunPaused | None = None
+        while paused is None:
+            assert time.monotonic() < end, f"no RunPaused; trainer at step {trainer.step}"
+            assert trainer.proc.poll() is None, "".join(trainer.lines[-20:])
+            paused = next(
+                (
+                    e
+                    for e in _events(log, "lr-run", ("runwatch.lifecycle",))
+                    if isinstance(e, RunPaused)
+                ),
+                None,
+            )
+            time.sleep(0.1)
+        events = _events(log, "lr-run")
+        request = next(e for e in events if isinstance(e, PauseRequested))
+        alert = next(
+            e for e in events if isinstance(e, AlertFired) and e.alert_id == request.alert_id
+        )
+        assert request.actor == "controller" and alert.routing == "page"
+        assert paused.request_id == str(request.event_id)
+        lag, wall = paused.step - alert.window_end, paused.ts - alert.ts
+        print(
+            f"alert at step {alert.window_end}, paused at {paused.step}: {lag} steps {wall:.2f} s"
+        )
+        # toy steps take ~0.1 s, so the wall bound is the meaningful one (the processor
+        # polls the log every 0.2 s); on a real run a step is seconds to minutes
+        assert 0 <= lag <= 10 and wall < 5.0, (alert.window_end, paused.step, wall)
+        time.sleep(1.0)
+        usage_steps = [e.step for e in _events(log, "lr-run") if isinstance(e, UsageRecorded)]
+        assert max(usage_steps) == paused.step  # nothing billed after the pause
+    finally:
+        trainer.kill()
+        processor.terminate()
+        processor.wait(timeout=30)
