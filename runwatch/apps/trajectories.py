@@ -62,8 +62,9 @@ from events.dedupe import Deduplicator
 from events.envelope import EventBase, new_envelope
 from events.log.base import Appended, LogBackend, Record
 from events.log.segments import write_atomically
-from producers.trajectory_api import GzipRequestMiddleware
+from producers.trajectory_api import BodyBudget, RequestBodyMiddleware
 from producers.trajectory_api import build_router as build_ingress
+from producers.trajectory_api.request_body import MAX_BODY_BYTES, MAX_INFLIGHT_BODY_BYTES
 from projections.trajectory_view import SpillPayloads, TrajectoryView
 from projections.trajectory_view.router import build_router as build_serving
 from projections.trajectory_view.store import CorruptPayload
@@ -84,6 +85,10 @@ class TrajectorySettings:
     max_queue_groups: int = 50_000
     #: The model's vocabulary size: pushed token ids must be below it (None: unchecked).
     vocab_size: int | None = None
+    #: Largest request body, plain or gzip-inflated (413 beyond it).
+    max_body_bytes: int = MAX_BODY_BYTES
+    #: Body bytes all requests in flight may hold together (503 + Retry-After beyond it).
+    max_inflight_body_bytes: int = MAX_INFLIGHT_BODY_BYTES
     batch_timeout_s: float = 30.0
     gzip_level: int = 1
     #: Where this instance keeps its payload cache and view snapshots (None: a temporary
@@ -110,6 +115,7 @@ class TrajectoryHost:
         self.max_off_policy_steps = settings.max_off_policy_steps
         self.max_queue_groups = settings.max_queue_groups
         self.vocab_size = settings.vocab_size
+        self.body_budget = BodyBudget(settings.max_inflight_body_bytes)
         self.batch_timeout_s = settings.batch_timeout_s
         self.gzip_level = settings.gzip_level
         self.fold = BatchingFold()
@@ -618,7 +624,11 @@ def build_app(host: TrajectoryHost) -> FastAPI:
         allow_headers=["*"],
     )
     app.add_middleware(GZipMiddleware, minimum_size=1000, compresslevel=host.gzip_level)
-    app.add_middleware(GzipRequestMiddleware)
+    app.add_middleware(
+        RequestBodyMiddleware,
+        max_bytes=host.settings.max_body_bytes,
+        budget=host.body_budget,
+    )
     app.include_router(build_ingress(host))
     app.include_router(build_serving(host))
     app.state.host = host

@@ -65,11 +65,39 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     t.add_argument("--gzip-level", type=int, default=1, help="response gzip level (1-9)")
     t.add_argument(
+        "--max-body-bytes",
+        type=byte_size,
+        metavar="SIZE",
+        help="largest request body, plain or gzip-inflated (413 beyond it); K/M/G suffixes "
+        "are binary (default 64M)",
+    )
+    t.add_argument(
+        "--max-inflight-body-bytes",
+        type=byte_size,
+        metavar="SIZE",
+        help="body bytes all requests in flight may hold together (503 + Retry-After beyond "
+        "it; default 128M)",
+    )
+    t.add_argument(
         "--vocab-size",
         type=int,
         help="the model's vocabulary size: pushed token ids must be below it (default: "
         "only negative ids are refused)",
     )
+
+
+def byte_size(text: str) -> int:
+    """``65536``, ``64K``, ``64M``, ``1G`` (binary multiples) as bytes."""
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    t = text.strip().upper().removesuffix("IB").removesuffix("B")
+    scale = units.get(t[-1:], 1)
+    try:
+        value = int(t[:-1] if t[-1:] in units else t) * scale
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a size: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be positive: {text!r}")
+    return value
 
 
 def run(args: argparse.Namespace, term: Terminal) -> int:
@@ -85,6 +113,7 @@ def run(args: argparse.Namespace, term: Terminal) -> int:
 def _trajectories(args: argparse.Namespace, term: Terminal) -> int:
     import uvicorn
 
+    from producers.trajectory_api.request_body import MAX_BODY_BYTES, MAX_INFLIGHT_BODY_BYTES
     from runwatch.apps.trajectories import (
         TrajectoryHost,
         TrajectorySettings,
@@ -101,6 +130,10 @@ def _trajectories(args: argparse.Namespace, term: Terminal) -> int:
             )
     if not 1 <= args.gzip_level <= 9:
         raise Abort("--gzip-level must be 1..9")
+    max_body = args.max_body_bytes or MAX_BODY_BYTES
+    max_inflight = args.max_inflight_body_bytes or max(MAX_INFLIGHT_BODY_BYTES, max_body)
+    if max_inflight < max_body:
+        raise Abort("--max-inflight-body-bytes must be at least --max-body-bytes")
     if args.vocab_size is not None and args.vocab_size < 1:
         raise Abort("--vocab-size must be at least 1")
     instance = args.instance or f"{args.host}:{args.port}"
@@ -115,6 +148,8 @@ def _trajectories(args: argparse.Namespace, term: Terminal) -> int:
         max_off_policy_steps=args.max_off_policy_steps,
         max_queue_groups=args.max_queue_groups,
         vocab_size=args.vocab_size,
+        max_body_bytes=max_body,
+        max_inflight_body_bytes=max_inflight,
         state_dir=None if state_dir == "none" else state_dir,
         gzip_level=args.gzip_level,
         snapshot_every_s=args.snapshot_every_s,

@@ -358,15 +358,25 @@ def test_snapshot_of_another_log_is_ignored(tmp_path: Path) -> None:
 
 
 def test_gzip_bomb_is_413_not_out_of_memory(tmp_path: Path) -> None:
-    from producers.trajectory_api.gzip_request import GzipRequestMiddleware
-
-    with client_for(tmp_path / "log") as c:
+    """(In-process, with a small cap; tests/integration/test_trajectory_security.py sends
+    the real bomb to a real server and watches its RSS.)"""
+    with client_for(tmp_path / "log", max_body_bytes=1 << 20) as c:
         wait_ready(c)
-        small_cap = GzipRequestMiddleware(c.app.middleware_stack, max_bytes=1 << 20)
         bomb = gzip.compress(b"[" + b" " * (4 << 20) + b"]")
-        with TestClient(small_cap) as capped:
-            r = capped.post("/scored_data_list", content=bomb, headers={"Content-Encoding": "gzip"})
+        r = c.post("/scored_data_list", content=bomb, headers={"Content-Encoding": "gzip"})
         assert r.status_code == 413
+        assert r.json() == {
+            "detail": f"inflated request body exceeds {1 << 20} bytes; send smaller requests"
+        }
+        plain = c.post("/scored_data_list", content=b"[" + b" " * (2 << 20) + b"]")
+        assert plain.status_code == 413
+        # several gzip members in one body are read as one (as gzip.decompress does)
+        two = gzip.compress(b"[") + gzip.compress(b"]")
+        r = c.post("/scored_data_list", content=two, headers={"Content-Encoding": "gzip"})
+        assert r.json()["groups_processed"] == 0
+        cut = gzip.compress(b"[]")[:-4]  # the trailer missing
+        r = c.post("/scored_data_list", content=cut, headers={"Content-Encoding": "gzip"})
+        assert (r.status_code, r.text) == (400, "Invalid gzip payload")
 
 
 def test_payloads_stay_off_the_ordered_partition(tmp_path: Path) -> None:

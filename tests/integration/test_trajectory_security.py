@@ -11,6 +11,7 @@ import socket
 import subprocess
 import sys
 import time
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -177,3 +178,155 @@ def test_groups_a_trainer_cannot_use_are_refused(
         assert registered.logged("runwatch.trajectory-payloads") == [*before, "payload [4.0, 4.0]"]
         stored = registered.logged().count("ScoredDataGroupStored")
         assert stored == len(before) + 1
+
+
+# -- item 9: bodies are bounded, inflated or not, one at a time or many at once ----------
+
+MiB = 1 << 20
+
+
+def peak_rss_reset(pid: int) -> int:
+    """The process's current RSS (bytes), its peak (VmHWM) reset to it."""
+    Path(f"/proc/{pid}/clear_refs").write_text("5")
+    return rss(pid)
+
+
+def rss(pid: int, field: str = "VmRSS") -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError(f"no {field} for {pid}")
+
+
+def gzip_bomb(inflated: int) -> bytes:
+    """A gzip body of ``inflated`` bytes of JSON (a list of blanks), about 1/1000 its size."""
+    c = zlib.compressobj(9, zlib.DEFLATED, 16 + zlib.MAX_WBITS)
+    blank = b" " * MiB
+    parts = [c.compress(b"[")]
+    parts += [c.compress(blank) for _ in range(inflated // MiB)]
+    return b"".join([*parts, c.compress(b"]"), c.flush()])
+
+
+def test_gzip_bomb_is_refused_and_never_inflated(server: Server) -> None:
+    """0.9 MB of gzip inflating to 900 MiB (the issue's bomb: the server grew from 57 MB
+    to 1.9 GB): 413 with a JSON reason, and the server's peak RSS grows by less than the
+    64 MiB cap plus slack, because the inflate stops at the cap."""
+    assert server.proc is not None
+    bomb = gzip_bomb(900 * MiB)
+    assert len(bomb) < MiB
+    with httpx.Client(base_url=server.url, timeout=60) as c:
+        assert c.post("/register", json=REGISTRATION).status_code == 200
+        before = peak_rss_reset(server.proc.pid)
+        r = c.post(
+            "/scored_data_list",
+            content=bomb,
+            headers={"Content-Encoding": "gzip", "Content-Type": "application/json"},
+        )
+        grew = rss(server.proc.pid, "VmHWM") - before
+        assert r.status_code == 413, r.text
+        assert r.json() == {
+            "detail": f"inflated request body exceeds {64 * MiB} bytes; send smaller requests"
+        }
+        assert grew < 100 * MiB, f"peak RSS grew {grew / MiB:.0f} MiB for a refused bomb"
+        # the server is fine, and the connection is still usable afterwards
+        assert c.get("/status").json()["queue_size"] == 0
+    assert not server.logged("runwatch.trajectory-payloads")
+
+
+def test_oversized_plain_bodies_are_refused_before_they_are_held(server: Server) -> None:
+    """150 MB, declared (refused before a byte is read) and chunked (refused at the cap):
+    413 both, and the server's peak RSS stays far below the body."""
+    assert server.proc is not None
+    body = b"[" + b" " * (150 * MiB) + b"]"
+    with httpx.Client(base_url=server.url, timeout=60) as c:
+        before = peak_rss_reset(server.proc.pid)
+        r = c.post("/scored_data_list", content=body)
+        assert r.status_code == 413
+        assert r.json()["detail"].startswith(f"request body exceeds {64 * MiB} bytes")
+        declared_growth = rss(server.proc.pid, "VmHWM") - before
+
+        def chunks() -> Iterator[bytes]:
+            for i in range(0, len(body), MiB):
+                yield body[i : i + MiB]
+
+        before = peak_rss_reset(server.proc.pid)
+        r = c.post("/scored_data_list", content=chunks())  # no Content-Length: chunked
+        assert r.status_code == 413
+        chunked_growth = rss(server.proc.pid, "VmHWM") - before
+    assert declared_growth < 16 * MiB, f"{declared_growth / MiB:.0f} MiB for a refused body"
+    assert chunked_growth < 100 * MiB, f"{chunked_growth / MiB:.0f} MiB for a refused body"
+    assert not server.logged("runwatch.trajectory-payloads")
+
+
+class RawPush:
+    """A POST written by hand on a socket, so its body can be held back half sent."""
+
+    def __init__(self, port: int, body: bytes) -> None:
+        self.body = body
+        self.sock = socket.create_connection(("127.0.0.1", port))
+        head = (
+            "POST /scored_data_list HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+        )
+        self.sock.sendall(head.encode() + body[:MiB])
+
+    def finish(self) -> None:
+        self.sock.sendall(self.body[MiB:])
+
+    def answer(self, timeout_s: float) -> tuple[int, dict[str, str], bytes] | None:
+        """Status, headers and body of the response, or None if none came in time."""
+        self.sock.settimeout(timeout_s)
+        data = b""
+        try:
+            while b"\r\n\r\n" not in data:
+                got = self.sock.recv(65536)
+                if not got:
+                    raise AssertionError(f"connection closed: {data!r}")
+                data += got
+        except TimeoutError:
+            assert not data
+            return None
+        head, _, rest = data.partition(b"\r\n\r\n")
+        lines = head.decode().split("\r\n")
+        headers = dict(line.lower().split(": ", 1) for line in lines[1:])
+        while len(rest) < int(headers["content-length"]):
+            rest += self.sock.recv(65536)
+        return int(lines[0].split()[1]), headers, rest
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def test_concurrent_large_pushes_share_a_bounded_budget(tmp_path: Path) -> None:
+    """Six pushes of 12 MiB at once against a 32 MiB budget: two are held, the other four
+    are answered 503 + Retry-After at once (without their bodies being read); once the two
+    are done, the budget is free again. Peak RSS stays within the budget plus slack."""
+    server = Server(tmp_path, "--max-body-bytes", "16M", "--max-inflight-body-bytes", "32M")
+    server.start()
+    assert server.proc is not None
+    pushes: list[RawPush] = []
+    try:
+        body = b"[" + b" " * (12 * MiB) + b"]"
+        before = peak_rss_reset(server.proc.pid)
+        pushes = [RawPush(server.port, body) for _ in range(6)]
+        answers = [p.answer(timeout_s=2.0) for p in pushes]
+        refused = [a for a in answers if a is not None]
+        assert len(refused) == 4, answers
+        for status, headers, detail in refused:
+            assert (status, headers["retry-after"]) == (503, "1")
+            assert b"too many request bytes in flight" in detail
+        held = [p for p, a in zip(pushes, answers) if a is None]
+        for p in held:
+            p.finish()
+        for p in held:
+            got = p.answer(timeout_s=30)
+            assert got is not None and got[0] == 200
+            assert json.loads(got[2]) == {"status": "received", "groups_processed": 0}
+        grew = rss(server.proc.pid, "VmHWM") - before
+        assert grew < 100 * MiB, f"peak RSS grew {grew / MiB:.0f} MiB"
+        # the budget was given back: a new push of the same size goes through
+        assert httpx.post(server.url + "/scored_data_list", content=body).status_code == 200
+    finally:
+        for p in pushes:
+            p.close()
+        server.stop()
