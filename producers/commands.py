@@ -19,12 +19,17 @@ paused, every ``poll_interval_s``.
 
 from __future__ import annotations
 
+import os
+import time
 from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Union
 
 from events.catalog.control import (
     CONTROL_TOPIC,
     CancelRequested,
+    CommandRejected,
     PauseRequested,
     UnpauseRequested,
 )
@@ -40,6 +45,7 @@ from events.catalog.lifecycle import (
 from events.codec import decode
 from events.envelope import EventBase
 from events.log.base import Record
+from producers.emitter import Emitter
 from producers.sinks import BackendSink, EmbeddedSink, EventSink, MemorySink
 
 Command = Union[PauseRequested, UnpauseRequested, CancelRequested]  # noqa: UP007
@@ -123,10 +129,30 @@ def run_phase(facts: Iterable[EventBase]) -> str:
     return phase
 
 
-def refusal(action: Action, phase: str) -> str:
+#: Settings a resume may change (the trainer's ``RESUME_OVERRIDES``), with their checks.
+RESUME_OVERRIDES: dict[str, str] = {"lr": "a learning rate, 0 < lr < 10"}
+
+
+def bad_overrides(overrides: dict[str, object]) -> str:
+    """Why these resume overrides are refused ('' when they are fine)."""
+    for key, value in overrides.items():
+        if key not in RESUME_OVERRIDES:
+            return f"cannot change {key!r} on resume (allowed: {', '.join(RESUME_OVERRIDES)})"
+        if key == "lr" and not (
+            isinstance(value, int | float) and not isinstance(value, bool) and 0 < value < 10
+        ):
+            return f"lr must be {RESUME_OVERRIDES['lr']}, not {value!r}"
+    return ""
+
+
+def refusal(action: Action, phase: str, overrides: dict[str, object] | None = None) -> str:
     """Why ``action`` cannot apply to a run in ``phase`` ('' when it can)."""
     if action not in ACTIONS:
         return f"unknown action {action!r} (pause, resume or cancel)"
+    if overrides and action != "resume":
+        return "only a resume takes settings to change"
+    if overrides and (why := bad_overrides(overrides)):
+        return why
     if phase == "unknown":
         return "no such run"
     if phase == "over":
@@ -136,3 +162,67 @@ def refusal(action: Action, phase: str) -> str:
     if action == "pause" and phase == "paused":
         return "the run is already paused"
     return ""
+
+
+@dataclass(frozen=True)
+class Issued:
+    """What became of a command: written (``refused`` empty) or refused with the reason
+    (then a ``CommandRejected`` naming it was written instead)."""
+
+    command: EventBase
+    refused: str = ""
+    tenant_id: str = ""
+
+
+def issue(
+    log_dir: str | os.PathLike[str],
+    run_id: str,
+    action: Action,
+    *,
+    actor: str,
+    principal: str,
+    reason: str = "",
+    overrides: dict[str, object] | None = None,
+    tenant_id: str | None = None,
+) -> Issued:
+    """Judge and append one command to an embedded log's control topic.
+
+    The run's lifecycle is read read-only (never repairing anything); the command is
+    appended under the control topic's writer lock, so the API, the CLI and the run
+    controller may write at once. ``tenant_id``, when given, must own the run: another
+    tenant's run is refused as "no such run" (the API answers 404 for both). Refused
+    commands are recorded as ``CommandRejected`` — never a state change.
+    """
+    from events.log.embedded import EmbeddedLog
+
+    root = Path(log_dir)
+    facts: list[EventBase] = []
+    if root.is_dir():
+        reader = EmbeddedLog(root, readonly=True)
+        reader.open_sync()
+        topics = [t for t in ("runwatch.lifecycle",) if t in reader.topic_names()]
+        facts = [
+            e for e in reader.iter_events(topics) if isinstance(e, EventBase) and e.run_id == run_id
+        ]
+    owner = facts[0].tenant_id if facts else (tenant_id or "")
+    foreign = tenant_id is not None and owner != tenant_id
+    cls = ACTIONS.get(action)
+    if cls is None:
+        raise ValueError(f"unknown action {action!r} (pause, resume or cancel)")
+    emitter = Emitter(
+        EmbeddedSink(EmbeddedLog(root)),  # appends to the control topic only
+        tenant_id=tenant_id if foreign and tenant_id is not None else owner,
+        run_id=run_id,
+        producer=f"{actor}/{principal}",
+        first_seq=time.time_ns(),
+    )
+    extra: dict[str, object] = {"overrides": overrides} if overrides and action == "resume" else {}
+    command = emitter.emit(cls, actor=actor, principal=principal, reason=reason, **extra)
+    why = "no such run" if foreign else refusal(action, run_phase(facts), overrides)
+    if why:
+        emitter._pending.clear()
+        emitter.emit(
+            CommandRejected, command_id=str(command.event_id), command=cls.__name__, reason=why
+        )
+    emitter.flush()
+    return Issued(command, why, owner)

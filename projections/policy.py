@@ -8,8 +8,10 @@ audit trail.
 Policy semantics (all windows in training steps, never wall-clock):
 
 - ``detectors[name].action``: what a firing alert of that detector does to a running run:
-  ``degrade`` (RUNNING -> DEGRADED(reason)), ``pause_at_checkpoint`` (DEGRADED now and
-  PAUSED_BY_GATE(reason) at the next CheckpointWritten), ``advisory`` (recorded, no state
+  ``degrade`` (RUNNING -> DEGRADED(reason)), ``pause`` (DEGRADED now, and
+  PAUSED_BY_GATE(reason) once the trainer confirms ``RunPaused`` — whether the run is
+  asked to pause is the run controller's policy, ``stream_processors/control/policy.yaml``;
+  ``pause_at_checkpoint`` is the old name of ``pause``), ``advisory`` (recorded, no state
   change). Unknown detectors use ``default_action``.
 - Hysteresis: a degraded run returns to RUNNING only when no degrading alert is active
   *and* it has dwelt ``min_dwell_steps`` in DEGRADED (measured on the ``step`` of the
@@ -30,7 +32,7 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
-Action = Literal["degrade", "pause_at_checkpoint", "advisory"]
+Action = Literal["degrade", "pause", "pause_at_checkpoint", "advisory"]
 
 HERE = Path(__file__).parent
 DEFAULT_POLICY_PATH = HERE / "run_state_policy.yaml"

@@ -3,9 +3,10 @@
 States (append-only enum :data:`events.catalog.derived.RunState`): SUBMITTED, QUEUED,
 PROVISIONING, RUNNING, DEGRADED(reason), PAUSED_BY_GATE(reason), SUCCEEDED,
 FAILED(class), CANCELLED. Lifecycle events move the base state; alerts move RUNNING <->
-DEGRADED and gate to PAUSED_BY_GATE at the next checkpoint, through
-:class:`~projections.policy.RunStatePolicy` (with step-counted hysteresis); the reward
-ledger feeds attribution and can gate the run. Every change is one
+DEGRADED through :class:`~projections.policy.RunStatePolicy` (with step-counted
+hysteresis); PAUSED_BY_GATE follows the trainer's ``RunPaused`` (which the run controller
+asked for: ``stream_processors/control``), so the state says what the run is doing, not
+what was asked of it; the reward ledger feeds attribution and can gate the run. Every change is one
 :class:`~events.RunStateChanged` with a deterministic id
 (``derived_id(producer, cause event id, to_state)``) and the cause's ``ts``/``step``.
 A transition the table :data:`LEGAL` does not allow is rejected: not applied, kept in
@@ -59,6 +60,8 @@ from projections.attribution import Attribution, Ledger, attribute_failure, non_
 from projections.policy import RunStatePolicy
 
 PRODUCER = "projections/run_state"
+#: Policy actions of alerts that pause a run (``pause_at_checkpoint`` is the old name).
+PAUSING: frozenset[str] = frozenset({"pause", "pause_at_checkpoint"})
 TERMINAL: frozenset[str] = frozenset({"SUCCEEDED", "FAILED", "CANCELLED"})
 ACTIVE: frozenset[str] = frozenset({"RUNNING", "DEGRADED"})
 _ANY_LIVE = frozenset(
@@ -203,7 +206,7 @@ class _Stepper:
             m = replace(m, active=tuple(a for a in m.active if a.alert_id != ev.alert_id))
             return self.overlay(m, ev)
         if t is CheckpointWritten:
-            return self.overlay(m, ev, checkpoint=True)
+            return self.overlay(m, ev)
         if t is RewardBatchFailed:
             if m.state in ACTIVE:
                 return self.move(
@@ -236,6 +239,9 @@ class _Stepper:
         if isinstance(ev, RunResumed) and degrading:  # resumed into a still-firing alert
             return self.move(m, "DEGRADED", degrading[0].reason, ev)
         reason = getattr(ev, "reason", "") or _DEFAULT_REASON.get(to, "")
+        gates = [a for a in m.active if a.action in PAUSING]
+        if isinstance(ev, RunPaused) and gates:  # the customer reads the gate, not the RPC
+            reason = f"paused: {gates[0].reason}"
         m = self.move(m, to, reason, ev)
         return self.overlay(m, ev) if to == "RUNNING" else m
 
@@ -248,14 +254,13 @@ class _Stepper:
             return self.move(m, "FAILED", att.message, ev, att)
         return self.move(m, "SUCCEEDED", "training completed", ev)
 
-    def overlay(self, m: Machine, cause: EventBase, checkpoint: bool = False) -> Machine:
-        """Alerts over the base state: degrade, gate at a checkpoint, recover with dwell."""
+    def overlay(self, m: Machine, cause: EventBase) -> Machine:
+        """Alerts over the base state: degrade, recover with dwell. A pausing alert only
+        degrades here: the run is PAUSED_BY_GATE once its trainer says ``RunPaused``
+        (the run controller asked it to), never because an alert fired."""
         if m.state not in ACTIVE:
             return m
         degrading = [a for a in m.active if a.action != "advisory"]
-        gates = [a for a in degrading if a.action == "pause_at_checkpoint"]
-        if checkpoint and gates:
-            return self.move(m, "PAUSED_BY_GATE", gates[0].reason, cause)
         if degrading and m.state == "RUNNING":
             return self.move(m, "DEGRADED", degrading[0].reason, cause)
         if not degrading and m.state == "DEGRADED":

@@ -11,15 +11,15 @@ from events.fold import Fold
 
 
 def processor_folds(
-    catalog: str | Path | None = None, control: str | Path | bool | None = None
+    catalog: str | Path | None = None, control: str | Path | bool | None = True
 ) -> list[Fold[Any]]:
     """The stream processors' folds, in the order their outputs are replayed.
 
     ``catalog``: the detector threshold catalog (default: the packaged ``catalog.yaml``).
-    ``control``: run the run controller (paging alerts -> ``PauseRequested``) under this
-    control policy file, or the packaged one for ``True``. Off by default until the
-    run-state projection, the demo and the API follow the trainer's ``RunPaused``
-    (issue #14); a bad policy file is a ``ValueError``.
+    ``control``: the run controller's policy (paging alerts -> ``PauseRequested``): a
+    file, ``True`` for the packaged one (the default), ``False`` for no controller (alerts
+    then only inform). A bad policy file is a ``ValueError``. The controller comes last:
+    it reads the alerts the detectors derive in the same pass.
     """
     from stream_processors.detectors import RunHealthFold, load_catalog
     from stream_processors.profiling import ProfilingFold

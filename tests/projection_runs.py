@@ -24,8 +24,10 @@ from events import (
     RunCancelled,
     RunCompleted,
     RunFailed,
+    RunPaused,
     RunProvisioning,
     RunQueued,
+    RunResumed,
     RunStarted,
     RunSubmitted,
     StepPhaseTimed,
@@ -203,6 +205,10 @@ def synth_run(
             out.append(f.fired("reward_hacking", s))
         if scenario == "kl_gate" and s == 20:
             out.append(f.fired("kl_blowup", s))
+        if scenario == "kl_gate" and s == 21:  # the trainer obeys the controller's request
+            out.append(f.ev(RunPaused, s, reason="paused by controller", checkpoint="/c/21"))
+        if scenario == "kl_gate" and s == 22:  # and the customer resumes it
+            out.append(f.ev(RunResumed, s, reason="resumed by customer"))
         if scenario == "flapping" and s in (10, 14, 18):
             a = f.fired("dead_run", s, alert_id=f"{run_id}/dead/{s}")
             out += [a, f.resolved("dead_run", s + 1, a.alert_id)]

@@ -549,10 +549,14 @@ class Trainer:
                 if isinstance(c, CancelRequested):
                     return self._cancel(c)
                 if isinstance(c, UnpauseRequested):
+                    changed = self.apply_overrides(dict(c.overrides))
+                    why = f"resumed by {c.actor}: {c.reason}".rstrip(": ")
+                    if changed:
+                        why += " (" + ", ".join(f"{k}={v}" for k, v in changed.items()) + ")"
                     self._emit(
                         RunResumed,
                         step=self.step,
-                        reason=f"resumed by {c.actor}: {c.reason}".rstrip(": "),
+                        reason=why,
                         checkpoint=checkpoint,
                         request_id=str(c.event_id),
                     )
@@ -563,6 +567,31 @@ class Trainer:
                     self._carry_other = 0.0
                     self.paused_s += self._last_cut - t0
                     return False
+
+    def apply_overrides(self, overrides: dict[str, Any]) -> dict[str, Any]:
+        """Change what :data:`RESUME_OVERRIDES` allows before continuing; what changed.
+
+        ``lr``: the base learning rate from here on (replacing the configured LR and any
+        LR fault multiplier); the warm-up schedule keeps its shape. Unknown keys are
+        ignored here (the API and the CLI refuse them before a command is written).
+        """
+        changed: dict[str, Any] = {}
+        lr = overrides.get("lr")
+        if isinstance(lr, int | float) and not isinstance(lr, bool) and 0 < lr < 10:
+            lr = float(lr)
+            for group in self.optimizer.param_groups:
+                group["initial_lr"] = lr
+            self.scheduler.base_lrs = [lr] * len(self.optimizer.param_groups)
+            factor = _lr_lambda(self.cfg)(self.scheduler.last_epoch)
+            for group in self.optimizer.param_groups:
+                group["lr"] = lr * factor
+            g = self.cfg.grpo.model_dump()
+            self.cfg = self.cfg.with_overrides(
+                grpo={**g, "lr": lr},
+                faults={**self.cfg.faults.model_dump(), "lr_multiplier": 1.0},
+            )
+            changed["lr"] = lr
+        return changed
 
     def _cancel(self, cmd: CancelRequested) -> bool:
         self._emit(
@@ -597,6 +626,10 @@ class Trainer:
             RunFailed, step=self.step, failure_class=cls, reason=f"{type(exc).__name__}: {exc}"
         )
         self._flush()
+
+
+#: Settings an ``UnpauseRequested`` may change (see :meth:`Trainer.apply_overrides`).
+RESUME_OVERRIDES: frozenset[str] = frozenset({"lr"})
 
 
 class RunBusy(RuntimeError):

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import ClassVar, Literal
 
-from events.envelope import EventBase
+from events.envelope import Attributes, EventBase
 
 Actor = Literal["controller", "operator", "customer"]
 CONTROL_TOPIC = "runwatch.control"
@@ -44,6 +44,9 @@ class UnpauseRequested(_Command):
     that a (preempted) run is being restarted from a checkpoint."""
 
     type: Literal["UnpauseRequested"] = "UnpauseRequested"
+    #: Settings to change before continuing (the "fix"): only keys the trainer lists in
+    #: its ``RESUME_OVERRIDES`` (e.g. ``lr``); the API refuses any other.
+    overrides: Attributes = ()
 
 
 class CancelRequested(_Command):

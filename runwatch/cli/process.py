@@ -25,13 +25,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     target.add_argument("--log", metavar="DIR", help="embedded log directory")
     parser.add_argument("--once", action="store_true", help="embedded: drain, then exit")
     parser.add_argument("--catalog", help="detector threshold catalog (default: packaged)")
-    parser.add_argument(
+    control = parser.add_mutually_exclusive_group()
+    control.add_argument(
         "--control",
-        nargs="?",
-        const=True,
+        default=True,
         metavar="POLICY",
-        help="also run the run controller: paging alerts pause runs (policy file, default: "
-        "packaged stream_processors/control/policy.yaml)",
+        help="run-control policy: which alerts pause runs (default: the packaged "
+        "stream_processors/control/policy.yaml)",
+    )
+    control.add_argument(
+        "--no-control",
+        dest="control",
+        action="store_false",
+        help="no run controller: alerts inform, nothing pauses",
     )
     parser.add_argument("--app-id", default="runwatch-processors", help="faust app id")
     parser.add_argument("--json", action="store_true", help="print the summary as JSON")

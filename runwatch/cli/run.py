@@ -25,52 +25,40 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("action", choices=("pause", "resume", "cancel"))
     parser.add_argument("run_id", metavar="RUN")
     parser.add_argument("--reason", default="", help="why (recorded on the command)")
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="resume only: a setting to change before continuing (lr=0.001)",
+    )
     parser.add_argument("--log", metavar="DIR", help="embedded log (default: $RUNWATCH_LOG_DIR)")
     parser.add_argument("--wait", type=float, default=0.0, metavar="S", help="wait for the answer")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
 
 
 def run(args: argparse.Namespace, term: Terminal) -> int:
-    from events.catalog.control import CommandRejected
-    from events.envelope import EventBase
     from events.log.embedded import EmbeddedLog
-    from producers.commands import ACTIONS, refusal, run_phase
-    from producers.emitter import Emitter
-    from producers.sinks import EmbeddedSink
+    from producers.commands import issue
 
     log_dir = settings.log_dir(args.log)
     if not log_dir.is_dir():
         raise Abort(f"no embedded log at {log_dir}", code=2)
-    reader = EmbeddedLog(log_dir, readonly=True)  # reads never write (nor repair)
-    reader.open_sync()
-    topics = [t for t in ("runwatch.lifecycle",) if t in reader.topic_names()]
-    facts = [e for e in reader.iter_events(topics) if isinstance(e, EventBase)]
-    facts = [e for e in facts if e.run_id == args.run_id]
-    # appends go to the control topic only: its writers serialise on the topic's flock
-    log = EmbeddedLog(log_dir)
-    tenant = facts[0].tenant_id if facts else ""
-    principal = getpass.getuser()
-    emitter = Emitter(
-        EmbeddedSink(log),
-        tenant_id=tenant,
-        run_id=args.run_id,
-        producer=f"cli/{principal}",
-        first_seq=time.time_ns(),
+    overrides = _parse_sets(args.set)
+    issued = issue(
+        log_dir,
+        args.run_id,
+        args.action,
+        actor="operator",
+        principal=getpass.getuser(),
+        reason=args.reason,
+        overrides=overrides,
     )
-    cls = ACTIONS[args.action]
-    command = emitter.emit(cls, actor="operator", principal=principal, reason=args.reason)
-    why = refusal(args.action, run_phase(facts))
-    if why:
-        emitter._pending.clear()
-        emitter.emit(
-            CommandRejected,
-            command_id=str(command.event_id),
-            command=cls.__name__,
-            reason=why,
-        )
-        emitter.flush()
-        raise Abort(f"cannot {args.action} {args.run_id}: {why}", code=2)
-    emitter.flush()
+    if issued.refused:
+        raise Abort(f"cannot {args.action} {args.run_id}: {issued.refused}", code=2)
+    command = issued.command
+    reader = EmbeddedLog(log_dir, readonly=True)
+    reader.open_sync()
     answer = _wait_for_answer(reader, args.run_id, str(command.event_id), args.wait)
     result = {
         "run_id": args.run_id,
@@ -84,8 +72,21 @@ def run(args: argparse.Namespace, term: Terminal) -> int:
     elif answer is not None:
         term.info(f"{args.run_id}: {answer.type} at step {answer.step}")
     else:
-        term.info(f"{args.run_id}: {cls.__name__} recorded ({command.event_id})")
+        term.info(f"{args.run_id}: {command.type} recorded ({command.event_id})")
     return 0
+
+
+def _parse_sets(items: list[str]) -> dict[str, object]:
+    out: dict[str, object] = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        if not sep or not key:
+            raise Abort(f"--set takes KEY=VALUE, not {item!r}", code=2)
+        try:
+            out[key] = float(raw) if any(c in raw for c in ".eE") else int(raw)
+        except ValueError:
+            out[key] = raw
+    return out
 
 
 def _wait_for_answer(log, run_id: str, request_id: str, wait_s: float):  # type: ignore[no-untyped-def]

@@ -2,7 +2,7 @@
 
 Everything crosses process boundaries on a real embedded log: the trainer follows its
 control topic; ``runwatch run pause|resume|cancel`` (another process) appends the
-commands; the paging-alert case runs ``runwatch process --control`` (a third process)
+commands; the paging-alert case runs ``runwatch process`` (a third process)
 whose run controller turns the trainer's own ``kl_blowup`` page into the pause.
 """
 
@@ -162,11 +162,11 @@ def test_operator_pauses_resumes_and_cancels_a_real_trainer(tmp_path: Path) -> N
 
 def test_a_paging_alert_pauses_the_run_through_the_controller(tmp_path: Path) -> None:
     """LR x30: the trainer's own KL blows up, the detector pages, the controller (a
-    ``runwatch process --control`` process) asks, the trainer pauses and stops billing."""
+    ``runwatch process`` process) asks, the trainer pauses and stops billing."""
     log = tmp_path / "log"
     trainer = Trainer(log, "lr-run", config="canary-oversized-lr.yaml", steps=300)
     processor = subprocess.Popen(
-        _cli("process", "--log", str(log), "--control"),
+        _cli("process", "--log", str(log)),
         cwd=ROOT,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,

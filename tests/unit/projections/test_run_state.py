@@ -70,10 +70,7 @@ def trigger(f: RunFactory, frm: str | None, to: str) -> list:
     if to == "DEGRADED" and frm == "PAUSED_BY_GATE":
         return [f.fired("dead_run", 7), f.ev(RunResumed, 8)]
     if to == "PAUSED_BY_GATE" and frm == "DEGRADED":
-        return [
-            f.fired("kl_blowup", 8),
-            f.ev(CheckpointWritten, 9, path="/c", checkpoint_schema=1, digest="d"),
-        ]
+        return [f.fired("kl_blowup", 8), f.ev(RunPaused, 9, reason="paused by controller")]
     cls = {v: k for k, v in _TARGET.items() if k not in (RunResumed,)}[to]
     payload = {"reason": "boom"} if cls is RunFailed else {}
     return [f.ev(cls, 10, **payload)]
@@ -258,14 +255,22 @@ def test_hysteresis_keeps_a_flapping_alert_from_flapping_the_state():
     assert [e.to_state for e in out] == ["RUNNING"]
 
 
-def test_gate_alert_pauses_at_the_next_checkpoint():
+def test_gate_alert_degrades_until_the_trainer_confirms_the_pause():
+    """The state follows the trainer's RunPaused, not the alert: DEGRADED while the
+    controller's request is in flight (a checkpoint does not pause anything), then
+    PAUSED_BY_GATE with the gate's customer-facing reason, RUNNING again on resume."""
     fold = RunStateFold()
     f = RunFactory()
     events = [*path_to(f, "RUNNING"), f.fired("kl_blowup", 20)]
-    events.append(f.ev(CheckpointWritten, 25, path="/c", checkpoint_schema=1, digest="d"))
-    _state, out = fold_all(fold, events)
-    assert [e.to_state for e in out][-2:] == ["DEGRADED", "PAUSED_BY_GATE"]
-    assert "KL blowup" in out[-1].reason
+    events.append(f.ev(CheckpointWritten, 21, path="/c", checkpoint_schema=1, digest="d"))
+    state, out = fold_all(fold, events)
+    assert [e.to_state for e in out][-1] == "DEGRADED"
+    state, out = fold_all(fold, [f.ev(RunPaused, 21, reason="paused by controller")], state)
+    assert [e.to_state for e in out] == ["PAUSED_BY_GATE"]
+    assert "KL blowup" in out[-1].reason and out[-1].reason.startswith("paused: ")
+    resolved = f.resolved("kl_blowup", 22, f"{f.run_id}/kl_blowup/20")
+    state, out = fold_all(fold, [resolved, f.ev(RunResumed, 23)], state)
+    assert [e.to_state for e in out] == ["RUNNING"]
 
 
 def test_advisory_alerts_do_not_move_the_customer_state():
