@@ -35,7 +35,7 @@ import uuid
 import zlib
 from collections.abc import AsyncIterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -62,7 +62,7 @@ from events.dedupe import Deduplicator
 from events.envelope import EventBase, new_envelope
 from events.log.base import Appended, LogBackend, Record
 from events.log.segments import write_atomically
-from producers.trajectory_api import BodyBudget, RequestBodyMiddleware
+from producers.trajectory_api import AccessMiddleware, BodyBudget, RequestBodyMiddleware
 from producers.trajectory_api import build_router as build_ingress
 from producers.trajectory_api.request_body import MAX_BODY_BYTES, MAX_INFLIGHT_BODY_BYTES
 from projections.trajectory_view import SpillPayloads, TrajectoryView
@@ -85,6 +85,11 @@ class TrajectorySettings:
     max_queue_groups: int = 50_000
     #: The model's vocabulary size: pushed token ids must be below it (None: unchecked).
     vocab_size: int | None = None
+    #: Bearer token every request but ``/health`` must carry (None: no authentication;
+    #: the CLI requires one when binding beyond loopback).
+    token: str | None = field(default=None, repr=False)
+    #: Web origins whose pages may call the API (none by default).
+    cors_origins: tuple[str, ...] = ()
     #: Largest request body, plain or gzip-inflated (413 beyond it).
     max_body_bytes: int = MAX_BODY_BYTES
     #: Body bytes all requests in flight may hold together (503 + Retry-After beyond it).
@@ -615,20 +620,27 @@ def build_app(host: TrajectoryHost) -> FastAPI:
         finally:
             await host.stop()
 
+    settings = host.settings
     app = FastAPI(title="AtroposLib API (runwatch)", lifespan=lifespan)
-    app.add_middleware(
-        CORSMiddleware,
-        allow_origins=["*"],
-        allow_credentials=True,
-        allow_methods=["*"],
-        allow_headers=["*"],
-    )
+    # the last added runs first: CORS (preflights answered, allowed origins' answers
+    # readable), then access (token, foreign pages, Host) before a body byte is read, then
+    # the bounded body, then response gzip
     app.add_middleware(GZipMiddleware, minimum_size=1000, compresslevel=host.gzip_level)
     app.add_middleware(
-        RequestBodyMiddleware,
-        max_bytes=host.settings.max_body_bytes,
-        budget=host.body_budget,
+        RequestBodyMiddleware, max_bytes=settings.max_body_bytes, budget=host.body_budget
     )
+    app.add_middleware(
+        AccessMiddleware, token=settings.token, allowed_origins=settings.cors_origins
+    )
+    if settings.cors_origins:
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=list(settings.cors_origins),
+            allow_credentials=False,  # the token is a header, not a cookie
+            allow_methods=["GET", "POST"],
+            allow_headers=["Authorization", "Content-Type", "Content-Encoding"],
+            max_age=600,
+        )
     app.include_router(build_ingress(host))
     app.include_router(build_serving(host))
     app.state.host = host

@@ -4,7 +4,9 @@
   the Atropos-compatible trajectory API (seed 004), durable on the embedded log (default)
   or on Kafka. Several instances on one broker share one buffer; give each a distinct
   ``--instance`` (default ``host:port``) and keep it across restarts, so a restarted
-  instance requeues the batches it served but never delivered.
+  instance requeues the batches it served but never delivered. Beyond loopback it needs
+  a bearer token (``--token-file`` or ``$RUNWATCH_TRAJECTORY_TOKEN``); web pages may call
+  it only from ``--cors-origin`` origins (docs/trajectory-api.md, threat model).
 - ``runwatch serve api``: the query API of the projections (when this build has it).
 """
 
@@ -12,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 from pathlib import Path
 
 from runwatch import settings
@@ -65,6 +68,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     t.add_argument("--gzip-level", type=int, default=1, help="response gzip level (1-9)")
     t.add_argument(
+        "--token-file",
+        metavar="FILE",
+        help=f"bearer token (the file's text) every request but /health must carry; or set "
+        f"${TOKEN_ENV}. Required when --host is not loopback",
+    )
+    t.add_argument(
+        "--cors-origin",
+        action="append",
+        default=[],
+        metavar="ORIGIN",
+        help="a web origin (scheme://host[:port]) whose pages may call the API; repeatable "
+        "(default: none, and requests from other sites' pages are refused)",
+    )
+    t.add_argument(
         "--max-body-bytes",
         type=byte_size,
         metavar="SIZE",
@@ -84,6 +101,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="the model's vocabulary size: pushed token ids must be below it (default: "
         "only negative ids are refused)",
     )
+
+
+#: Environment variable holding the trajectory API's token (when --token-file is not given).
+TOKEN_ENV = "RUNWATCH_TRAJECTORY_TOKEN"
 
 
 def byte_size(text: str) -> int:
@@ -136,6 +157,7 @@ def _trajectories(args: argparse.Namespace, term: Terminal) -> int:
         raise Abort("--max-inflight-body-bytes must be at least --max-body-bytes")
     if args.vocab_size is not None and args.vocab_size < 1:
         raise Abort("--vocab-size must be at least 1")
+    token = _trajectory_token(args)
     instance = args.instance or f"{args.host}:{args.port}"
     state_dir = args.state_dir
     if state_dir is None:
@@ -148,6 +170,8 @@ def _trajectories(args: argparse.Namespace, term: Terminal) -> int:
         max_off_policy_steps=args.max_off_policy_steps,
         max_queue_groups=args.max_queue_groups,
         vocab_size=args.vocab_size,
+        token=token,
+        cors_origins=tuple(args.cors_origin),
         max_body_bytes=max_body,
         max_inflight_body_bytes=max_inflight,
         state_dir=None if state_dir == "none" else state_dir,
@@ -158,8 +182,38 @@ def _trajectories(args: argparse.Namespace, term: Terminal) -> int:
     where = f"Kafka at {kafka}" if kafka else f"embedded log {settings.log_dir(args.log)}"
     term.progress(
         f"trajectory API on http://{args.host}:{args.port} ({where}, run {args.run_id}, "
-        f"instance {config.instance})"
+        f"instance {config.instance}, {'bearer token required' if token else 'no token'})"
     )
     app = build_app(TrajectoryHost(backend, config))
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning", access_log=False)
     return 0
+
+
+def _trajectory_token(args: argparse.Namespace) -> str | None:
+    """The token from --token-file or $RUNWATCH_TRAJECTORY_TOKEN; refuses to go on
+    without one when the API would be reachable from other machines."""
+    from producers.trajectory_api.access import check_token, is_loopback
+
+    env = os.environ.get(TOKEN_ENV)
+    if args.token_file and env:
+        raise Abort(f"both --token-file and ${TOKEN_ENV} are set; give one")
+    token = None
+    if args.token_file:
+        try:
+            token = Path(args.token_file).read_text()
+        except OSError as exc:
+            raise Abort(f"cannot read --token-file: {exc}") from None
+    elif env:
+        token = env
+    if token is not None:
+        try:
+            return check_token(token)
+        except ValueError as exc:
+            raise Abort(str(exc)) from None
+    if not is_loopback(args.host):
+        raise Abort(
+            f"refusing to serve the trajectory API on {args.host} without a token: anyone who "
+            "can reach the port could read, inject or wipe trajectories. Give --token-file "
+            f"FILE (or set ${TOKEN_ENV}), or bind loopback (--host 127.0.0.1)"
+        )
+    return None

@@ -46,7 +46,8 @@ def group(marker: float, size: int = 2, **extra: object) -> dict[str, object]:
 def client_for(log_dir: Path, **settings: object) -> TestClient:
     config = TrajectorySettings(**{"instance": "test", **settings})  # type: ignore[arg-type]
     host = TrajectoryHost(EmbeddedLog(log_dir, sync=False), config)
-    return TestClient(build_app(host))
+    # (a loopback Host: without a token the API refuses other names, DNS rebinding)
+    return TestClient(build_app(host), base_url="http://127.0.0.1")
 
 
 @pytest.fixture

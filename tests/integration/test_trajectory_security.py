@@ -330,3 +330,146 @@ def test_concurrent_large_pushes_share_a_bounded_budget(tmp_path: Path) -> None:
         for p in pushes:
             p.close()
         server.stop()
+
+
+# -- item 8: a token, an origin allow-list, and no browser page can reset the queue -------
+
+TOKEN = "t0k3n-for-the-trajectory-api-7f3a9c"
+BEARER = {"Authorization": f"Bearer {TOKEN}"}
+
+
+def serve_command(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != "RUNWATCH_TRAJECTORY_TOKEN"} | (env or {})
+    cmd = [sys.executable, "-m", "runwatch.cli.main", "serve", "trajectories", *args]
+    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+
+
+def test_beyond_loopback_without_a_token_it_refuses_to_start(tmp_path: Path) -> None:
+    port = str(free_port())
+    for host in ("0.0.0.0", "::"):
+        done = serve_command("--host", host, "--port", port, "--log", str(tmp_path / "log"))
+        assert done.returncode != 0
+        assert f"refusing to serve the trajectory API on {host} without a token" in done.stderr
+    weak = tmp_path / "weak"
+    weak.write_text("hunter2\n")
+    done = serve_command("--host", "0.0.0.0", "--port", port, "--token-file", str(weak))
+    assert done.returncode != 0 and "at least 16 characters" in done.stderr
+    done = serve_command(
+        "--port", port, "--token-file", str(weak), env={"RUNWATCH_TRAJECTORY_TOKEN": TOKEN}
+    )
+    assert done.returncode != 0 and "give one" in done.stderr
+    with socket.socket() as s:  # nothing was left listening
+        assert s.connect_ex(("127.0.0.1", int(port))) != 0
+
+
+@pytest.fixture(scope="module")
+def guarded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """A server on every interface with a token (from a file), a registered trainer, and
+    one group queued."""
+    tmp = tmp_path_factory.mktemp("guarded")
+    (tmp / "token").write_text(TOKEN + "\n")
+    s = Server(tmp, "--host", "0.0.0.0", "--token-file", str(tmp / "token")).start()
+    try:
+        with httpx.Client(base_url=s.url, headers=BEARER) as c:
+            assert c.post("/register", json=REGISTRATION).status_code == 200
+            c.get("/batch")
+            assert c.post("/scored_data", json=group(1.0)).json() == {"status": "received"}
+        yield s
+    finally:
+        s.stop()
+
+
+def test_without_the_token_nothing_is_answered_but_health(guarded: Server) -> None:
+    """The issue's attack without a browser: GET /reset_data. Refused (401) without the
+    token or with a wrong one, as is every other endpoint; the queue is untouched."""
+    before = guarded.logged()
+    with httpx.Client(base_url=guarded.url) as c:
+        assert c.get("/health").status_code == 200  # liveness probes carry no token
+        for headers in ({}, {"Authorization": "Bearer not-the-token"}, {"Authorization": TOKEN}):
+            r = c.get("/reset_data", headers=headers)
+            assert r.status_code == 401, r.text
+            assert r.headers["www-authenticate"].startswith("Bearer")
+            assert "bearer token" in r.json()["detail"]
+        for method, path in [
+            ("GET", "/batch"), ("GET", "/status"), ("GET", "/latest_example"), ("GET", "/"),
+            ("POST", "/scored_data"), ("POST", "/register"), ("POST", "/register-env"),
+        ]:  # fmt: skip
+            assert c.request(method, path, json=group(9.0)).status_code == 401, path
+        # a body is not even read: a huge one gets the same 401
+        r = c.post("/scored_data_list", content=b"[" + b" " * (100 * MiB) + b"]")
+        assert r.status_code == 401
+    assert guarded.logged() == before  # no reset, no batch request, nothing pushed
+    # Atropos clients that send the token work as before (any case of "Bearer")
+    with httpx.Client(base_url=guarded.url) as c:
+        r = c.get("/status", headers={"Authorization": f"bearer {TOKEN}"})
+        assert r.json() == {"current_step": 0, "queue_size": 1}
+
+
+def test_the_token_can_come_from_the_environment(tmp_path: Path) -> None:
+    s = Server(tmp_path, "--host", "0.0.0.0", env={"RUNWATCH_TRAJECTORY_TOKEN": TOKEN})
+    s.start()
+    try:
+        assert httpx.get(s.url + "/reset_data").status_code == 401
+        r = httpx.get(s.url + "/reset_data", headers=BEARER)
+        assert (r.status_code, r.text) == (200, "Reset successful")
+    finally:
+        s.stop()
+
+
+ALLOWED = "http://localhost:5173"
+
+
+@pytest.fixture(scope="module")
+def loopback(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """A loopback server without a token (as today), one origin allowed, one group queued."""
+    s = Server(tmp_path_factory.mktemp("loopback"), "--cors-origin", ALLOWED).start()
+    try:
+        assert httpx.post(s.url + "/register", json=REGISTRATION).status_code == 200
+        httpx.get(s.url + "/batch")
+        assert httpx.post(s.url + "/scored_data", json=group(1.0)).status_code == 200
+        yield s
+    finally:
+        s.stop()
+
+
+def test_cross_origin_requests_are_refused_and_allowed_origins_served(loopback: Server) -> None:
+    """What a page of another site makes a browser send (its Origin, or Sec-Fetch-Site
+    without one) is refused with 403 before it does anything; a listed origin is served
+    with its CORS headers (no credentials); a rebound DNS name is refused."""
+    before = loopback.logged()
+    evil = {"Origin": "https://evil.example"}
+    with httpx.Client(base_url=loopback.url) as c:
+        for headers in (evil, {"Sec-Fetch-Site": "cross-site"}, {"Origin": "null"}):
+            r = c.get("/reset_data", headers=headers)
+            assert r.status_code == 403, r.text
+            assert "access-control-allow-origin" not in r.headers
+            assert "--cors-origin" in r.json()["detail"]
+        text = {**evil, "Content-Type": "text/plain"}  # a "simple" request: no preflight
+        r = c.post("/scored_data", content=json.dumps(group(6.0)), headers=text)
+        assert r.status_code == 403
+        assert c.get("/batch", headers=evil).status_code == 403
+        preflight = {**evil, "Access-Control-Request-Method": "POST"}
+        r = c.options("/scored_data", headers=preflight)
+        assert r.status_code >= 400 and "access-control-allow-origin" not in r.headers
+        # DNS rebinding: evil.example re-pointed at 127.0.0.1 is same-origin to the page
+        name = f"evil.example:{loopback.port}"
+        rebound = {"Host": name, "Origin": f"http://{name}"}
+        assert c.get("/reset_data", headers=rebound).status_code == 403
+        assert loopback.logged() == before  # nothing reset, nothing pushed, nothing served
+
+        r = c.get("/status", headers={"Origin": ALLOWED})
+        assert r.status_code == 200 and r.json()["queue_size"] == 1
+        assert r.headers["access-control-allow-origin"] == ALLOWED
+        assert "access-control-allow-credentials" not in r.headers
+        r = c.options(
+            "/scored_data",
+            headers={
+                "Origin": ALLOWED,
+                "Access-Control-Request-Method": "POST",
+                "Access-Control-Request-Headers": "authorization, content-type",
+            },
+        )
+        assert r.status_code == 200 and r.headers["access-control-allow-origin"] == ALLOWED
+        # clients that send neither header (requests, httpx, aiohttp) are served as today
+        assert c.get("/status").json()["queue_size"] == 1
+        assert c.get("/status", headers={"Host": "localhost"}).status_code == 200
