@@ -64,6 +64,7 @@ def _paused_v1_to_v2(raw: dict[str, Any]) -> dict[str, Any]:
 def _resumed_v1_to_v2(raw: dict[str, Any]) -> dict[str, Any]:
     raw.setdefault("checkpoint", "")
     raw.setdefault("request_id", "")
+    raw.setdefault("rolled_back_to", None)
     return raw
 
 

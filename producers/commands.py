@@ -130,7 +130,11 @@ def run_phase(facts: Iterable[EventBase]) -> str:
 
 
 #: Settings a resume may change (the trainer's ``RESUME_OVERRIDES``), with their checks.
-RESUME_OVERRIDES: dict[str, str] = {"lr": "a learning rate, 0 < lr < 10"}
+RESUME_OVERRIDES: dict[str, tuple[str, float, float]] = {
+    "lr": ("a learning rate, 0 < lr < 10", 0.0, 10.0),
+    "kl_coef": ("a KL penalty weight, 0 <= kl_coef < 100", -1e-12, 100.0),
+    "rollback_to_step": ("a step >= 0 (an integer)", -1, 2**53),
+}
 
 
 def bad_overrides(overrides: dict[str, object]) -> str:
@@ -138,10 +142,10 @@ def bad_overrides(overrides: dict[str, object]) -> str:
     for key, value in overrides.items():
         if key not in RESUME_OVERRIDES:
             return f"cannot change {key!r} on resume (allowed: {', '.join(RESUME_OVERRIDES)})"
-        if key == "lr" and not (
-            isinstance(value, int | float) and not isinstance(value, bool) and 0 < value < 10
-        ):
-            return f"lr must be {RESUME_OVERRIDES['lr']}, not {value!r}"
+        what, lo, hi = RESUME_OVERRIDES[key]
+        kind = int if key == "rollback_to_step" else int | float
+        if not (isinstance(value, kind) and not isinstance(value, bool) and lo < value < hi):
+            return f"{key} must be {what}, not {value!r}"
     return ""
 
 

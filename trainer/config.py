@@ -116,6 +116,9 @@ class Faults(_Frozen):
 class CheckpointConfig(_Frozen):
     every: int = 10
     keep: int = 5
+    #: Also checkpoint the starting state (step 0): a run can then be rolled back to its
+    #: very start on resume (``rollback_to_step: 0``) without retraining its warm start.
+    at_start: bool = False
     #: Sentinel digest per part: crc32 (default: detects corruption at <2 % of the save)
     #: or sha256 (see trainer/checkpoint.py for why not sha256 by default).
     digest: Literal["crc32", "sha256"] = "crc32"

@@ -487,6 +487,8 @@ class Trainer:
         score, n = self.evaluate()
         self._emit(EvalGateScored, step=0, score=score, n_items=n)
         self._flush()
+        if self.cfg.checkpoint.at_start:
+            self.save_checkpoint()
         self._last_cut = time.perf_counter()
 
     def run_until(self, last_step: int) -> None:
@@ -553,12 +555,16 @@ class Trainer:
                     why = f"resumed by {c.actor}: {c.reason}".rstrip(": ")
                     if changed:
                         why += " (" + ", ".join(f"{k}={v}" for k, v in changed.items()) + ")"
+                    back = changed.get("rollback_to_step")
+                    if back is not None:
+                        checkpoint = str(ckpt.checkpoint_dir(self.checkpoint_root, back))
                     self._emit(
                         RunResumed,
                         step=self.step,
                         reason=why,
                         checkpoint=checkpoint,
                         request_id=str(c.event_id),
+                        rolled_back_to=back,
                     )
                     self._flush()
                     self.say(f"resumed at step {self.step} by {c.actor}")
@@ -571,11 +577,30 @@ class Trainer:
     def apply_overrides(self, overrides: dict[str, Any]) -> dict[str, Any]:
         """Change what :data:`RESUME_OVERRIDES` allows before continuing; what changed.
 
+        ``rollback_to_step``: continue from the newest checkpoint at or before that step
+        (applied first; the steps after it are trained again, under the new settings).
         ``lr``: the base learning rate from here on (replacing the configured LR and any
-        LR fault multiplier); the warm-up schedule keeps its shape. Unknown keys are
+        LR fault multiplier); the warm-up schedule keeps its shape. ``kl_coef``: the KL
+        penalty's weight from here on (pulls a drifted policy back). Unknown keys are
         ignored here (the API and the CLI refuse them before a command is written).
         """
         changed: dict[str, Any] = {}
+        back = overrides.get("rollback_to_step")
+        if isinstance(back, int) and not isinstance(back, bool) and 0 <= back < self.step:
+            # the newest verified checkpoint at or before that step: the run's whole state
+            # (weights, optimizer, RNG, sampler...) as it was then; steps after it are
+            # trained again, under the settings below
+            for cand in ckpt.list_checkpoints(self.checkpoint_root):
+                if ckpt.read_metadata(cand).step > back:
+                    continue
+                try:
+                    _info, parts = ckpt.read_checkpoint(cand)
+                except ckpt.CheckpointError:
+                    continue
+                self.load_parts(parts)
+                changed["rollback_to_step"] = self.step
+                self._set_aside_checkpoints_after(self.step)
+                break
         lr = overrides.get("lr")
         if isinstance(lr, int | float) and not isinstance(lr, bool) and 0 < lr < 10:
             lr = float(lr)
@@ -591,7 +616,23 @@ class Trainer:
                 faults={**self.cfg.faults.model_dump(), "lr_multiplier": 1.0},
             )
             changed["lr"] = lr
+        kl_coef = overrides.get("kl_coef")
+        if isinstance(kl_coef, int | float) and not isinstance(kl_coef, bool) and kl_coef >= 0:
+            g = self.cfg.grpo.model_dump()
+            self.cfg = self.cfg.with_overrides(grpo={**g, "kl_coef": float(kl_coef)})
+            changed["kl_coef"] = float(kl_coef)
         return changed
+
+    def _set_aside_checkpoints_after(self, step: int) -> None:
+        """Checkpoints of the abandoned branch move to ``<run_dir>/abandoned/`` (kept for
+        the audit, out of the way of the steps that will be trained again)."""
+        import shutil
+
+        aside = self.run_dir / "abandoned" / f"after-step-{step}-{time.time_ns()}"
+        for cand in ckpt.list_checkpoints(self.checkpoint_root):
+            if ckpt.read_metadata(cand).step > step:
+                aside.mkdir(parents=True, exist_ok=True)
+                shutil.move(str(cand), str(aside / cand.name))
 
     def _cancel(self, cmd: CancelRequested) -> bool:
         self._emit(
@@ -629,7 +670,7 @@ class Trainer:
 
 
 #: Settings an ``UnpauseRequested`` may change (see :meth:`Trainer.apply_overrides`).
-RESUME_OVERRIDES: frozenset[str] = frozenset({"lr"})
+RESUME_OVERRIDES: frozenset[str] = frozenset({"lr", "kl_coef", "rollback_to_step"})
 
 
 class RunBusy(RuntimeError):

@@ -47,7 +47,9 @@ class RunPaused(_Lifecycle):
 
 
 class RunResumed(_Lifecycle):
-    """The trainer continues. v2 adds ``request_id`` and ``checkpoint`` (resumed from)."""
+    """The trainer continues. v2 adds ``request_id``, ``checkpoint`` (resumed from) and
+    ``rolled_back_to``: set when the run went back to an earlier checkpoint (that step),
+    so the steps after it are trained again and what they showed before is abandoned."""
 
     SCHEMA_VERSION: ClassVar[int] = 2
     type: Literal["RunResumed"] = "RunResumed"
@@ -55,6 +57,7 @@ class RunResumed(_Lifecycle):
     reason: str = ""
     checkpoint: str = ""
     request_id: str = ""
+    rolled_back_to: int | None = None
 
 
 class RunCompleted(_Lifecycle):

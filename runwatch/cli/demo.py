@@ -79,6 +79,8 @@ def run(args: argparse.Namespace, term: Terminal) -> int:
         if time.monotonic() - last_tick[0] >= 2.0:
             last_tick[0] = time.monotonic()
             show(plane.tick())
+        elif hasattr(plane, "process"):  # embedded: the controller acts between ticks
+            plane.process()
 
     report_log = log_dir
     broker = None

@@ -7,7 +7,10 @@ run-state policy says — and a platform fault (frozen sync) must show up as run
 never as an algorithmic alert or an algorithmic customer state.
 
 ``onset`` is the step the fault starts acting; the detection lag is the step the alert's
-window ended minus the onset.
+window ended minus the onset. A paging fault must also *act*: the run controller asks the
+trainer to pause, and the canary measures the time from the alert to the trainer's
+``RunPaused`` (steps and seconds) and the compute billed after the pause (must be none),
+then cancels the run as a tenant would.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from events import AlertFired, EventBase
+from events import AlertFired, EventBase, PauseRequested, RunPaused, UsageRecorded
 from projections.views import RunView
 from runwatch.demo.scenarios import Scenario
 
@@ -31,12 +34,19 @@ class Canary:
     expected_states: tuple[str, ...] | None
     #: alerts of the algorithmic layer must not fire at all
     no_algorithmic_alerts: bool = False
+    #: a paging fault: the run must be paused, and nothing billed after the pause
+    must_pause: bool = False
 
 
 def canaries(tenant: str = "canary") -> list[Canary]:
-    def scn(run_id: str, config: str, title: str, steps: int | None = None) -> Scenario:
+    def scn(
+        run_id: str, config: str, title: str, steps: int | None = None, pauses: int = 1
+    ) -> Scenario:
+        """The tenant resumes the run until the ``pauses``-th pause (an earlier paging
+        alert may pause it before the canary's own), then cancels it."""
         over = {"steps": steps} if steps else {}
-        return Scenario(run_id, tenant, title, config, over)
+        actions = ("resume",) * (pauses - 1) + ("cancel",)
+        return Scenario(run_id, tenant, title, config, over, on_pause=actions)  # type: ignore[arg-type]
 
     return [
         Canary(
@@ -48,18 +58,19 @@ def canaries(tenant: str = "canary") -> list[Canary]:
         Canary(
             "constant reward", scn("canary-constant-reward", "canary-constant-reward.yaml",
                                    "every completion scores 1.0"),
-            onset=1, expected_alert="dead_run", expected_states=("DEGRADED",),
+            onset=1, expected_alert="dead_run", expected_states=("DEGRADED",), must_pause=True,
         ),
         Canary(
             "oversized LR", scn("canary-oversized-lr", "canary-oversized-lr.yaml",
                                 "learning rate x30"),
             onset=1, expected_alert="kl_blowup", expected_states=("DEGRADED", "PAUSED_BY_GATE"),
+            must_pause=True,
         ),
         Canary(
             "gameable reward", scn("canary-gameable-reward", "canary-gameable-reward.yaml",
-                                   "reward pays for one token"),
+                                   "reward pays for one token", pauses=2),
             onset=1, expected_alert="reward_hacking",
-            expected_states=("DEGRADED", "PAUSED_BY_GATE"),
+            expected_states=("DEGRADED", "PAUSED_BY_GATE"), must_pause=True,
         ),
     ]  # fmt: skip
 
@@ -74,13 +85,23 @@ class CanaryResult:
     state_reached: str | None
     passed: bool
     problems: list[str]
+    #: the trainer's confirmed pause: its step, and the lag from the alert
+    paused_at_step: int | None = None
+    pause_lag_steps: int | None = None
+    pause_lag_s: float | None = None
+    #: compute billed (device-seconds in UsageRecorded) after the pause
+    billed_after_pause_s: float | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
 
 
-def judge(c: Canary, view: RunView | None, derived: list[EventBase]) -> CanaryResult:
-    """Did the canary's alert fire, and did the customer state move as it should?"""
+def judge(
+    c: Canary, view: RunView | None, derived: list[EventBase], facts: list[EventBase] = ()
+) -> CanaryResult:
+    """Did the canary's alert fire, did the customer state move as it should, and — for a
+    paging fault — did the trainer pause and stop billing? ``facts``: the run's own
+    events from the log, in log order (lifecycle and usage)."""
     run = c.scenario.run_id
     alerts = [e for e in derived if isinstance(e, AlertFired) and e.run_id == run]
     hit = next((a for a in alerts if a.detector == c.expected_alert), None)
@@ -113,6 +134,34 @@ def judge(c: Canary, view: RunView | None, derived: list[EventBase]) -> CanaryRe
             problems.append(f"platform fault moved the customer state to {reached}")
     if hit is not None and hit.layer == "algorithmic" and c.no_algorithmic_alerts:
         problems.append(f"{c.expected_alert} was reported on the algorithmic layer")
+    # the pause that answered the controller's request for this canary's alert
+    request = next(
+        (
+            e
+            for e in facts
+            if isinstance(e, PauseRequested) and hit is not None and e.alert_id == hit.alert_id
+        ),
+        None,
+    )
+    paused = next(
+        (
+            e
+            for e in facts
+            if isinstance(e, RunPaused) and request and e.request_id == str(request.event_id)
+        ),
+        None,
+    )
+    billed: float | None = None
+    if paused is not None:
+        after = facts[facts.index(paused) + 1 :]
+        billed = sum(e.gpu_seconds for e in after if isinstance(e, UsageRecorded))
+    if c.must_pause:
+        if paused is None:
+            problems.append("the paging alert did not pause the run")
+        elif billed:
+            problems.append(f"{billed:.3f} device-seconds billed after the pause")
+    elif any(isinstance(e, RunPaused) for e in facts):
+        problems.append("a non-paging fault paused the run")
     return CanaryResult(
         fault=c.fault,
         run_id=run,
@@ -122,4 +171,8 @@ def judge(c: Canary, view: RunView | None, derived: list[EventBase]) -> CanaryRe
         state_reached=reached,
         passed=not problems,
         problems=problems,
+        paused_at_step=paused.step if paused else None,
+        pause_lag_steps=(paused.step or 0) - hit.window_end if paused and hit else None,
+        pause_lag_s=round(paused.ts - hit.ts, 3) if paused and hit else None,
+        billed_after_pause_s=billed,
     )

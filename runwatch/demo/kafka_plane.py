@@ -6,6 +6,10 @@
   (``runwatch process --kafka``), reading and writing Kafka topics.
 - The projections follow Kafka (:func:`projections.feed.follow`) into an in-memory read
   model and publish their derived events (run states, usage) back to Kafka.
+- The run controller's commands (``PauseRequested`` on Kafka's ``runwatch.control``) come
+  back to the spool, where the trainers follow their control topic (the way back of the
+  shipper; the demo's customer commands are written to the spool directly and are not
+  shipped, so Kafka's control topic holds the controller's requests only).
 
 Everything runs on one asyncio loop on a background thread; :meth:`KafkaPlane.tick`
 hands the events derived since the last call to the caller's thread.
@@ -106,6 +110,7 @@ class KafkaPlane:
             await asyncio.gather(
                 self._ship(kafka),
                 self._watch_alerts(kafka),
+                self._return_commands(kafka),
                 follow(
                     kafka, self.engine, self._stop,
                     group_id=f"runwatch-demo-projections-{self.demo_id}",
@@ -135,6 +140,23 @@ class KafkaPlane:
                     if isinstance(ev, EventBase) and ev.run_id in self._runs:
                         self._inbox.put(ev)
                         self._last_activity = time.monotonic()
+        finally:
+            await consumer.close()
+
+    async def _return_commands(self, kafka: KafkaLog) -> None:
+        """Copy the controller's commands for this demo's runs into the spool."""
+        from events.catalog.control import CONTROL_TOPIC, PauseRequested
+
+        assert self._stop is not None
+        consumer = await kafka.consumer(f"runwatch-demo-control-{self.demo_id}", [CONTROL_TOPIC])
+        try:
+            while not self._stop.is_set():
+                for rec in await consumer.poll(500, timeout_s=0.2):
+                    ev = decode(rec.value)
+                    if isinstance(ev, PauseRequested) and ev.run_id in self._runs:
+                        self.spool.append_sync(CONTROL_TOPIC, rec.key, rec.value)
+                        self._last_activity = time.monotonic()
+                await consumer.commit()
         finally:
             await consumer.close()
 

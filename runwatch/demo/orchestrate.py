@@ -39,6 +39,9 @@ class RunOutcome:
     wall_s: float = 0.0
     stderr_tail: str = ""
     notes: list[str] = field(default_factory=list)
+    #: (step, reason) of each pause the trainer confirmed, and what the tenant did
+    pauses: list[tuple[int, str]] = field(default_factory=list)
+    tenant_actions: list[str] = field(default_factory=list)
 
 
 def _config_file(s: Scenario, out: Path) -> Path:
@@ -64,6 +67,7 @@ class Orchestrator:
         self.runs = out / "runs"
         self.say = say
         self.parallel = parallel
+        self._lifecycle_at = 0  # next lifecycle offset to read for pauses
 
     def run_all(
         self, scenarios: list[Scenario], on_tick: Callable[[], None] | None = None
@@ -80,6 +84,7 @@ class Orchestrator:
                 time.sleep(0.25)
                 if on_tick is not None:
                     on_tick()
+                self._answer_pauses({a.scenario.run_id: a for a in active})
                 for a in list(active):
                     if a.poll(self):
                         active.remove(a)
@@ -90,6 +95,45 @@ class Orchestrator:
                 _kill_group(a.proc)
         order = {s.run_id: i for i, s in enumerate(scenarios)}
         return sorted(done, key=lambda o: order[o.scenario.run_id])
+
+    def _answer_pauses(self, active: dict[str, _Active]) -> None:
+        """The tenant's side: a run the plane paused is cancelled or resumed with its fix
+        (``Scenario.on_pause``), through the same command path as the API and the CLI."""
+        from events.catalog.lifecycle import RunPaused
+        from events.codec import decode
+        from producers.commands import issue
+
+        if not (self.log / "runwatch.lifecycle").is_dir():
+            return
+        from events.log.embedded import EmbeddedLog
+
+        reader = EmbeddedLog(self.log, readonly=True)
+        reader.open_sync()
+        for rec in reader.read_sync("runwatch.lifecycle", self._lifecycle_at):
+            self._lifecycle_at = rec.offset + 1
+            ev = decode(rec.value)
+            a = active.get(getattr(ev, "run_id", ""))
+            if not isinstance(ev, RunPaused) or a is None:
+                continue
+            s = a.scenario
+            a.outcome.pauses.append((ev.step or 0, ev.reason))
+            self.say(
+                f"  paused {s.tenant_id:<7} {s.run_id:<28} at step {ev.step}: {ev.reason[:70]}"
+            )
+            if not s.on_pause:
+                continue
+            action = s.on_pause[min(len(a.outcome.pauses), len(s.on_pause)) - 1]
+            fix = dict(s.fix) if action == "resume" else {}
+            why = {"cancel": "not worth continuing", "resume": "looked at it: carry on"}[action]
+            issued = issue(
+                self.log, s.run_id, action, actor="customer", principal=s.tenant_id,
+                reason="fixed the config" if fix else why, overrides=fix, tenant_id=s.tenant_id,
+            )  # fmt: skip
+            what = action + (f" with {fix}" if fix else "")
+            if issued.refused:
+                what += f" refused: {issued.refused}"
+            a.outcome.tenant_actions.append(what)
+            self.say(f"  {action:<6} {s.tenant_id:<7} {s.run_id:<28} by the tenant: {what}")
 
     def _start(self, s: Scenario) -> _Active:
         cfg = _config_file(s, self.out)

@@ -36,6 +36,12 @@ class EmbeddedPlane:
         self.records = 0
         self._alerts_seen = 0
 
+    def process(self) -> None:
+        """Run the stream processors only (cheap: what is new): the detectors and the run
+        controller answer a fault within a fraction of a second; the projections can
+        follow at the slower :meth:`tick`."""
+        self.host.run_once()
+
     def tick(self, final: bool = False) -> list[EventBase]:
         """Process what is new; return the events derived this time (alerts, state
         changes, usage). ``final``: the log is complete, release every held terminal."""

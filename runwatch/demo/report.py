@@ -40,6 +40,9 @@ class RunRow:
     expected_ok: bool
     problems: list[str] = field(default_factory=list)
     resume: str = ""
+    #: the pauses the trainer confirmed (step, reason) and what the tenant did then
+    pauses: list[tuple[int, str]] = field(default_factory=list)
+    tenant_actions: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -72,6 +75,8 @@ def rows(
             got = view.failure_class if view else None
             problems.append(f"failure class {got}, expected {s.expect_failure_class}")
         outcome = by_run.get(s.run_id)
+        if s.expect_paused and not (outcome and outcome.pauses):
+            problems.append("the run was never paused")
         reason, failure_class = (view.reason, view.failure_class) if view else ("", None)
         out.append(
             RunRow(
@@ -80,6 +85,8 @@ def rows(
                 alerts=alerts, first_alert_step=dict(fired.get(s.run_id, {})),
                 spend_usd=view.spend() if view else 0.0, expected_ok=not problems,
                 problems=problems, resume=_resume_text(outcome),
+                pauses=list(outcome.pauses) if outcome else [],
+                tenant_actions=list(outcome.tenant_actions) if outcome else [],
             )
         )  # fmt: skip
     return out

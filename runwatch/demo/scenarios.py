@@ -31,6 +31,13 @@ class Scenario:
     expect_states: tuple[str, ...] = ()
     expect_alerts: tuple[str, ...] = ()
     expect_failure_class: str | None = None
+    #: what the tenant does each time the plane pauses the run (the i-th pause gets the
+    #: i-th action, the last one repeats): ``cancel`` it, or ``resume`` it with ``fix``
+    #: (settings changed on resume); empty: leave it paused
+    on_pause: tuple[Literal["cancel", "resume"], ...] = ()
+    fix: dict[str, Any] = field(default_factory=dict)
+    #: the run must have been paused (by the run controller, on a paging alert)
+    expect_paused: bool = False
 
 
 def scenarios(short: bool = False) -> list[Scenario]:
@@ -55,20 +62,24 @@ def scenarios(short: bool = False) -> list[Scenario]:
         Scenario(
             "acme-constant-reward", "acme", "reward is constant: nothing to learn",
             "canary-constant-reward.yaml", {"steps": 120},
-            expect_states=("DEGRADED", "FAILED"), expect_alerts=("dead_run",),
-            expect_failure_class="algorithmic_non_convergence",
+            expect_states=("CANCELLED",), expect_alerts=("dead_run",),
+            on_pause=("cancel",), expect_paused=True,
         ),
         Scenario(
             "globex-oversized-lr", "globex", "learning rate 30x too large",
-            "canary-oversized-lr.yaml", {"steps": steps(60)},
-            expect_states=("DEGRADED", "PAUSED_BY_GATE", "FAILED"),
-            expect_alerts=("kl_blowup",),
+            "canary-oversized-lr.yaml",
+            {"steps": steps(60), "checkpoint": {"every": 10, "keep": 3, "at_start": True}},
+            expect_states=("SUCCEEDED",), expect_alerts=("kl_blowup",),
+            # the tenant's fix: the intended LR, from the checkpoint before the blowup
+            on_pause=("resume",), fix={"lr": 0.01, "rollback_to_step": 0}, expect_paused=True,
         ),
         Scenario(
             "globex-gameable-reward", "globex", "reward can be gamed (eval gate disagrees)",
             "canary-gameable-reward.yaml", {"steps": 60},
-            expect_states=("DEGRADED", "PAUSED_BY_GATE", "FAILED"),
-            expect_alerts=("reward_hacking",),
+            # the KL gate pauses it first; the tenant resumes (the KL looks tolerable), then
+            # the hacking gate pauses it again and the tenant gives up
+            expect_states=("CANCELLED",), expect_alerts=("kl_blowup", "reward_hacking"),
+            on_pause=("resume", "cancel"), expect_paused=True,
         ),
         Scenario(
             "acme-flaky-reward", "acme", "tenant reward function hangs and crashes",

@@ -40,9 +40,16 @@ from collections.abc import Iterable, Sequence
 from typing import Any, NamedTuple
 
 from events.catalog.derived import AlertFired, AlertResolved
-from events.envelope import EventBase
+from events.envelope import EventBase, derived_id
 from stream_processors.detectors import state_codec
-from stream_processors.detectors.base import Detector, RunContext, Settings, record, state_type
+from stream_processors.detectors.base import (
+    Detector,
+    RunContext,
+    Settings,
+    record,
+    resolve,
+    state_type,
+)
 from stream_processors.detectors.config import Catalog, load_catalog
 from stream_processors.detectors.registry import DETECTORS
 
@@ -71,6 +78,11 @@ class RunHealthState(NamedTuple):
     #: per ordered type: ids of the events folded at its current mark step (several
     #: per step are allowed there, so a repeat is recognised by id, not by step)
     at_mark: tuple[tuple[str, ...], ...] = _NO_IDS
+    #: open alert episodes: (alert id, detector index)
+    active: tuple[tuple[str, int], ...] = ()
+    #: rollbacks so far: alert ids of a later epoch carry ``@<epoch>`` (a re-fire after a
+    #: rollback is a new episode, not a duplicate of the abandoned branch's)
+    epoch: int = 0
 
 
 class RunHealthFold:
@@ -119,7 +131,9 @@ class RunHealthFold:
         self, state: RunHealthState, event: EventBase
     ) -> tuple[RunHealthState, Sequence[AlertFired | AlertResolved]]:
         etype = event.type
-        ctx, algorithm_from, marks, late, unplaced, states, at_mark = state
+        if etype == "RunResumed" and event.rolled_back_to is not None:  # type: ignore[attr-defined]
+            return self._rollback(state, event)
+        ctx, algorithm_from, marks, late, unplaced, states, at_mark, active, epoch = state
         if ctx is None:
             ctx = RunContext(event.run_id, event.tenant_id, "grpo")
         if etype == "RunSubmitted":
@@ -161,9 +175,44 @@ class RunHealthFold:
         for i, apply, cfg in plan:
             new_states[i], out = apply(states[i], event, cfg, ctx)
             if out:
+                if epoch:
+                    out = [_in_epoch(a, epoch) for a in out]
+                active = _track(active, out, i)
                 derived.extend(out)
-        fields = (ctx, algorithm_from, marks, late, unplaced, tuple(new_states), at_mark)
+        fields = (
+            ctx, algorithm_from, marks, late, unplaced, tuple(new_states), at_mark, active, epoch
+        )  # fmt: skip
         return record(RunHealthState, fields), derived
+
+    def _rollback(
+        self, state: RunHealthState, event: EventBase
+    ) -> tuple[RunHealthState, Sequence[AlertFired | AlertResolved]]:
+        """The run continues from an earlier checkpoint (``RunResumed.rolled_back_to``):
+        what the abandoned branch showed no longer describes it. Open episodes resolve
+        (saying why), every detector starts afresh from that step, and later alert ids
+        carry the new epoch."""
+        back: int = event.rolled_back_to  # type: ignore[attr-defined]
+        ctx = state.ctx or RunContext(event.run_id, event.tenant_id, "grpo")
+        settings = self.settings(ctx.tenant_id, ctx.algorithm)
+        out = [
+            resolve(
+                event,
+                settings[i],
+                aid,
+                f"the run was rolled back to step {back}: this alert's evidence belongs to "
+                "the abandoned steps",
+            )
+            for aid, i in state.active
+        ]
+        fresh = self.initial()
+        return fresh._replace(
+            ctx=ctx,
+            algorithm_from=state.algorithm_from,
+            marks=(back,) * len(state.marks),
+            late=state.late,
+            unplaced=state.unplaced,
+            epoch=state.epoch + 1,
+        ), out
 
     def dump_state(self, state: RunHealthState) -> bytes:
         return state_codec.dump(state)
@@ -173,3 +222,25 @@ class RunHealthFold:
         if not isinstance(state, RunHealthState):
             raise ValueError("not a RunHealthState")
         return state
+
+
+def _in_epoch(alert: AlertFired | AlertResolved, epoch: int) -> AlertFired | AlertResolved:
+    """An alert of a run's ``epoch``-th branch after rollbacks: its own episode id."""
+    return alert.model_copy(
+        update={
+            "alert_id": f"{alert.alert_id}@{epoch}",
+            "event_id": derived_id(alert.event_id, epoch),
+        }
+    )
+
+
+def _track(
+    active: tuple[tuple[str, int], ...], out: Sequence[AlertFired | AlertResolved], i: int
+) -> tuple[tuple[str, int], ...]:
+    for alert in out:
+        if isinstance(alert, AlertFired):
+            if all(aid != alert.alert_id for aid, _ in active):
+                active = (*active, (alert.alert_id, i))
+        else:
+            active = tuple(a for a in active if a[0] != alert.alert_id)
+    return active

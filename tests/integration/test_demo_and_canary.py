@@ -41,6 +41,14 @@ def test_canary_every_fault_fires_its_alert_and_moves_the_state(tmp_path: Path) 
         assert c["fired_at_step"] is not None and c["passed"], c
     # the platform fault never became a customer-visible algorithmic state
     assert by_fault["frozen weight sync"]["state_reached"] == "SUCCEEDED"
+    assert by_fault["frozen weight sync"]["paused_at_step"] is None
+    # every paging fault paused its run within a few toy steps (~0.1 s each) and < 5 s,
+    # and nothing was billed after the pause
+    for fault in ("constant reward", "oversized LR", "gameable reward"):
+        c = by_fault[fault]
+        assert c["paused_at_step"] is not None, c
+        assert 0 <= c["pause_lag_steps"] <= 10 and c["pause_lag_s"] < 5.0, c
+        assert c["billed_after_pause_s"] == 0.0, c
 
 
 def test_short_demo_ends_in_the_expected_states(tmp_path: Path) -> None:
@@ -50,10 +58,15 @@ def test_short_demo_ends_in_the_expected_states(tmp_path: Path) -> None:
     doc = json.loads(proc.stdout)
     runs = {r["run_id"]: r for r in doc["runs"]}
     assert runs["acme-healthy"]["state"] == "SUCCEEDED"
-    assert runs["acme-constant-reward"]["state"] in ("DEGRADED", "FAILED")
-    assert "dead_run" in runs["acme-constant-reward"]["alerts"]
-    assert "kl_blowup" in runs["globex-oversized-lr"]["alerts"]
-    assert "reward_hacking" in runs["globex-gameable-reward"]["alerts"]
+    # the gates act: a paging alert pauses the run; the tenant cancels or fixes and resumes
+    dead = runs["acme-constant-reward"]
+    assert "dead_run" in dead["alerts"] and dead["state"] == "CANCELLED" and dead["pauses"]
+    lr = runs["globex-oversized-lr"]
+    assert "kl_blowup" in lr["alerts"] and lr["pauses"] and lr["state"] == "SUCCEEDED"
+    assert lr["tenant_actions"][0].startswith("resume with")
+    hacked = runs["globex-gameable-reward"]
+    assert "reward_hacking" in hacked["alerts"] and hacked["state"] == "CANCELLED"
+    assert len(hacked["pauses"]) == 2  # the KL gate, then the hacking gate
     flaky = runs["acme-flaky-reward"]
     assert (flaky["state"], flaky["failure_class"]) == ("FAILED", "tenant_code_fault")
     assert "certified" in runs["globex-preempted"]["resume"]
@@ -104,8 +117,9 @@ def test_demo_on_kafka_with_the_faust_hosted_processors(tmp_path: Path, jvm_brok
     doc = json.loads(proc.stdout)
     runs = {r["run_id"].rsplit("-", 1)[0]: r for r in doc["runs"]}  # ids carry a tag
     assert runs["acme-healthy"]["state"] == "SUCCEEDED"
-    assert runs["globex-oversized-lr"]["state"] == "FAILED"
-    assert "kl_blowup" in runs["globex-oversized-lr"]["alerts"]
+    # the controller ran as a faust agent on Kafka; its request came back to the trainer
+    lr = runs["globex-oversized-lr"]
+    assert "kl_blowup" in lr["alerts"] and lr["pauses"] and lr["state"] == "SUCCEEDED", lr
     assert doc["summary"]["backend"].startswith("kafka")
     # the auditor's export of the broker holds the derived facts too
     export = EmbeddedLog(tmp_path / "demo" / "kafka-export", readonly=True)
