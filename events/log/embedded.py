@@ -20,7 +20,12 @@ Semantics:
   atomically (temp file, fsync, rename).
 - Opening a log writable (:meth:`EmbeddedLog.open_sync`) recovers every topic: a torn or
   corrupt tail is cut into ``<topic>/quarantine/`` (see :meth:`TopicLog.recover`).
-  ``readonly=True`` verifies without touching any file: reads stop at the first bad record.
+- Reading never writes: ``readonly=True`` (every read command: ``log cat``, ``replay``,
+  ``audit verify``, ``profile``, ``serve api`` without ``--publish``) creates, locks,
+  truncates and renames nothing — no topic directory, no ``LOCK``, no ``quarantine/``, no
+  ``_groups/`` file (a read-only consumer's commits stay in memory) — so a copied,
+  read-only or evidence log is left byte-identical. It verifies every record, reads
+  stop at the first bad one, and :meth:`EmbeddedLog.torn_tails` says what is skipped.
 """
 
 from __future__ import annotations
@@ -44,6 +49,7 @@ from events.log.segments import (
     RawTuple,
     Recovery,
     TopicLog,
+    TornTail,
     monotonic_ns,
     write_atomically,
 )
@@ -74,18 +80,32 @@ class EmbeddedLog(LogBackend):
     # -- sync API (the fast path for single-process hosting and replay) ------------------
 
     def open_sync(self) -> list[Recovery]:
-        """Create the directory, recover every existing topic; what was cut, if anything."""
+        """Writable: create the directory, recover every existing topic; what was cut, if
+        anything. Read-only: index every topic (a ``FileNotFoundError`` when there is no
+        log); nothing is cut, see :meth:`torn_tails` for what reads will skip."""
         if self.readonly:
             if not self.root.is_dir():
                 raise FileNotFoundError(f"no embedded log at {self.root}")
         else:
             self.root.mkdir(parents=True, exist_ok=True)
         for name in self.topic_names():
-            tlog = self._topic(name)
-            if not self.readonly:
-                self.recoveries.extend(tlog.recover())
+            self._topic(name)
         self._opened = True
         return list(self.recoveries)
+
+    def torn_tails(self, topics: Sequence[str] | None = None) -> list[TornTail]:
+        """Per topic (default: every topic on disk), what reads skip past its last good
+        record: a torn or corrupt tail a read-only open leaves in place. Changes nothing."""
+        found = []
+        for name in sorted(topics if topics is not None else self.topic_names()):
+            if not (self.root / name).is_dir():
+                continue
+            tlog = self._topic(name)
+            tlog.refresh()
+            tail = tlog.torn_tail()
+            if tail is not None:
+                found.append(tail)
+        return found
 
     def topic_names(self) -> list[str]:
         """Topics that exist on disk, sorted."""
@@ -96,23 +116,17 @@ class EmbeddedLog(LogBackend):
     def _topic(self, name: str) -> TopicLog:
         tlog = self._topics.get(name)
         if tlog is None:
-            if self.readonly and not (self.root / name).is_dir():
+            exists = (self.root / name).is_dir()
+            if self.readonly and not exists:
                 raise FileNotFoundError(f"topic {name!r} not in {self.root}")
-            if not self._opened and not self.readonly and (self.root / name).is_dir():
-                tlog = TopicLog(
-                    self.root / name,
-                    sync=self.sync,
-                    segment_bytes=self.segment_bytes,
-                    verify_scan=not self.readonly,
-                )
-                self.recoveries.extend(tlog.recover())
-            else:
-                tlog = TopicLog(
-                    self.root / name,
-                    sync=self.sync,
-                    segment_bytes=self.segment_bytes,
-                    verify_scan=not self.readonly,
-                )
+            tlog = TopicLog(
+                self.root / name,
+                sync=self.sync,
+                segment_bytes=self.segment_bytes,
+                readonly=self.readonly,
+            )
+            if not self.readonly and not self._opened and exists:
+                self.recoveries.extend(tlog.recover())  # a writer's first look repairs
             self._topics[name] = tlog
         return tlog
 
@@ -202,6 +216,16 @@ class EmbeddedLog(LogBackend):
                 result = result.located(rec.topic, rec.partition, rec.offset)
             yield result
 
+    def raw_chunks(self, topic: str, from_offset: int = 0) -> Iterator[list[RawTuple]]:
+        """Verified records of ``topic`` from ``from_offset`` to the current end, as lists of
+        ``(timestamp_ns, offset, key, value)`` (the append times kept to the nanosecond:
+        what a faithful copy of the log needs)."""
+        if not (self.root / topic).is_dir():
+            return
+        tlog = self._topic(topic)
+        tlog.refresh()
+        yield from tlog.read_chunks(from_offset)
+
     # -- consumer-group positions --------------------------------------------------------
 
     def load_positions(self, group_id: str) -> dict[str, int]:
@@ -212,13 +236,18 @@ class EmbeddedLog(LogBackend):
             return {}
 
     def commit_positions(self, group_id: str, positions: dict[str, int]) -> None:
-        """Atomically replace the group's committed positions."""
+        """Atomically replace the group's committed positions (a writer's act)."""
+        if self.readonly:
+            raise PermissionError(f"embedded log {self.root} is open read-only")
         doc = json.dumps(positions, sort_keys=True).encode()
         write_atomically(self.root / GROUPS_DIR / f"{group_id}.json", doc)
 
     # -- the async LogBackend interface ---------------------------------------------------
 
     async def start(self) -> None:
+        if self.readonly and not self.root.is_dir():
+            self._opened = True  # a follower may start before the log: it reads as empty
+            return
         self.open_sync()
         if not self.readonly:
             for name in TOPICS:
@@ -361,6 +390,10 @@ class EmbeddedConsumer(LogConsumer):
         self.commit_sync()
 
     def commit_sync(self) -> None:
+        """Store the positions in ``_groups/``; on a read-only log they are kept in this
+        consumer only (a reader never writes the log, so they do not outlive it)."""
+        if self.log.readonly:
+            return
         merged = self.log.load_positions(self.group_id)
         merged.update(self.positions)
         self.log.commit_positions(self.group_id, merged)

@@ -22,8 +22,13 @@ Assumptions and guarantees:
   first record that is short or fails its checksum, moves every byte from there on into
   ``quarantine/`` and truncates — never a misread, never a crash, every earlier record
   kept. The same check catches a flipped byte anywhere.
-- Readers verify each record's checksum too and stop at the first bad or incomplete one,
-  treating it as the current end (a concurrent writer may be mid-``write``).
+- Reading never writes. A read-only :class:`TopicLog` (``readonly=True``) creates, locks,
+  truncates and moves nothing, so it works on a copied, read-only or evidence log and
+  leaves it byte-identical. Readers verify each record's checksum too (when indexing, and
+  again when reading) and stop at the first bad or incomplete one, treating it as the
+  current end (a concurrent writer may be mid-``write``); :meth:`TopicLog.torn_tail` says
+  where that is and how many bytes lie past it (:class:`TornTail`): exactly what a
+  writer's open would cut.
 - ``timestamp_ns`` is the appender's wall clock, made strictly increasing per process;
   merges across topics order by it (see :class:`events.log.embedded.EmbeddedLog`).
 """
@@ -37,7 +42,7 @@ import struct
 import time
 import zlib
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -45,7 +50,7 @@ HEADER = struct.Struct("<IIqH")
 LENGTH = struct.Struct("<I")
 CRC_PART = struct.Struct("<qH")
 NO_KEY = 0xFFFF
-_HSIZE, _length = HEADER.size, LENGTH.unpack_from
+_HSIZE = HEADER.size
 SEGMENT_SUFFIX = ".seg"
 #: Roll to a new segment file once the active one is this big.
 DEFAULT_SEGMENT_BYTES = 64 * 1024 * 1024
@@ -174,6 +179,10 @@ class _Segment:
     size: int = 0
     #: sparse index: (offset, byte position) every INDEX_EVERY records
     index: list[tuple[int, int]] = field(default_factory=list)
+    #: why the last scan stopped before the end of the file ("short" / "checksum"), and
+    #: the file's (size, mtime) then: an unchanged damaged file is not read again
+    problem: str | None = None
+    stuck: tuple[int, int] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,6 +197,45 @@ class Recovery:
     quarantine_file: str
 
 
+@dataclass(frozen=True, slots=True)
+class TornTail:
+    """What a read-only open found past a topic's last good record and left in place:
+    every read ends at ``offset``; a writer's open would cut the same ``bytes`` (from
+    ``position`` of ``segment`` on, later segments included) into ``quarantine/``."""
+
+    topic: str
+    #: the segment file holding the first bad byte, and that byte's position in it
+    segment: str
+    position: int
+    #: the offset reads end at (the topic's readable end)
+    offset: int
+    #: "short" (the files end inside a record) or "checksum" (a record fails its crc)
+    problem: str
+    #: bytes skipped: the rest of that segment and every later segment
+    bytes: int
+    #: whole segment files after it, skipped with it
+    later_segments: int
+
+    def as_dict(self) -> dict[str, str | int]:
+        return {
+            "topic": self.topic,
+            "offset": self.offset,
+            "bytes": self.bytes,
+            "problem": self.problem,
+            "segment": self.segment,
+            "position": self.position,
+            "later_segments": self.later_segments,
+        }
+
+    def describe(self) -> str:
+        later = f" and {self.later_segments} later segment(s)" if self.later_segments else ""
+        return (
+            f"{self.topic}: torn tail skipped at offset {self.offset} ({self.bytes} bytes "
+            f"from {self.segment} byte {self.position}{later}, {self.problem}); "
+            "left as it is (only a writer's open cuts it into quarantine/)"
+        )
+
+
 class TopicLog:
     """One topic of the embedded log (a single partition)."""
 
@@ -197,17 +245,17 @@ class TopicLog:
         *,
         sync: bool = True,
         segment_bytes: int = DEFAULT_SEGMENT_BYTES,
-        verify_scan: bool = True,
+        readonly: bool = False,
     ):
-        """``verify_scan``: check each record's crc when indexing new bytes. Writers do
-        (a corrupt tail must be found before appending after it); read-only users may
-        skip it — every read verifies each record it returns anyway."""
-        self.verify_scan = verify_scan
+        """``readonly``: never create, lock, append, truncate or move anything (a missing
+        directory reads as an empty topic); :meth:`recover` and :meth:`append` refuse."""
+        self.readonly = readonly
         self.dir = directory
         self.name = directory.name
         self.sync = sync
         self.segment_bytes = segment_bytes
-        self.dir.mkdir(parents=True, exist_ok=True)
+        if not readonly:
+            self.dir.mkdir(parents=True, exist_ok=True)
         self._segments: list[_Segment] = []
         self._lock_path = self.dir / "LOCK"
         self.refresh()
@@ -230,37 +278,78 @@ class TopicLog:
             self._scan(seg)
 
     def _scan(self, seg: _Segment) -> tuple[int, str | None]:
-        """Index records appended to ``seg`` since the last scan; (stop pos, problem)."""
+        """Index the verified records appended to ``seg`` since the last scan; (stop
+        pos, problem). Only reads: the same for readers and writers, so both see the log
+        end at the same record."""
         try:
-            size = seg.path.stat().st_size
+            st = seg.path.stat()
         except FileNotFoundError:
             return seg.size, None
-        if size == seg.size:
-            return seg.size, None
+        size = st.st_size
+        if size == seg.size or seg.stuck == (size, st.st_mtime_ns):
+            return seg.size, seg.problem
         with open(seg.path, "rb") as f:
             f.seek(seg.size)
             buf = f.read(size - seg.size)
         view = memoryview(buf)
-        verify, index, base, size_before = self.verify_scan, seg.index, seg.base, seg.size
+        index, base, size_before = seg.index, seg.base, seg.size
         count, pos, end, problem = seg.count, 0, len(buf), None
-        length, hsize = _length, _HSIZE
+        unpack, crc32, hsize = HEADER.unpack_from, zlib.crc32, _HSIZE
         while pos < end:  # hot at open: every record of the log passes here once
-            if verify:
-                nxt, problem = parse(view, pos)[1:]
-                if problem is not None:
-                    break
-            else:  # from the length alone (readers verify each record they return)
-                nxt = pos + hsize + length(buf, pos)[0] if pos + hsize <= end else end + 1
-                if nxt > end:
-                    problem = "short"
-                    break
+            if pos + hsize > end:
+                problem = "short"
+                break
+            body_len, crc, _, key_len = unpack(buf, pos)
+            nxt = pos + hsize + body_len
+            if nxt > end:
+                problem = "short"
+                break
+            if crc32(view[pos + 8 : nxt]) != crc or (key_len != NO_KEY and key_len > body_len):
+                problem = "checksum"
+                break
             if count % INDEX_EVERY == 0:
                 index.append((base + count, size_before + pos))
             count += 1
             pos = nxt
         seg.count = count
         seg.size += pos
+        seg.problem = problem
+        seg.stuck = (size, st.st_mtime_ns) if problem else None
         return seg.size, problem
+
+    def _first_damage(self) -> tuple[int, int] | None:
+        """(index of the first segment whose file goes on past its last good record,
+        that file's size), or None when every byte is indexed."""
+        for i, seg in enumerate(self._segments):
+            try:
+                actual = seg.path.stat().st_size
+            except FileNotFoundError:
+                continue
+            if actual != seg.size:
+                return i, actual
+        return None
+
+    def torn_tail(self) -> TornTail | None:
+        """Where reads of this topic end before the end of its files, as of the last
+        :meth:`refresh` (None: nothing is skipped). Looks only; changes nothing."""
+        found = self._first_damage()
+        if found is None:
+            return None
+        i, actual = found
+        seg, later = self._segments[i], self._segments[i + 1 :]
+        skipped = actual - seg.size
+        for other in later:
+            with suppress(FileNotFoundError):
+                skipped += other.path.stat().st_size
+        return TornTail(
+            self.name,
+            seg.path.name,
+            seg.size,
+            seg.base + seg.count,
+            seg.problem or "short",
+            skipped,
+            len(later),
+        )
 
     @property
     def end_offset(self) -> int:
@@ -339,46 +428,45 @@ class TopicLog:
             os.close(fd)
 
     def recover(self) -> list[Recovery]:
-        """Verify every record; cut a torn or corrupt tail into ``quarantine/``."""
+        """Verify every record; cut a torn or corrupt tail into ``quarantine/`` (a
+        writer's job: a read-only topic refuses)."""
+        if self.readonly:
+            raise PermissionError(f"{self.dir} is open read-only: a reader never repairs")
         with self._locked():
             self._segments = []
             self.refresh()
             return self._cut_bad_tail()
 
     def _cut_bad_tail(self) -> list[Recovery]:
-        found: list[Recovery] = []
-        for i, seg in enumerate(self._segments):
-            actual = seg.path.stat().st_size
-            if seg.size == actual:
-                continue
-            with open(seg.path, "rb") as f:
-                f.seek(seg.size)
-                problem = parse(f.read(min(actual - seg.size, 1 << 30)), 0)[2]
-            qdir = self.dir / "quarantine"
-            qdir.mkdir(exist_ok=True)
-            qfile = qdir / f"{seg.path.stem}-at-{seg.size}-{time.time_ns()}.bin"
-            moved = 0
-            with open(qfile, "wb") as q:
-                for later in self._segments[i:]:
-                    with open(later.path, "rb") as f:
-                        f.seek(seg.size if later is seg else 0)
-                        chunk = f.read()
-                    q.write(chunk)
-                    moved += len(chunk)
-                q.flush()
-                os.fsync(q.fileno())
-            with open(seg.path, "r+b") as f:
-                f.truncate(seg.size)
-                f.flush()
-                os.fsync(f.fileno())
-            for later in self._segments[i + 1 :]:
-                later.path.unlink()
-            self._segments = self._segments[: i + 1]
-            found.append(
-                Recovery(self.name, seg.path.name, seg.size, problem or "short", moved, str(qfile))
-            )
-            break
-        return found
+        """Move every byte from the first bad record on (later segments included) into
+        ``quarantine/`` and truncate there. Writers only, under the lock."""
+        damage = self._first_damage()
+        if damage is None:
+            return []
+        i, _ = damage
+        seg = self._segments[i]
+        qdir = self.dir / "quarantine"
+        qdir.mkdir(exist_ok=True)
+        qfile = qdir / f"{seg.path.stem}-at-{seg.size}-{time.time_ns()}.bin"
+        moved = 0
+        with open(qfile, "wb") as q:
+            for later in self._segments[i:]:
+                with open(later.path, "rb") as f:
+                    f.seek(seg.size if later is seg else 0)
+                    chunk = f.read()
+                q.write(chunk)
+                moved += len(chunk)
+            q.flush()
+            os.fsync(q.fileno())
+        with open(seg.path, "r+b") as f:
+            f.truncate(seg.size)
+            f.flush()
+            os.fsync(f.fileno())
+        for later in self._segments[i + 1 :]:
+            later.path.unlink()
+        self._segments = self._segments[: i + 1]
+        problem, seg.problem, seg.stuck = seg.problem or "short", None, None
+        return [Recovery(self.name, seg.path.name, seg.size, problem, moved, str(qfile))]
 
     def append(
         self,
@@ -394,6 +482,8 @@ class TopicLog:
             return []
         if timestamps_ns is not None and len(timestamps_ns) != len(records):
             raise ValueError("one timestamp per record")
+        if self.readonly:
+            raise PermissionError(f"{self.dir} is open read-only: no appends")
         with self._locked():
             self.refresh()
             self._cut_bad_tail()  # only a crashed writer leaves one; we hold the lock

@@ -55,14 +55,15 @@ def add_api_arguments(api: argparse.ArgumentParser) -> None:
     )
 
 
-def _open_backend(kafka: str | None, log_dir: str | None):  # type: ignore[no-untyped-def]
+def _open_backend(kafka: str | None, log_dir: str | None, readonly: bool = False):  # type: ignore[no-untyped-def]
     if kafka:
         from events.log.kafka import KafkaLog
 
         return KafkaLog(kafka, client_id="runwatch-projections")
     from events.log.embedded import EmbeddedLog
 
-    return EmbeddedLog(settings.log_dir(log_dir))
+    # a follower that does not --publish only reads: it never repairs nor writes the log
+    return EmbeddedLog(settings.log_dir(log_dir), readonly=readonly)
 
 
 def start_follower(backend, engine, settle_s, publish, term, group_id):  # type: ignore[no-untyped-def]
@@ -175,7 +176,9 @@ def serve(args: argparse.Namespace, term: Terminal) -> int:
             if not kafka:
                 raise Abort("--kafka given but no broker configured (pass BOOTSTRAP)")
         engine = ProjectionEngine(SqliteReadModel(args.store), policy, prices)
-        backend = _open_backend(kafka, args.log)
+        backend = _open_backend(kafka, args.log, readonly=not args.publish)
+        for tail in [] if kafka else backend.torn_tails():  # skipped by the follower, kept
+            term.warn(tail.describe())
         where = f"Kafka at {kafka}" if kafka else f"embedded log {settings.log_dir(args.log)}"
         term.progress(f"projections: following {where} into {args.store}")
         group = args.group or f"runwatch-projections-{store.instance_id()[:12]}"

@@ -4,7 +4,8 @@
 (``runwatch log export`` output, or the live embedded log itself) from offset 0 up to the
 positions the store says it has consumed, and compares the two projections (every run
 view, every series point, fleet aggregates, tenant totals). Exit 0 when identical; exit 1
-with the first difference (its JSON path and both values) otherwise.
+with the first difference (its JSON path and both values) otherwise. The log is opened
+read-only: a torn tail is skipped, left in place and reported (stderr, ``torn_tails``).
 """
 
 from __future__ import annotations
@@ -70,6 +71,7 @@ def run(args: argparse.Namespace, term: Terminal) -> int:
     if args.workers < 1:
         raise Abort("--workers must be at least 1")
     live = SqliteReadModel(store_path)
+    tails: list[dict[str, object]] = []
     if args.kafka is not None:
         if args.workers > 1:
             raise Abort("--workers applies to an embedded log; a Kafka replay is one process")
@@ -85,8 +87,14 @@ def run(args: argparse.Namespace, term: Terminal) -> int:
             raise Abort(
                 "this store was fed from Kafka (partitioned positions): use --kafka BOOTSTRAP"
             )
+        from runwatch.cli.log import open_readonly, warn_torn
+
+        log = open_readonly(log_dir)
+        found = log.torn_tails()
+        warn_torn(found, term)
+        tails = [t.as_dict() for t in found]
         try:
-            result = verify(live, log_dir, policy=policy, prices=prices, workers=args.workers)
+            result = verify(live, log, policy=policy, prices=prices, workers=args.workers)
         except (ValueError, BrokenProcessPool) as exc:
             raise Abort(f"replay failed: {exc}") from None
     report = {
@@ -95,6 +103,7 @@ def run(args: argparse.Namespace, term: Terminal) -> int:
         "runs": len(result.replay.engine.views),
         "positions": result.positions,
         "first_difference": None,
+        "torn_tails": tails,
     }
     if result.difference:
         path, got, want = result.difference

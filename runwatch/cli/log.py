@@ -4,9 +4,15 @@
   Kafka topics into an embedded log directory (``--topic all``: every registered topic).
   Partitions are merged by record timestamp; each partition's own order (hence each
   run's order) is kept exactly.
+- ``runwatch log export --from LOG --to DIR [--topic T ...]`` copies an embedded log
+  (default: all its topics) record by record, append times kept, so the copy reads and
+  replays exactly as the source. ``LOG`` is opened read-only: a torn tail is skipped and
+  reported, never repaired — the copy is the clean one, the source stays as it was.
 - ``runwatch log cat DIR [--topic T] [--json]`` prints the records, one JSON object per
   line with ``--json``. Undecodable records print as their dead letter; nothing is
-  skipped silently. The directory is opened read-only: ``cat`` never repairs.
+  skipped silently. The directory is opened read-only: ``cat`` never repairs nor writes
+  anything; a torn tail is skipped and reported on stderr (topic, offset, bytes) and, with
+  ``--json``, as a last ``{"torn_tail": {...}}`` line per topic.
 """
 
 from __future__ import annotations
@@ -14,10 +20,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import heapq
+from pathlib import Path
 
 from events.codec import decode
 from events.dead_letter import DeadLetter
 from events.log.embedded import EmbeddedLog
+from events.log.segments import TornTail
 from events.topics import TOPICS
 from runwatch import settings
 from runwatch.cli.terminal import Abort, Terminal
@@ -25,10 +33,16 @@ from runwatch.cli.terminal import Abort, Terminal
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="log_command", metavar="SUBCOMMAND", required=True)
-    exp = sub.add_parser("export", help="copy Kafka topics into an embedded log directory")
-    exp.add_argument("--topic", action="append", required=True, help="topic name, or 'all'")
+    exp = sub.add_parser("export", help="copy Kafka topics (or an embedded log) into a new log")
+    exp.add_argument("--topic", action="append", help="topic name, or 'all' (required for Kafka)")
     exp.add_argument("--to", required=True, help="embedded log directory to write")
     exp.add_argument("--kafka", help="bootstrap servers (default: env or `runwatch kafka up`)")
+    exp.add_argument(
+        "--from",
+        dest="source",
+        metavar="LOG",
+        help="copy this embedded log (opened read-only) instead of Kafka topics",
+    )
     exp.add_argument("--json", action="store_true", help="print the summary as JSON")
     cat = sub.add_parser("cat", help="print the records of an embedded log")
     cat.add_argument("dir", help="embedded log directory")
@@ -42,16 +56,31 @@ def run(args: argparse.Namespace, term: Terminal) -> int:
     return _cat(args, term)
 
 
-def _cat(args: argparse.Namespace, term: Terminal) -> int:
-    log = EmbeddedLog(args.dir, readonly=True)
+def open_readonly(path: str | Path, topics: list[str] | None = None) -> EmbeddedLog:
+    """An embedded log opened for reading only (an ``Abort`` when there is none, or a
+    topic in ``topics`` is missing)."""
+    log = EmbeddedLog(path, readonly=True)
     try:
         log.open_sync()
     except FileNotFoundError as exc:
         raise Abort(str(exc)) from None
-    topics = args.topic or log.topic_names()
-    missing = [t for t in topics if t not in log.topic_names()]
+    missing = [t for t in topics or [] if t not in log.topic_names()]
     if missing:
-        raise Abort(f"no topic {', '.join(missing)} in {args.dir}")
+        raise Abort(f"no topic {', '.join(missing)} in {path}")
+    return log
+
+
+def warn_torn(tails: list[TornTail], term: Terminal) -> None:
+    """Say on stderr what a read skipped and left in place."""
+    for tail in tails:
+        term.warn(tail.describe())
+
+
+def _cat(args: argparse.Namespace, term: Terminal) -> int:
+    log = open_readonly(args.dir, args.topic)
+    topics = args.topic or log.topic_names()
+    tails = log.torn_tails(topics)
+    warn_torn(tails, term)
     bad = 0
     for rec in log.iter_records(topics):
         result = decode(rec.value)
@@ -69,12 +98,19 @@ def _cat(args: argparse.Namespace, term: Terminal) -> int:
                 f"{rec.topic}@{rec.offset} {result.type} run={result.run_id} "
                 f"step={result.step} tenant={result.tenant_id}"
             )
+    if args.json:
+        for tail in tails:
+            term.json({"torn_tail": tail.as_dict()})
     if bad:
         term.warn(f"{bad} record(s) did not decode (printed as dead letters)")
     return 0
 
 
 def _export(args: argparse.Namespace, term: Terminal) -> int:
+    if args.source is not None:
+        return _export_embedded(args, term)
+    if not args.topic:
+        raise Abort("--topic is required (a topic name, or 'all') when exporting from Kafka")
     bootstrap = settings.kafka_bootstrap(args.kafka)
     if not bootstrap:
         raise Abort(
@@ -88,6 +124,50 @@ def _export(args: argparse.Namespace, term: Terminal) -> int:
         for topic, n in counts.items():
             term.info(f"{topic}: {n} records -> {args.to}")
     return 0
+
+
+def _export_embedded(args: argparse.Namespace, term: Terminal) -> int:
+    if args.kafka:
+        raise Abort("--from copies an embedded log: leave out --kafka")
+    wanted = None if not args.topic or "all" in args.topic else args.topic
+    source = open_readonly(args.source, wanted)
+    topics = wanted or source.topic_names()
+    tails = source.torn_tails(topics)
+    warn_torn(tails, term)
+    counts = export_embedded(source, topics, args.to)
+    if args.json:
+        term.json(
+            {
+                "from": args.source,
+                "to": args.to,
+                "records": counts,
+                "torn_tails": [t.as_dict() for t in tails],
+            }
+        )
+    else:
+        for topic, n in counts.items():
+            term.info(f"{topic}: {n} records -> {args.to}")
+    return 0
+
+
+def export_embedded(source: EmbeddedLog, topics: list[str], to: str | Path) -> dict[str, int]:
+    """Copy ``topics`` of the (read-only) ``source`` into a new embedded log at ``to``,
+    record by record with their keys and append times: the copy merges and replays in
+    the source's order. What a reader skips (a torn tail) is not copied."""
+    src, dst = source.root.resolve(), Path(to).resolve()
+    if dst == src or src in dst.parents:
+        raise Abort(f"{to} is inside the log it would copy ({source.root}): pick another place")
+    target = EmbeddedLog(to)
+    if target.topic_names():
+        raise Abort(f"{to} already holds an embedded log; export into a new directory")
+    target.open_sync()
+    counts = {}
+    for topic in topics:
+        counts[topic] = 0
+        for chunk in source.raw_chunks(topic):
+            target.append_many_sync(topic, [(k, v) for _, _, k, v in chunk], [r[0] for r in chunk])
+            counts[topic] += len(chunk)
+    return counts
 
 
 async def export(bootstrap: str, topics: list[str], to: str) -> dict[str, int]:
@@ -124,4 +204,4 @@ async def export(bootstrap: str, topics: list[str], to: str) -> dict[str, int]:
     return counts
 
 
-__all__ = ["add_arguments", "export", "run"]
+__all__ = ["add_arguments", "export", "export_embedded", "open_readonly", "run", "warn_torn"]

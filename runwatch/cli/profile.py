@@ -3,7 +3,8 @@
 ``SOURCE`` is either a trace directory in seed 003's layout (``step_<N>/worker_<R>.jsonl``,
 read through the importer: bad lines are reported and skipped) or an embedded log
 directory (its ``runwatch.traces`` topic; a log holding only ``runwatch.profiles``
-- derived events exported from a live deployment - is shown as it is). The profiling
+- derived events exported from a live deployment - is shown as it is), opened read-only:
+a torn tail is skipped, left in place and reported (stderr, ``torn_tails``). The profiling
 fold runs over the traces, one state per run, and is flushed at the end of the input,
 so every step is finalized (see :mod:`stream_processors.profiling.fold`).
 
@@ -88,7 +89,7 @@ def run(args: argparse.Namespace, term: Terminal) -> int:
         events = _from_trace_dir(source, args, import_report)
     else:
         info["kind"] = "log"
-        events = _from_log(source, args, info, derived)
+        events = _from_log(source, args, info, derived, term)
     states: dict[str, Any] = {}
     dedupe = Deduplicator()
     for ev in events:
@@ -172,8 +173,10 @@ def _from_log(
     args: argparse.Namespace,
     info: dict[str, Any],
     derived: dict[str, list[EventBase]],
+    term: Terminal,
 ) -> Iterator[EventBase]:
     from events.log.embedded import EmbeddedLog
+    from runwatch.cli.log import warn_torn
 
     log = EmbeddedLog(source, readonly=True)
     try:
@@ -183,6 +186,10 @@ def _from_log(
             f"{source} is neither an embedded log nor a step_<N>/ trace directory"
         ) from None
     topics = log.topic_names()
+    read = [TRACES] if TRACES in topics else [PROFILES, "runwatch.telemetry"]
+    tails = log.torn_tails([t for t in read if t in topics])
+    warn_torn(tails, term)
+    info["torn_tails"] = [t.as_dict() for t in tails]
     if TRACES not in topics and PROFILES in topics:
         info["kind"] = "log-profiles"
         for ev in log.iter_events(

@@ -3,8 +3,10 @@
 The log is opened read-only; the folds of :func:`runwatch.folds.processor_folds` run from
 offset 0 in memory and every event they derive (alerts, and whatever later folds add) is
 printed: with ``--json`` one JSON object per line (the event exactly as the codec writes
-it), else one summary line each. Nothing is written, so replaying twice prints the same
-bytes twice — the audit story.
+it), else one summary line each. Nothing is written (``--store`` aside, which is not in
+the log), so replaying twice prints the same bytes twice — the audit story. A torn tail
+is skipped, left in place and reported: on stderr, and with ``--json`` as a last
+``{"torn_tail": {...}}`` line per topic (topic, offset, bytes).
 """
 
 from __future__ import annotations
@@ -37,18 +39,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace, term: Terminal) -> int:
     from events.codec import encode
-    from events.log.embedded import EmbeddedLog
+    from runwatch.cli.log import open_readonly, warn_torn
     from runwatch.folds import processor_folds
     from runwatch.hosting.embedded import replay
     from stream_processors.detectors import CatalogError
 
     if args.workers < 1:
         raise Abort("--workers must be at least 1")
-    log = EmbeddedLog(args.log, readonly=True)
-    try:
-        log.open_sync()
-    except FileNotFoundError as exc:
-        raise Abort(str(exc)) from None
+    log = open_readonly(args.log)
+    tails = log.torn_tails()
+    warn_torn(tails, term)
     try:
         folds = processor_folds(args.catalog)
     except CatalogError as exc:
@@ -75,7 +75,10 @@ def run(args: argparse.Namespace, term: Terminal) -> int:
             term.out.write(encode(event).decode() + "\n")
         else:
             term.info(_summary(event))
-    if not args.json:
+    if args.json:
+        for tail in tails:
+            term.json({"torn_tail": tail.as_dict()})
+    else:
         term.info(f"{count} derived events from {args.log}")
         term.info(f"projections: {json.dumps(projected.summary())}")
     return 0
