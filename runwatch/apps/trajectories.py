@@ -353,14 +353,21 @@ class TrajectoryHost:
             self._prefetch.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._prefetch
-        if self._snapshot_task is not None:
-            with contextlib.suppress(Exception):
-                await self._snapshot_task
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
+        if self._snapshot_task is not None:
+            with contextlib.suppress(Exception):
+                await self._snapshot_task
+        # the tail stopped between records: snapshot what it folded since the last one
+        # (records folded while a snapshot was being written are not snapshotted until
+        # the next record comes, so the last of a burst would be replayed on restart)
+        if self.snapshot_path is not None and self._since_snapshot and self.partition is not None:
+            self._snapshot()
+            with contextlib.suppress(Exception):
+                await self._snapshot_task
         with contextlib.suppress(Exception):
             await self._flush_outbox()
         for reader in self._readers.values():
