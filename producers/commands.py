@@ -178,6 +178,55 @@ class Issued:
     tenant_id: str = ""
 
 
+#: Customer-facing run states (events.catalog.derived.RunState) -> command phase.
+_PHASE_OF_STATE = {
+    "PAUSED_BY_GATE": "paused",
+    "SUCCEEDED": "over",
+    "FAILED": "over",
+    "CANCELLED": "over",
+}
+
+
+def phase_of_state(state: str | None) -> str:
+    """The command phase of a projected run state (``None``: never seen -> unknown)."""
+    if state is None:
+        return "unknown"
+    return _PHASE_OF_STATE.get(state, "live")
+
+
+def write_command(
+    sink: EventSink,
+    *,
+    run_id: str,
+    tenant_id: str,
+    action: Action,
+    phase: str,
+    actor: str,
+    principal: str,
+    reason: str = "",
+    overrides: dict[str, object] | None = None,
+) -> Issued:
+    """Judge one command against the run's ``phase`` and write it, or write its
+    ``CommandRejected`` (never a state change). Returns what became of it."""
+    cls = ACTIONS.get(action)
+    if cls is None:
+        raise ValueError(f"unknown action {action!r} (pause, resume or cancel)")
+    emitter = Emitter(
+        sink, tenant_id=tenant_id, run_id=run_id, producer=f"{actor}/{principal}",
+        first_seq=time.time_ns(),
+    )  # fmt: skip
+    extra: dict[str, object] = {"overrides": overrides} if overrides and action == "resume" else {}
+    command = emitter.emit(cls, actor=actor, principal=principal, reason=reason, **extra)
+    why = refusal(action, phase, overrides)
+    if why:
+        emitter._pending.clear()
+        emitter.emit(
+            CommandRejected, command_id=str(command.event_id), command=cls.__name__, reason=why
+        )
+    emitter.flush()
+    return Issued(command, why, tenant_id)
+
+
 def issue(
     log_dir: str | os.PathLike[str],
     run_id: str,
@@ -189,13 +238,13 @@ def issue(
     overrides: dict[str, object] | None = None,
     tenant_id: str | None = None,
 ) -> Issued:
-    """Judge and append one command to an embedded log's control topic.
+    """Judge and append one command to an embedded log's control topic, judged by the
+    run's lifecycle facts on that log.
 
-    The run's lifecycle is read read-only (never repairing anything); the command is
-    appended under the control topic's writer lock, so the API, the CLI and the run
-    controller may write at once. ``tenant_id``, when given, must own the run: another
-    tenant's run is refused as "no such run" (the API answers 404 for both). Refused
-    commands are recorded as ``CommandRejected`` — never a state change.
+    The lifecycle is read read-only (never repairing anything); the command is appended
+    under the control topic's writer lock, so the API, the CLI and the run controller may
+    write at once. ``tenant_id``, when given, must own the run: another tenant's run is
+    refused as "no such run" (the API answers 404 for both).
     """
     from events.log.embedded import EmbeddedLog
 
@@ -210,23 +259,14 @@ def issue(
         ]
     owner = facts[0].tenant_id if facts else (tenant_id or "")
     foreign = tenant_id is not None and owner != tenant_id
-    cls = ACTIONS.get(action)
-    if cls is None:
-        raise ValueError(f"unknown action {action!r} (pause, resume or cancel)")
-    emitter = Emitter(
+    return write_command(
         EmbeddedSink(EmbeddedLog(root)),  # appends to the control topic only
-        tenant_id=tenant_id if foreign and tenant_id is not None else owner,
         run_id=run_id,
-        producer=f"{actor}/{principal}",
-        first_seq=time.time_ns(),
+        tenant_id=tenant_id if foreign and tenant_id is not None else owner,
+        action=action,
+        phase="unknown" if foreign else run_phase(facts),
+        actor=actor,
+        principal=principal,
+        reason=reason,
+        overrides=overrides,
     )
-    extra: dict[str, object] = {"overrides": overrides} if overrides and action == "resume" else {}
-    command = emitter.emit(cls, actor=actor, principal=principal, reason=reason, **extra)
-    why = "no such run" if foreign else refusal(action, run_phase(facts), overrides)
-    if why:
-        emitter._pending.clear()
-        emitter.emit(
-            CommandRejected, command_id=str(command.event_id), command=cls.__name__, reason=why
-        )
-    emitter.flush()
-    return Issued(command, why, owner)

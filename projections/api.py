@@ -9,15 +9,26 @@ cannot be probed. Operator routes (``/v1/operator/...``) need an operator key (`
 Customer view (seed 000 step 5): state + plain-language reason + failure attribution, the
 minimal charts (reward, KL, eval-gate scores, spend so far) and usage. Gradient norms, clip
 fractions, alerts, the reward ledger and run mechanics are operator-only.
+
+Commands (when the API was given a command sink): customers ``POST
+/v1/runs/{id}/resume|cancel`` for their own runs, operators ``POST
+/v1/operator/runs/{id}/pause|resume|cancel``. A command is judged against the projected
+state (resume needs PAUSED_BY_GATE; nothing applies to an ended run: ``409``), written to
+the run's control topic (``202``: accepted; the state changes when the trainer answers),
+or recorded as ``CommandRejected``.
 """
 
 # No ``from __future__ import annotations`` here: FastAPI resolves the dependency
 # annotations (closures over the store and keys) at definition time.
 from typing import Annotated, Any
 
-from fastapi import Depends, FastAPI, Header, HTTPException, Query, Response
-from pydantic import BaseModel
+from fastapi import Body, Depends, FastAPI, Header, HTTPException, Query, Response
+from fastapi import Path as Path_
+from fastapi.concurrency import run_in_threadpool
+from pydantic import BaseModel, Field
 
+from producers.commands import bad_overrides, phase_of_state, write_command
+from producers.sinks import EventSink
 from projections.keys import ApiKeys, Principal
 from projections.store import ReadModel
 from projections.views import CUSTOMER_METRICS, OPERATOR_METRICS, RunView
@@ -147,11 +158,31 @@ def _json(model: BaseModel) -> Response:
     return Response(model.model_dump_json(), media_type="application/json")
 
 
+class CommandBody(BaseModel):
+    reason: str = Field("", max_length=500)
+    #: resume only: settings to change before continuing (e.g. ``{"lr": 0.001}``)
+    overrides: dict[str, float] = Field(default_factory=dict, max_length=8)
+
+
+class CommandAccepted(BaseModel):
+    run_id: str
+    action: str
+    command_id: str
+    status: str = "accepted"
+
+
 def _points(pts: list[tuple[int, float]]) -> list[Point]:
     return [Point(step=s, value=v) for s, v in pts]
 
 
-def create_app(store: ReadModel, keys: ApiKeys, title: str = "runwatch query API") -> FastAPI:
+def create_app(
+    store: ReadModel,
+    keys: ApiKeys,
+    title: str = "runwatch query API",
+    commands: EventSink | None = None,
+) -> FastAPI:
+    """The app over ``store``; ``commands``: where pause/resume/cancel commands are
+    written (the log's control topic), or None (the command routes answer 503)."""
     app = FastAPI(
         title=title,
         version="1.0.0",
@@ -294,6 +325,76 @@ def create_app(store: ReadModel, keys: ApiKeys, title: str = "runwatch query API
         return OperatorRun(
             tenant_id=v.tenant_id, run=v.to_doc(), series={k: _points(p) for k, p in s.items()}
         )
+
+    async def command(
+        run_id: str, action: str, who: Principal, body: CommandBody | None
+    ) -> CommandAccepted:
+        if commands is None:
+            raise HTTPException(503, "commands are not enabled on this API (serve --commands)")
+        view = visible_run(run_id, who)  # 404 for a foreign or unknown run
+        body = body or CommandBody()
+        overrides: dict[str, object] = {
+            k: int(v) if k == "rollback_to_step" and float(v).is_integer() else v
+            for k, v in body.overrides.items()
+        }
+        if overrides and action != "resume":
+            raise HTTPException(422, "only a resume takes settings to change")
+        if why := bad_overrides(overrides):
+            raise HTTPException(422, why)
+        issued = await run_in_threadpool(
+            write_command,
+            commands,
+            run_id=run_id,
+            tenant_id=view.tenant_id,
+            action=action,
+            phase=phase_of_state(view.state),
+            actor="operator" if who.operator else "customer",
+            principal="operator" if who.operator else str(who.tenant_id),
+            reason=body.reason,
+            overrides=overrides,
+        )
+        if issued.refused:
+            raise HTTPException(409, f"cannot {action} run {run_id}: {issued.refused}")
+        return CommandAccepted(
+            run_id=run_id, action=action, command_id=str(issued.command.event_id)
+        )
+
+    @app.post(
+        "/v1/runs/{run_id}/resume", response_model=CommandAccepted, status_code=202,
+        tags=["customer"],
+    )  # fmt: skip
+    async def resume_run(
+        run_id: str,
+        who: Annotated[Principal, Depends(principal)],
+        body: Annotated[CommandBody | None, Body()] = None,
+    ) -> CommandAccepted:
+        """Resume your paused run (optionally with settings changed: ``overrides``)."""
+        return await command(run_id, "resume", who, body)
+
+    @app.post(
+        "/v1/runs/{run_id}/cancel", response_model=CommandAccepted, status_code=202,
+        tags=["customer"],
+    )  # fmt: skip
+    async def cancel_run(
+        run_id: str,
+        who: Annotated[Principal, Depends(principal)],
+        body: Annotated[CommandBody | None, Body()] = None,
+    ) -> CommandAccepted:
+        """Cancel your run: the trainer stops at its next step boundary."""
+        return await command(run_id, "cancel", who, body)
+
+    @app.post(
+        "/v1/operator/runs/{run_id}/{action}", response_model=CommandAccepted,
+        status_code=202, tags=["operator"],
+    )  # fmt: skip
+    async def op_command(
+        run_id: str,
+        action: Annotated[str, Path_(pattern="^(pause|resume|cancel)$")],
+        who: Annotated[Principal, Depends(operator)],
+        body: Annotated[CommandBody | None, Body()] = None,
+    ) -> CommandAccepted:
+        """Pause, resume or cancel any run."""
+        return await command(run_id, action, who, body)
 
     @app.get("/v1/operator/tenants", response_model=list[TenantUsage], tags=["operator"])
     async def op_tenants(_: Annotated[Principal, Depends(operator)]) -> list[TenantUsage]:

@@ -49,6 +49,13 @@ def add_api_arguments(api: argparse.ArgumentParser) -> None:
     api.add_argument("--top-tenants", type=int, default=10, help="tenant label bound (+ other)")
     api.add_argument("--no-follow", action="store_true", help="serve the store, do not tail")
     api.add_argument("--publish", action="store_true", help="append derived events to the log")
+    api.add_argument(
+        "--no-commands",
+        dest="commands",
+        action="store_false",
+        help="refuse pause/resume/cancel (by default they are written to the log's control "
+        "topic: customers resume/cancel their own runs, operators any run)",
+    )
     api.add_argument("--settle-s", type=float, default=1.0, help="terminal-barrier settle time")
     api.add_argument(
         "--group", help="consumer group (default: derived from the store, one group per store)"
@@ -149,6 +156,23 @@ def watch_keys(keys, term: Terminal) -> None:  # type: ignore[no-untyped-def]
         signal.signal(signal.SIGHUP, on_hup)
 
 
+def _command_sink(args: argparse.Namespace, term: Terminal):  # type: ignore[no-untyped-def]
+    """Where the API writes commands: the followed log's control topic."""
+    if args.kafka is not None:
+        from producers.sinks import KafkaSink
+
+        kafka = settings.kafka_bootstrap(args.kafka or None)
+        term.progress(f"commands: written to runwatch.control on Kafka at {kafka}")
+        return KafkaSink(str(kafka))
+    from events.log.embedded import EmbeddedLog
+    from producers.sinks import EmbeddedSink
+
+    log_dir = settings.log_dir(args.log)
+    term.progress(f"commands: written to runwatch.control in {log_dir}")
+    # an unopened writable log: appends touch (and lock) only the control topic
+    return EmbeddedSink(EmbeddedLog(log_dir))
+
+
 def serve(args: argparse.Namespace, term: Terminal) -> int:
     import uvicorn
 
@@ -201,9 +225,11 @@ def serve(args: argparse.Namespace, term: Terminal) -> int:
                 f"metrics bound to {args.metrics_host} without --metrics-token-file: whoever "
                 "reaches that port reads tenant names and spend"
             )
+    commands = _command_sink(args, term) if args.commands and not args.no_follow else None
     term.progress(f"query API on http://{args.host}:{args.port} (OpenAPI at /docs)")
     try:
-        uvicorn.run(create_app(store, keys), host=args.host, port=args.port, log_level="warning")
+        app = create_app(store, keys, commands=commands)
+        uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
     finally:
         if stop_follower:
             stop_follower()
