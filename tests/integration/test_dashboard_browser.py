@@ -38,6 +38,7 @@ from events import (
     RewardBatchScored,
     RunCompleted,
     RunFailed,
+    RunPaused,
     RunProvisioning,
     RunQueued,
     RunStarted,
@@ -65,12 +66,13 @@ RUNS: dict[str, tuple[str, int, str | None, int, int, str | None]] = {
     "globex-qa-grpo-005": ("globex", 9, None, 0, 90, "reward_crash"),
     "globex-translate-006": ("globex", 13, None, 0, 60, "platform_fault"),
 }
-#: what the projections must conclude (the page shows these)
+#: what the projections must conclude (the page shows these): a paging alert pauses its
+#: run (the trainer obeys the run controller; see :func:`_first_pause`)
 EXPECTED_STATE = {
     "acme-math-grpo-001": "SUCCEEDED",
     "acme-code-grpo-002": "PAUSED_BY_GATE",
     "acme-chat-grpo-003": "PAUSED_BY_GATE",
-    "globex-summarize-004": "DEGRADED",
+    "globex-summarize-004": "PAUSED_BY_GATE",
     "globex-qa-grpo-005": "FAILED",
     "globex-translate-006": "FAILED",
 }
@@ -78,6 +80,24 @@ EXPECTED_STATE = {
 
 def _payload(ev: EventBase) -> dict[str, Any]:
     return {k: getattr(ev, k) for k in type(ev).model_fields if k not in ENVELOPE}
+
+
+def _first_pause(events: list[EventBase]) -> Any:
+    """The run controller's first PauseRequested over a run's events (folded in memory
+    exactly as the processors will fold the log: derived ids depend on the run and the
+    alert, so the ids match), or None."""
+    from stream_processors.control import RunControllerFold
+    from stream_processors.detectors import RunHealthFold
+
+    health, ctl = RunHealthFold(), RunControllerFold()
+    hs, cs = health.initial(), ctl.initial()
+    for ev in events:
+        hs, alerts = health.apply(hs, ev)
+        for fact in (ev, *alerts):
+            cs, out = ctl.apply(cs, fact)
+            if out:
+                return out[0]
+    return None
 
 
 def build_log(log_dir: Path, t_end: float | None = None) -> dict[str, int]:
@@ -117,7 +137,12 @@ def build_log(log_dir: Path, t_end: float | None = None) -> dict[str, int]:
         sched.emit(RunProvisioning, ts=t0 + 30.0)
         sched.emit(RunStarted, ts=t0 + 55.0)
         sched.flush()
-        for k, ev in enumerate(events[1:]):
+        # a paging alert pauses the run: the trainer finishes the step in flight, answers
+        # RunPaused and trains no further (as trainer/loop.py does)
+        pause = _first_pause(events)
+        cut = (pause.step or 0) + 1 if pause is not None else None
+        body = [ev for ev in events[1:] if cut is None or ev.step is None or ev.step <= cut]
+        for k, ev in enumerate(body):
             trainer.emit(type(ev), step=ev.step, ts=at(ev.step, 0.01 * (k % 100)), **_payload(ev))
             if type(ev).__name__ == "TrainerStepCompleted":
                 s = ev.step or 0
@@ -145,6 +170,14 @@ def build_log(log_dir: Path, t_end: float | None = None) -> dict[str, int]:
                     score_max=1.0,
                     duration_s=1.5,
                 )
+        if pause is not None and cut is not None:
+            trainer.emit(
+                RunPaused,
+                step=cut,
+                ts=at(cut, 20.0),
+                reason=f"paused by controller: {pause.reason}",
+                request_id=str(pause.event_id),
+            )
         trainer.flush()
         scorer.flush()
         if ending == "completed":
@@ -391,7 +424,9 @@ def test_a_foreign_run_in_the_url_is_not_found_and_a_bad_key_is_refused(server, 
     _open(browser, server, "key=k-globex-52e9&run=acme-code-grpo-002")
     _wait(browser, "#detail .notice")
     assert "not found" in browser.find_element(By.CSS_SELECTOR, "#detail .notice").text
-    assert "PAUSED" not in browser.page_source  # nothing of the foreign run leaked
+    # nothing of the foreign run leaked (its reason names the hacking gate; globex's own
+    # runs never saw that detector)
+    assert "reward hacking" not in browser.page_source.lower()
     _open(browser, server, "key=not-a-key")
     _wait(browser, "#signin .error")
     assert "not valid" in browser.find_element(By.CSS_SELECTOR, "#signin .error").text
