@@ -139,6 +139,26 @@
     }
     return r.json();
   }
+  async function apiPost(path, body) {
+    const r = await fetch(path, {
+      method: "POST",
+      headers: { "X-API-Key": apiKey, Accept: "application/json", "Content-Type": "application/json" },
+      body: JSON.stringify(body || {}),
+      cache: "no-store",
+      credentials: "omit",
+    });
+    let doc = null;
+    try {
+      doc = await r.json();
+    } catch (_) {
+      /* not JSON */
+    }
+    if (!r.ok) {
+      const detail = doc && typeof doc.detail === "string" ? doc.detail : "";
+      throw new ApiError(r.status, detail);
+    }
+    return doc;
+  }
   async function allRuns() {
     const items = [];
     let offset = 0;
@@ -320,6 +340,58 @@
     renderDetail(run, charts, alerts.items);
   }
 
+  // ---- commands: resume / cancel (the trainer answers at its next step boundary) -------
+  const TERMINAL = new Set(["SUCCEEDED", "FAILED", "CANCELLED"]);
+  function runActions(run) {
+    if (TERMINAL.has(run.state)) return null;
+    const status = el("span", { class: "action-status muted", role: "status" });
+    const buttons = [];
+    if (run.state === "PAUSED_BY_GATE") {
+      buttons.push(el("button", {
+        type: "button", class: "btn primary", "data-action": "resume", text: "Resume",
+        onclick: () => act(run.run_id, "resume", status, buttons),
+      }));
+    }
+    const cancel = el("button", {
+      type: "button", class: "btn danger", "data-action": "cancel", text: "Cancel run",
+      onclick: () => {
+        if (cancel.getAttribute("data-armed") !== "1") {  // a second click confirms
+          cancel.setAttribute("data-armed", "1");
+          cancel.textContent = "Confirm cancel";
+          return;
+        }
+        act(run.run_id, "cancel", status, buttons);
+      },
+    });
+    buttons.push(cancel);
+    return el("div", { class: "actions" }, ...buttons, status);
+  }
+  async function act(runId, action, status, buttons) {
+    for (const b of buttons) b.disabled = true;
+    status.textContent = action === "resume" ? "Resume requested…" : "Cancel requested…";
+    try {
+      await apiPost(`/v1/runs/${encodeURIComponent(runId)}/${action}`, {});
+    } catch (e) {
+      if (e.status === 401) return showSignin("Your API key is no longer valid.");
+      status.textContent = "Refused: " + (e.message || "HTTP " + e.status);
+      for (const b of buttons) b.disabled = false;
+      return;
+    }
+    status.textContent = action === "resume"
+      ? "Resume requested: the run continues at its next step."
+      : "Cancel requested: the run stops at its next step.";
+    // follow the run closely until the trainer has answered (the state moves)
+    const before = (await api(`/v1/runs/${encodeURIComponent(runId)}`)).state;
+    for (let i = 0; i < 60 && selected === runId; i++) {
+      await new Promise((r) => setTimeout(r, 1000));
+      const now = (await api(`/v1/runs/${encodeURIComponent(runId)}`)).state;
+      if (now !== before || i === 59) {
+        await refresh();
+        return;
+      }
+    }
+  }
+
   function renderDetail(run, charts, alerts) {
     const detail = $("#detail");
     const u = run.usage || {};
@@ -364,7 +436,7 @@
     const activeCount = alerts.filter((a) => a.active).length;
     const sameText = failure && run.failure.message === run.reason;
     detail.replaceChildren(
-      ...[head, sameText ? null : why, failure].filter(Boolean),
+      ...[head, runActions(run), sameText ? null : why, failure].filter(Boolean),
       el("div", { class: "section-title" }, el("h3", { text: "Training health" }),
         el("span", { class: "muted", text: "dashed lines mark the steps where alerts fired" })),
       chartGrid,
