@@ -54,7 +54,8 @@ SHIPPED_TOPICS = (
 
 
 class KafkaPlane:
-    def __init__(self, log_dir: Path, bootstrap: str, out: Path) -> None:
+    def __init__(self, log_dir: Path, bootstrap: str, out: Path, control: bool = True) -> None:
+        self.control = control
         self.spool = EmbeddedLog(log_dir)
         self.spool.open_sync()
         self.bootstrap = bootstrap
@@ -85,6 +86,8 @@ class KafkaPlane:
         logs.mkdir(parents=True, exist_ok=True)
         argv = [sys.executable, "-m", "runwatch.cli.main", "process", "--kafka",
                 self.bootstrap, "--app-id", self.app_id]  # fmt: skip
+        if not self.control:
+            argv.append("--no-control")
         with (
             open(logs / "faust-worker.out", "ab") as out,
             open(logs / "faust-worker.err", "ab") as err,
@@ -127,7 +130,7 @@ class KafkaPlane:
             if n:
                 self.records += n
                 self._last_activity = time.monotonic()
-            await asyncio.sleep(0.3)
+            await asyncio.sleep(0.1)
 
     async def _watch_alerts(self, kafka: KafkaLog) -> None:
         assert self._stop is not None

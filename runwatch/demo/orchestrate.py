@@ -68,12 +68,15 @@ class Orchestrator:
         self.say = say
         self.parallel = parallel
         self._lifecycle_at = 0  # next lifecycle offset to read for pauses
+        self._reader: Any = None  # read-only view of the log (opened once)
+        #: seconds between two looks at the runs (and calls of ``on_tick``)
+        self.poll_s = 0.05
 
     def run_all(
         self, scenarios: list[Scenario], on_tick: Callable[[], None] | None = None
     ) -> list[RunOutcome]:
-        """Run every scenario to its end; ``on_tick`` is called about every 0.25 s (the
-        demo folds the log there while the trainers run)."""
+        """Run every scenario to its end; ``on_tick`` is called every ``poll_s`` (the
+        demo runs the processors there while the trainers run)."""
         pending = list(scenarios)
         active: list[_Active] = []
         done: list[RunOutcome] = []
@@ -81,7 +84,7 @@ class Orchestrator:
             while pending or active:
                 while pending and len(active) < self.parallel:
                     active.append(self._start(pending.pop(0)))
-                time.sleep(0.25)
+                time.sleep(self.poll_s)
                 if on_tick is not None:
                     on_tick()
                 self._answer_pauses({a.scenario.run_id: a for a in active})
@@ -105,11 +108,12 @@ class Orchestrator:
 
         if not (self.log / "runwatch.lifecycle").is_dir():
             return
-        from events.log.embedded import EmbeddedLog
+        if self._reader is None:
+            from events.log.embedded import EmbeddedLog
 
-        reader = EmbeddedLog(self.log, readonly=True)
-        reader.open_sync()
-        for rec in reader.read_sync("runwatch.lifecycle", self._lifecycle_at):
+            self._reader = EmbeddedLog(self.log, readonly=True)
+            self._reader.open_sync()
+        for rec in self._reader.read_sync("runwatch.lifecycle", self._lifecycle_at):
             self._lifecycle_at = rec.offset + 1
             ev = decode(rec.value)
             a = active.get(getattr(ev, "run_id", ""))

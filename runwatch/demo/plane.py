@@ -27,10 +27,10 @@ ALERTS = "runwatch.alerts"
 
 
 class EmbeddedPlane:
-    def __init__(self, log_dir: Path, catalog: str | None = None) -> None:
+    def __init__(self, log_dir: Path, catalog: str | None = None, control: bool = True) -> None:
         self.log = EmbeddedLog(log_dir)
         self.log.open_sync()
-        self.host = EmbeddedHost(self.log, processor_folds(catalog))
+        self.host = EmbeddedHost(self.log, processor_folds(catalog, control=control))
         self.engine = ProjectionEngine(InMemoryReadModel())
         self.derived: list[EventBase] = []
         self.records = 0
