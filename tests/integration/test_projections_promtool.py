@@ -70,3 +70,30 @@ def test_rules_only_read_series_the_exporter_exposes(tmp_path):
         for name in re.findall(r"\b(runwatch_[a-z_]+)", rule["expr"])
     }
     assert used and used <= exposed, used - exposed
+
+
+def test_every_alert_has_a_promtool_test_that_sees_its_routing():
+    """Each alerting rule is expected to fire in at least one ``promtool test rules`` case,
+    and every expected alert names its routing (the label Alertmanager routes on:
+    deploy/alertmanager/alertmanager.yml), the rule's own or the series' passed through."""
+    routings = {"page", "ticket", "advisory"}
+    doc = yaml.safe_load(RULES.read_text())
+    alerts = {
+        rule["alert"]: rule["labels"]
+        for group in doc["groups"]
+        for rule in group["rules"]
+        if "alert" in rule
+    }
+    tests = yaml.safe_load(RULE_TESTS.read_text())["tests"]
+    firing: dict[str, list[dict[str, str]]] = {}
+    for case in tests:
+        for t in case.get("alert_rule_test", []):
+            for exp in t.get("exp_alerts") or []:
+                firing.setdefault(t["alertname"], []).append(exp["exp_labels"])
+    assert set(firing) <= set(alerts), set(firing) - set(alerts)
+    assert not set(alerts) - set(firing), f"never expected to fire: {set(alerts) - set(firing)}"
+    for name, expected in firing.items():
+        for labels in expected:
+            assert labels.get("routing") in routings, (name, labels)
+            if alerts[name]["routing"] in routings:
+                assert labels["routing"] == alerts[name]["routing"], (name, labels)

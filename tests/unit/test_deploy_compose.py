@@ -64,7 +64,13 @@ def option(cmd: list[str], name: str) -> str:
 
 
 def test_every_service_of_the_stack_is_there(compose):
-    assert set(compose["services"]) == {"kafka", *RUNWATCH_SERVICES, "prometheus", "grafana"}
+    assert set(compose["services"]) == {
+        "kafka",
+        *RUNWATCH_SERVICES,
+        "prometheus",
+        "alertmanager",
+        "grafana",
+    }
 
 
 @pytest.mark.parametrize("name", RUNWATCH_SERVICES)
