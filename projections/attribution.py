@@ -22,8 +22,27 @@ from dataclasses import dataclass
 from events import RewardBatchFailed, RewardBatchScored
 from events.catalog.lifecycle import FailureClass
 
-TENANT_CAUSES = ("tenant_timeout", "tenant_crash", "tenant_bad_output", "tenant_resource_exceeded")
-CAUSES = (*TENANT_CAUSES, "platform_error")
+#: The tenant-code causes of the reward ledger (each a ``tenant_code_fault``).
+TENANT_CAUSES = (
+    "tenant_timeout",
+    "tenant_crash",
+    "tenant_bad_output",
+    "tenant_resource_exceeded",
+    "tenant_bad_artifact",
+)
+#: Every failure column, in storage order: new causes are appended, never inserted, so a
+#: ledger stored before they existed keeps its indices (it is padded with zeros on load).
+#: ``bad_input`` (a batch the caller could not encode) is the caller's, not the tenant's.
+CAUSES = (
+    "tenant_timeout",
+    "tenant_crash",
+    "tenant_bad_output",
+    "tenant_resource_exceeded",
+    "platform_error",
+    "tenant_bad_artifact",
+    "bad_input",
+)
+_TENANT_INDEX = tuple(CAUSES.index(c) for c in TENANT_CAUSES)
 #: How many of the newest reward facts a ledger keeps individually (see ``Ledger.recent``).
 RECENT_CAP = 256
 _VERB = {
@@ -31,6 +50,7 @@ _VERB = {
     "tenant_timeout": "timed out",
     "tenant_bad_output": "returned invalid output",
     "tenant_resource_exceeded": "exceeded its resource limits",
+    "tenant_bad_artifact": "was refused before scoring (not a valid reward artifact)",
 }
 
 
@@ -56,6 +76,11 @@ class Ledger:
     examples: tuple[tuple[float, str, str, str], ...] = ()  # (ts, event_id, cause, text)
     recent: tuple[tuple[float, str, int, int], ...] = ()
 
+    def __post_init__(self) -> None:
+        if len(self.failed_samples) < len(CAUSES):  # stored before a cause was added
+            pad = (0,) * (len(CAUSES) - len(self.failed_samples))
+            object.__setattr__(self, "failed_samples", (*self.failed_samples, *pad))
+
     @property
     def total_samples(self) -> int:
         return self.ok_samples + sum(self.failed_samples)
@@ -65,7 +90,7 @@ class Ledger:
 
     @property
     def tenant_failed(self) -> int:
-        return sum(self.failed_samples[: len(TENANT_CAUSES)])
+        return sum(self.failed_samples[i] for i in _TENANT_INDEX)
 
     def counts(self) -> dict[str, int]:
         return {"ok": self.ok_samples, **dict(zip(CAUSES, self.failed_samples))}
@@ -143,7 +168,10 @@ def tenant_fault(ledger: Ledger, detail: str = "") -> Attribution:
     tenant = [(ledger.count(c), c) for c in TENANT_CAUSES if ledger.count(c)]
     n, cause = max(tenant) if tenant else (0, "tenant_crash")
     examples = tuple(x[3] for x in ledger.examples)
-    msg = f"your reward function {_VERB[cause]} on {_pct(n, ledger.total_samples)} of samples"
+    if cause == "tenant_bad_artifact":  # nothing ran: there is no rate to speak of
+        msg = "your reward file was refused before scoring: it is not a valid reward artifact"
+    else:
+        msg = f"your reward function {_VERB[cause]} on {_pct(n, ledger.total_samples)} of samples"
     others = [f"{_VERB[c]} on {_pct(k, ledger.total_samples)}" for k, c in tenant if c != cause]
     if others:
         msg += f" (it also {', '.join(others)})"

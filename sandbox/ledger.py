@@ -4,6 +4,12 @@ The in-process :class:`Ledger` is a convenience for the client and the CLI. The 
 visible counters come from the log: :func:`ledger_from_events` folds reward events
 (``RewardBatchScored`` -> ``ok``, ``RewardBatchFailed`` -> its ``cause``) into the same
 columns, so both views agree by construction.
+
+Columns: ``ok``; the tenant's ``tenant_timeout``, ``tenant_crash``, ``tenant_bad_output``,
+``tenant_resource_exceeded`` and ``tenant_bad_artifact`` (the file is not a reward artifact:
+refused before any of it ran); the sandbox's ``platform_error``; and ``bad_input``, a batch
+the *caller* handed over that cannot cross the JSON boundary (refused before it was sent:
+booked to the caller, neither the tenant's fault nor dropped silently).
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ class Ledger:
         return dict(self.counts)
 
     def tenant_failures(self) -> int:
+        """Attempts booked to the tenant's code (every ``tenant_*`` column)."""
         return sum(v for k, v in self.counts.items() if k.startswith("tenant_"))
 
 
@@ -38,5 +45,6 @@ def ledger_from_events(events: Iterable[object]) -> dict[str, int]:
         if kind == "RewardBatchScored":
             counts["ok"] += 1
         elif kind == "RewardBatchFailed":
-            counts[str(ev.cause)] += 1
+            cause = str(ev.cause)
+            counts[cause] = counts.get(cause, 0) + 1  # a newer producer's cause: kept
     return counts

@@ -40,7 +40,9 @@ class Cause(enum.StrEnum):
     TENANT_CRASH = "tenant_crash"
     TENANT_BAD_OUTPUT = "tenant_bad_output"
     TENANT_RESOURCE_EXCEEDED = "tenant_resource_exceeded"
+    TENANT_BAD_ARTIFACT = "tenant_bad_artifact"  # not a reward artifact: refused unscored
     PLATFORM_ERROR = "platform_error"
+    BAD_INPUT = "bad_input"  # the caller's batch cannot cross the boundary: refused unsent
 
 
 class AttemptStatus(enum.StrEnum):

@@ -11,7 +11,13 @@ FailureCause = Literal[
     "tenant_crash",
     "tenant_bad_output",
     "tenant_resource_exceeded",
+    #: the tenant's file is not a reward artifact (does not parse, no ``def reward``):
+    #: refused before any tenant code ran
+    "tenant_bad_artifact",
     "platform_error",
+    #: the caller's batch cannot cross the JSON boundary (NaN, not encodable, too large):
+    #: refused before it was sent; booked to the caller, neither tenant nor sandbox
+    "bad_input",
 ]
 #: Every ledger column: ``ok`` plus the failure causes.
 LedgerCause = Literal[
@@ -20,7 +26,9 @@ LedgerCause = Literal[
     "tenant_crash",
     "tenant_bad_output",
     "tenant_resource_exceeded",
+    "tenant_bad_artifact",
     "platform_error",
+    "bad_input",
 ]
 
 
