@@ -12,7 +12,8 @@ committed with the views in one :meth:`ReadModel.commit`.
 
 The terminal barrier (what makes live processing and a replay agree, see
 :mod:`projections.run_state`): a run's terminal lifecycle event (RunCompleted, RunFailed,
-RunCancelled) is *held*, together with every later record of that run, until each
+RunCancelled), and the trainer's RunPaused (the answer to a command an alert caused), is
+*held*, together with every later record of that run, until each
 barrier topic (alerts, rewards, checkpoints) of that partition has delivered a record
 with an event time past the terminal's — so alerts and ledger facts from before the end
 are folded first whatever order the topics were read in — or until the host releases it
@@ -49,6 +50,13 @@ TELEMETRY = "runwatch.telemetry"
 BARRIER_TOPICS = ("runwatch.alerts", "runwatch.rewards", "runwatch.checkpoints")
 INPUTS = (LIFECYCLE, *BARRIER_TOPICS, TELEMETRY)
 TERMINAL_TYPES = frozenset({"RunCompleted", "RunFailed", "RunCancelled"})
+#: Lifecycle facts held behind the barrier: the terminals, and the trainer's pause — it
+#: answers a command an alert caused, so the alerts before it in event time must be folded
+#: first, or a live host and a replay would tell the pause differently (a late alert would
+#: rewrite an emitted PAUSED_BY_GATE). A paused trainer writes nothing, so the live
+#: follower catches up and releases it within its settle time. (RunResumed is not held:
+#: holding it would hold the whole resumed run while it trains.)
+HELD_TYPES = TERMINAL_TYPES | frozenset({"RunPaused"})
 _RUN_STATE_TOPICS = frozenset((LIFECYCLE, *BARRIER_TOPICS))
 _BARRIER_SET = frozenset(BARRIER_TOPICS)
 _NEVER = float("-inf")
@@ -174,7 +182,7 @@ class ProjectionEngine:
         if queue is not None and (topic == LIFECYCLE or ev.ts >= queue[0][2].ts):
             queue.append((topic, partition, ev))  # after the held terminal in event time
             self._held_dirty = True
-        elif topic == LIFECYCLE and self.barrier and ev.type in TERMINAL_TYPES:
+        elif topic == LIFECYCLE and self.barrier and ev.type in HELD_TYPES:
             held[ev.run_id] = [(topic, partition, ev)]
             self._held_dirty = True
             self._next_due = min(self._next_due, ev.ts)
