@@ -1,7 +1,10 @@
 """Where an :class:`~producers.emitter.Emitter` writes: the embedded log, Kafka, or memory.
 
 Sinks are synchronous because producers (a torch training loop, a rollout worker) are
-mostly synchronous code. ``write`` returns only once the events are durable.
+mostly synchronous code. ``write`` returns only once the events are durable; it encodes
+the whole batch before writing any of it, so a batch that fails to encode is not written
+half-way. ``write_dead_letters`` (optional) appends dead letters to the dead-letter topic:
+the emitter's place for events it could not serialise (see :mod:`producers.emitter`).
 """
 
 from __future__ import annotations
@@ -12,10 +15,12 @@ import threading
 from collections.abc import Sequence
 from typing import Protocol
 
-from events.codec import records_by_topic
+from events.codec import encode, records_by_topic
+from events.dead_letter import DeadLetter
 from events.envelope import EventBase
 from events.log.base import LogBackend
 from events.log.embedded import EmbeddedLog
+from events.topics import DEAD_LETTER_TOPIC
 
 
 class EventSink(Protocol):
@@ -25,13 +30,22 @@ class EventSink(Protocol):
 
 
 class MemorySink:
-    """Keeps events in a list: for unit tests and in-process composition."""
+    """Keeps events in a list: for unit tests and in-process composition. ``strict``
+    encodes every batch first, as a log would (and fails as a log would)."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, strict: bool = False) -> None:
         self.events: list[EventBase] = []
+        self.dead_letters: list[DeadLetter] = []
+        self.strict = strict
 
     def write(self, events: Sequence[EventBase]) -> None:
+        if self.strict:
+            for ev in events:
+                encode(ev)
         self.events.extend(events)
+
+    def write_dead_letters(self, letters: Sequence[DeadLetter]) -> None:
+        self.dead_letters.extend(letters)
 
     def close(self) -> None:
         return None
@@ -49,6 +63,9 @@ class EmbeddedSink:
 
     def write(self, events: Sequence[EventBase]) -> None:
         self.log.append_events_sync(events)
+
+    def write_dead_letters(self, letters: Sequence[DeadLetter]) -> None:
+        self.log.append_many_sync(DEAD_LETTER_TOPIC, [(None, d.encode()) for d in letters])
 
     def close(self) -> None:
         return None
@@ -77,6 +94,10 @@ class BackendSink:
             )
 
         self._call(_write())
+
+    def write_dead_letters(self, letters: Sequence[DeadLetter]) -> None:
+        records = [(None, d.encode()) for d in letters]
+        self._call(self.backend.append_many(DEAD_LETTER_TOPIC, records))
 
     def close(self) -> None:
         try:

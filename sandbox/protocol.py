@@ -20,8 +20,11 @@ error       w -> h   id, kind ("crash" | "resource" | "bad_output"), message
 =========== ======== =============================================================
 
 Everything received from a worker is tenant-controlled: :func:`recv_frame` bounds the size
-before reading, :func:`parse_reply` validates the shape, and anything else is a
-``tenant_bad_output``. Time: ``deadline`` arguments are absolute ``time.monotonic()`` values.
+before reading and accepts only a JSON object with an ``op``; anything else is a
+``tenant_bad_output``; the text of an ``error``/``load_error`` is cleaned
+(:func:`error_message`). What the host sends is checked whole before it is sent
+(:mod:`sandbox.batch`), so a send can fail only because the worker is gone.
+Time: ``deadline`` arguments are absolute ``time.monotonic()`` values.
 """
 
 from __future__ import annotations
@@ -33,6 +36,8 @@ import struct
 import time
 from dataclasses import dataclass
 from typing import Any
+
+from sandbox.text import clean_text
 
 HEADER = struct.Struct(">I")
 
@@ -118,5 +123,7 @@ def error_kind(msg: dict[str, Any]) -> str:
 
 
 def error_message(msg: dict[str, Any], limit: int = 2000) -> str:
+    """The worker's error text, cleaned (:func:`sandbox.text.clean_text`: bounded, valid
+    UTF-8, no terminal or bidi controls): it is whatever tenant code raised."""
     text = msg.get("message")
-    return text[:limit] if isinstance(text, str) else ""
+    return clean_text(text, limit) if isinstance(text, str) else ""

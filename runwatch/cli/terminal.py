@@ -3,6 +3,13 @@
 Commands never call ``print``: they call ``term.info`` / ``term.table`` / ``term.json``.
 Human text goes to stdout, diagnostics to stderr; ``--json`` output is one JSON document
 (or one object per line for streams) on stdout and nothing else.
+
+Much of what is printed is tenant-controlled (a reward function's exception, a run's
+failure reason, a batch's prompt), so nothing reaches the terminal raw: every line of
+human text has its control characters (ANSI escapes included: ESC and the one-byte CSI),
+bidi overrides/isolates/marks and lone surrogates made visible and harmless
+(:func:`sandbox.text.escape_controls`; ``\n`` and ``\t`` kept, and escaped inside a
+table cell), and JSON output escapes everything non-ASCII.
 """
 
 from __future__ import annotations
@@ -11,6 +18,8 @@ import json
 import sys
 from collections.abc import Iterable, Sequence
 from typing import IO, Any
+
+from sandbox.text import escape_controls
 
 
 class Abort(Exception):
@@ -36,22 +45,22 @@ class Terminal:
         self.verbose = verbose
 
     def info(self, message: str) -> None:
-        self.out.write(message + "\n")
+        self.out.write(_safe(message) + "\n")
 
     def progress(self, message: str) -> None:
         """Progress lines go to stderr so stdout stays parseable."""
-        self.err.write(message + "\n")
+        self.err.write(_safe(message) + "\n")
         self.err.flush()
 
     def warn(self, message: str) -> None:
-        self.err.write(f"warning: {message}\n")
+        self.err.write(f"warning: {_safe(message)}\n")
 
     def error(self, message: str) -> None:
-        self.err.write(f"error: {message}\n")
+        self.err.write(f"error: {_safe(message)}\n")
 
     def debug(self, message: str) -> None:
         if self.verbose:
-            self.err.write(f"debug: {message}\n")
+            self.err.write(f"debug: {_safe(message)}\n")
 
     def json(self, obj: Any) -> None:
         """One JSON document (pretty-printed is not needed: machines read this)."""
@@ -63,7 +72,7 @@ class Terminal:
 
     def table(self, rows: Sequence[Sequence[Any]], columns: Sequence[str]) -> None:
         """A plain ASCII table; cells are ``str()``-ed, columns padded to fit."""
-        cells = [[str(c) for c in columns]] + [[_cell(v) for v in row] for row in rows]
+        cells = [[_cell(c) for c in columns]] + [[_cell(v) for v in row] for row in rows]
         widths = [max(len(r[i]) for r in cells) for i in range(len(columns))]
         line = "+".join("-" * (w + 2) for w in widths)
         self.out.write("+" + line + "+\n")
@@ -74,9 +83,13 @@ class Terminal:
         self.out.write("+" + line + "+\n")
 
 
+def _safe(message: Any) -> str:
+    return escape_controls(message if isinstance(message, str) else str(message))
+
+
 def _cell(value: Any) -> str:
     if value is None:
         return "-"
     if isinstance(value, float):
         return f"{value:.4g}"
-    return str(value)
+    return escape_controls(str(value), oneline=True)
