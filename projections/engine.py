@@ -207,8 +207,20 @@ class ProjectionEngine:
             if force or self._low_watermark(partition) > head.ts:
                 ready.append((head.ts, rid))
         for _, rid in sorted(ready):
-            for topic, _, ev in self.held.pop(rid):
+            queue, rest = self.held.pop(rid), None
+            if not force:
+                # a later held fact in the queue (the run's end after its pause) waits for
+                # the watermarks to pass it in turn: it heads the run's queue from here
+                for i in range(1, len(queue)):
+                    topic, partition, ev = queue[i]
+                    held_fact = topic == LIFECYCLE and ev.type in HELD_TYPES
+                    if held_fact and self._low_watermark(partition) <= ev.ts:
+                        queue, rest = queue[:i], queue[i:]
+                        break
+            for topic, _, ev in queue:
                 self._apply(topic, ev, out)
+            if rest:
+                self.held[rid] = rest
             self._held_dirty = True
         self._next_due = min((q[0][2].ts for q in self.held.values()), default=float("inf"))
 
