@@ -79,7 +79,8 @@ def test_crash_mid_replay_resumes_from_the_stored_offsets(log_dir, tmp_path):
 
 
 def test_output_does_not_depend_on_how_topics_interleave(tmp_path, fleet_events):
-    """Same facts, three append orders: time-merged, grouped by topic, random per-topic merge."""
+    """Same facts, five append orders: time-merged, grouped by topic, lifecycle last or
+    first, random per-topic merge."""
     by_topic: dict[str, list] = {}
     for ev in fleet_events:
         by_topic.setdefault(type(ev).TOPIC, []).append(ev)
@@ -96,6 +97,13 @@ def test_output_does_not_depend_on_how_topics_interleave(tmp_path, fleet_events)
         "lifecycle_last": [
             e
             for t in sorted(by_topic, key=lambda t: t == "runwatch.lifecycle")
+            for e in by_topic[t]
+        ],
+        # the trainer's RunPaused (answering an alert's pause request) read before the
+        # alert: the barrier holds it until the alerts have passed it
+        "lifecycle_first": [
+            e
+            for t in sorted(by_topic, key=lambda t: t != "runwatch.lifecycle")
             for e in by_topic[t]
         ],
         "random": shuffled,
