@@ -4,6 +4,10 @@ Tenant code is never imported on the host: a Python artifact is *parsed* (``ast`
 executed. The four kinds (seed 002, step 1), each widening the surface:
 
 - ``function``: a module defining ``reward(batch)`` that only computes over text.
+- ``invalid``: not a reward artifact — it does not parse or compile, has no module-level
+  ``def reward(batch)`` (a ``reward = lambda ...``, an imported or re-bound ``reward``, an
+  ``async def`` or a signature that cannot take one batch do not count), or is not a
+  ``.py``/weights file. The client refuses it before any of it runs: ``tenant_bad_artifact``.
 - ``verifier``: a module defining ``reward(batch)`` that runs further code — it imports or
   calls process/exec/loader machinery (``subprocess``, ``os.system``/``exec*``/``spawn*``/
   ``fork``, ``multiprocessing``, ``ctypes``, ``importlib``, ``exec``/``eval``/``compile``/
@@ -54,12 +58,19 @@ TIER_OF: dict[ArtifactKind, Tier] = {
 
 @dataclass(frozen=True)
 class Classification:
-    """The kind of an artifact, its tier (None when invalid) and why."""
+    """The kind of an artifact, its tier (None when invalid) and why.
+
+    ``readable`` is False only when the platform could not read the file at all (its
+    storage, not the tenant's code); every other ``invalid`` is the tenant's artifact
+    (does not parse or compile, no ``def reward``, not a reward file) and is refused
+    before scoring as ``tenant_bad_artifact``.
+    """
 
     kind: ArtifactKind
     tier: Tier | None
     digest: str
     reasons: tuple[str, ...]
+    readable: bool = True
 
 
 def classify_path(path: Path) -> Classification:
@@ -84,7 +95,9 @@ def classify_path(path: Path) -> Classification:
     try:
         data = path.read_bytes()
     except OSError as exc:
-        return Classification(ArtifactKind.INVALID, None, "", (f"cannot read {path}: {exc}",))
+        return Classification(
+            ArtifactKind.INVALID, None, "", (f"cannot read {path}: {exc}",), readable=False
+        )
     return classify_bytes(path.name, data)
 
 
@@ -104,8 +117,15 @@ def classify_bytes(name: str, data: bytes) -> Classification:
         )
     try:
         tree = ast.parse(data, filename=name)
+        # compiling (never running) also finds what the parser lets through: 'return'
+        # outside a function, a misplaced nonlocal, ...
+        compile(tree, name, "exec", dont_inherit=True)
     except (SyntaxError, ValueError) as exc:
         return Classification(ArtifactKind.INVALID, None, digest, (f"does not parse: {exc}",))
+    except (RecursionError, MemoryError):
+        return Classification(
+            ArtifactKind.INVALID, None, digest, ("does not parse: nested too deeply",)
+        )
     return _classify_module(tree, digest)
 
 
@@ -114,11 +134,21 @@ def _classify_module(tree: ast.Module, digest: str) -> Classification:
     has_reward = False
     declared: ArtifactKind | None = None
     env_classes: list[str] = []
+    rebound = False
     for node in tree.body:
+        if _binds_reward_otherwise(node):
+            rebound = True
+            reasons.append(
+                "reward is bound by an assignment or import, not defined: "
+                "write a module-level def reward(batch)"
+            )
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == "reward":
             has_reward = True
             if isinstance(node, ast.AsyncFunctionDef):
                 reasons.append("reward is async: must be a plain function")
+                has_reward = False
+            elif not _takes_one_argument(node.args):
+                reasons.append("def reward must take the batch as its one positional argument")
                 has_reward = False
         if isinstance(node, ast.ClassDef):
             methods = {n.name for n in node.body if isinstance(n, ast.FunctionDef)}
@@ -135,6 +165,8 @@ def _classify_module(tree: ast.Module, digest: str) -> Classification:
             except ValueError:
                 reasons.append(f"unknown ARTIFACT_KIND {node.value.value!r} ignored")
     runs_code = sorted(_code_running_uses(tree))
+    if rebound:
+        return Classification(ArtifactKind.INVALID, None, digest, tuple(reasons))
     if env_classes and not has_reward:
         kind = ArtifactKind.ENVIRONMENT
         reasons.append(f"stateful environment class(es): {', '.join(env_classes)}")
@@ -155,6 +187,27 @@ def _classify_module(tree: ast.Module, digest: str) -> Classification:
         reasons.append(f"declared ARTIFACT_KIND={declared.value}")
         kind = declared
     return Classification(kind, TIER_OF[kind], digest, tuple(reasons))
+
+
+def _takes_one_argument(args: ast.arguments) -> bool:
+    """Whether ``reward(batch)`` (one positional argument) is a valid call of it."""
+    positional = len(args.posonlyargs) + len(args.args)
+    required = positional - len(args.defaults)
+    kw_required = any(d is None for d in args.kw_defaults)
+    return (positional >= 1 or args.vararg is not None) and required <= 1 and not kw_required
+
+
+def _binds_reward_otherwise(node: ast.stmt) -> bool:
+    """``reward = lambda ...``, ``reward: T = ...``, ``import x as reward``, ``from m import
+    reward``: a name the classifier cannot see is a plain function over text."""
+    if isinstance(node, ast.Assign):
+        targets = [n for t in node.targets for n in ast.walk(t)]
+        return any(isinstance(t, ast.Name) and t.id == "reward" for t in targets)
+    if isinstance(node, (ast.AnnAssign, ast.AugAssign)):
+        return isinstance(node.target, ast.Name) and node.target.id == "reward"
+    if isinstance(node, (ast.Import, ast.ImportFrom)):
+        return any((a.asname or a.name.split(".")[0]) == "reward" for a in node.names)
+    return False
 
 
 def _code_running_uses(tree: ast.Module) -> set[str]:

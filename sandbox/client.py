@@ -19,7 +19,8 @@ API (everything the trainer needs; nothing here raises for tenant or kernel trou
     outcome.status      # OutcomeStatus.OK | SKIPPED | PAUSED | REFUSED
     outcome.scores      # tuple[float, ...] (len(batch), finite, in range) if OK, else None
     outcome.cause       # Cause: ok | tenant_timeout | tenant_crash | tenant_bad_output
-                        #        | tenant_resource_exceeded | platform_error (last attempt)
+                        #        | tenant_resource_exceeded | tenant_bad_artifact
+                        #        | platform_error | bad_input (last attempt)
     outcome.duration_s, outcome.message, outcome.attempt, outcome.attempts (per attempt)
     events = client.outcome_events(outcome)   # RewardBatchScored / RewardBatchFailed (one per
                                               # attempt) / CanaryProbeScored: append to the log
@@ -35,8 +36,18 @@ Semantics:
   is ever substituted: on failure the policy decides — ``retry`` (up to ``retries`` more
   attempts, then ``then``: skip or pause), ``skip`` (exclude the batch), ``pause`` (stop the
   run for tenant action; later calls return PAUSED without running tenant code).
-- ``REFUSED``: this host cannot run the tier safely (a missing isolation layer for a hostile
-  tier, or a tier not built). Booked ``platform_error``; logged as an error.
+- ``REFUSED``: nothing was run, for one of three reasons, each booked to whose it is:
+  the artifact is not a reward artifact (does not parse or compile, no ``def reward(batch)``
+  — classified before scoring, :mod:`sandbox.classify`): ``tenant_bad_artifact``; the
+  caller's batch cannot cross the JSON boundary (NaN, a non-JSON value, not a list of
+  ``{prompt: str, completion: str, ...}``, too large — :mod:`sandbox.batch`): ``bad_input``,
+  the caller's, neither the tenant's nor dropped silently; this host cannot run the tier
+  safely (a missing isolation layer for a hostile tier, a tier not built, an unreadable
+  file): ``platform_error``, logged as an error.
+- Text from tenant code (exception messages, tracebacks, offending values) is cleaned at
+  this boundary (:func:`sandbox.text.clean_text`: bounded, valid UTF-8, controls and bidi
+  characters escaped) in every ``AttemptRecord`` and ``ScoreOutcome``, so it can become an
+  event and reach a terminal.
 - Defaults per tier: function -> retry 2 then skip, recycle every 50 batches;
   verifier -> skip, fresh sandbox per batch.
 - Thread-safe: concurrent ``score`` calls run in parallel up to the tenant's cap.
@@ -55,9 +66,11 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
-from sandbox.classify import classify_path
+from sandbox.batch import MAX_BATCH_BYTES, validate_batch
+from sandbox.classify import Classification, classify_path
 from sandbox.features import KernelFeatures, probe, tier_gate
 from sandbox.integrity import (
+    CanaryProbe,
     CanarySet,
     CanaryVerdict,
     DegenerateState,
@@ -69,8 +82,10 @@ from sandbox.integrity import (
 from sandbox.isolation import stage_artifact
 from sandbox.ledger import Ledger
 from sandbox.pool import WarmPool, tenant_slot
+from sandbox.text import EXAMPLE_LIMIT, MESSAGE_LIMIT, clean_text
 from sandbox.types import (
     BUILT_TIERS,
+    ArtifactKind,
     AttemptResult,
     Cause,
     OutcomeStatus,
@@ -78,7 +93,6 @@ from sandbox.types import (
     SandboxConfig,
     Tier,
 )
-from sandbox.worker import validate_batch
 
 log = logging.getLogger("runwatch.sandbox")
 
@@ -118,12 +132,20 @@ def default_policy(tier: str) -> FailurePolicy:
 
 @dataclass(frozen=True)
 class AttemptRecord:
+    """One attempt as booked. ``message`` and ``examples`` are cleaned on construction
+    (:func:`sandbox.text.clean_text`): whatever the tenant said is safe to carry."""
+
     attempt: int
     cause: Cause
     duration_s: float
     message: str
     action: Literal["ok", "retry", "skip", "pause"]
     examples: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "message", clean_text(self.message, MESSAGE_LIMIT))
+        examples = tuple(clean_text(x, EXAMPLE_LIMIT) for x in tuple(self.examples)[:3])
+        object.__setattr__(self, "examples", examples)
 
 
 @dataclass(frozen=True)
@@ -146,6 +168,9 @@ class ScoreOutcome:
     canary: CanaryVerdict | None = None
     missing_layers: tuple[str, ...] = ()
     ts: float = field(default_factory=time.time)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "message", clean_text(self.message, MESSAGE_LIMIT))
 
     @property
     def ok(self) -> bool:
@@ -193,7 +218,12 @@ class RewardClient:
         self.tenant_id = tenant_id
         self.run_id = run_id
         self.producer = producer
-        self.classification = classify_path(self.artifact_path)
+        try:
+            self.classification = classify_path(self.artifact_path)
+        except Exception as exc:  # classify_path should not raise; never let it escape
+            self.classification = Classification(
+                ArtifactKind.INVALID, None, "", (f"classification failed: {exc!r}",), False
+            )
         chosen: str | None = tier or self.classification.tier
         self.config = replace(config or SandboxConfig(), tier=chosen or "function")
         self.tier: str = chosen or "invalid"
@@ -208,17 +238,27 @@ class RewardClient:
         self._paused: AttemptRecord | None = None
         self._pool: WarmPool | None = None
         self._refusal = ""
+        self._refusal_cause = Cause.PLATFORM_ERROR
         self.missing_layers: tuple[str, ...] = ()
         self.artifact_digest = self.classification.digest
         try:
             self._open(features, prewarm)
         except Exception as exc:
-            self._refusal = f"sandbox could not start: {exc!r}"
+            self._refusal = clean_text(f"sandbox could not start: {exc!r}")
+            self._refusal_cause = Cause.PLATFORM_ERROR
             log.error("%s", self._refusal)
 
     def _open(self, features: KernelFeatures | None, prewarm: bool) -> None:
-        if self.classification.tier is None and self.tier == "invalid":
-            self._refusal = "invalid artifact: " + "; ".join(self.classification.reasons)
+        if self.classification.kind is ArtifactKind.INVALID:
+            # classified before scoring: the tenant's file is not a reward artifact (an
+            # explicit tier does not make it one); a file the platform could not read
+            # is the platform's
+            why = "; ".join(self.classification.reasons)
+            self._refusal = clean_text(f"invalid artifact: {why}")
+            self._refusal_cause = (
+                Cause.TENANT_BAD_ARTIFACT if self.classification.readable else Cause.PLATFORM_ERROR
+            )
+            log.warning("SANDBOX REFUSED the artifact: %s", self._refusal)
             return
         if self.tier not in BUILT_TIERS:
             self._refusal = f"tier {self.tier!r} is not built yet (function and verifier are)"
@@ -281,21 +321,33 @@ class RewardClient:
                 **base,
             )
 
+    def _refused(
+        self,
+        cause: Cause,
+        msg: str,
+        started: float,
+        base: dict[str, Any],
+        examples: tuple[str, ...] = (),
+    ) -> ScoreOutcome:
+        """Nothing ran: one attempt record (the event's), booked to ``cause``."""
+        self.ledger.book(cause)
+        rec = AttemptRecord(1, cause, 0.0, msg, "skip", examples)
+        return ScoreOutcome(
+            OutcomeStatus.REFUSED,
+            None,
+            cause,
+            time.monotonic() - started,
+            msg,
+            0,
+            attempts=(rec,),
+            **base,
+        )
+
     def _score(self, batch: Any, started: float, base: dict[str, Any]) -> ScoreOutcome:
         if self._refusal or self._pool is None:
-            self.ledger.book(Cause.PLATFORM_ERROR)
-            msg = self._refusal or "sandbox closed"
-            rec = AttemptRecord(1, Cause.PLATFORM_ERROR, 0.0, msg, "skip")
-            return ScoreOutcome(
-                OutcomeStatus.REFUSED,
-                None,
-                Cause.PLATFORM_ERROR,
-                time.monotonic() - started,
-                msg,
-                0,
-                attempts=(rec,),
-                **base,
-            )
+            cause = self._refusal_cause if self._refusal else Cause.PLATFORM_ERROR
+            examples = self.classification.reasons if cause is Cause.TENANT_BAD_ARTIFACT else ()
+            return self._refused(cause, self._refusal or "sandbox closed", started, base, examples)
         if self._paused is not None:
             p = self._paused
             msg = f"run paused by the failure policy after {p.cause.value}: {p.message}"
@@ -308,32 +360,31 @@ class RewardClient:
                 0,
                 **base,
             )
-        bad = validate_batch(batch)
+        # the whole batch, before anything is sent: one the platform cannot encode is the
+        # caller's bad input, never a dead worker booked to the tenant
+        bad = validate_batch(batch, max_bytes=self._max_batch_bytes())
         if bad:
-            self.ledger.book(Cause.PLATFORM_ERROR)
-            rec = AttemptRecord(1, Cause.PLATFORM_ERROR, 0.0, f"invalid batch: {bad}", "skip")
-            return ScoreOutcome(
-                OutcomeStatus.SKIPPED,
-                None,
-                Cause.PLATFORM_ERROR,
-                time.monotonic() - started,
-                rec.message,
-                1,
-                attempts=(rec,),
-                **base,
-            )
+            return self._refused(Cause.BAD_INPUT, f"invalid batch: {bad}", started, base)
         with self._lock:
             self._batches += 1
             use_canaries = (
                 self.canaries is not None
-                and self.canaries.probes
+                and (self.canaries.probes or self.canaries.draw is not None)
                 and self._batches % max(1, self.canaries.every) == 0
             )
             positions: tuple[int, ...] = ()
+            probes: tuple[CanaryProbe, ...] = ()
             sent = batch
             if use_canaries:
                 assert self.canaries is not None
-                sent, positions = mix_canaries(batch, self.canaries.probes, self._rng)
+                probes = self.canaries.probes_for(batch, self._rng)
+            if probes:
+                assert self.canaries is not None
+                sent, positions = mix_canaries(batch, probes, self._rng, self.canaries.group)
+        if positions and validate_batch(sent, max_bytes=self._max_batch_bytes()):
+            # the platform's own probes do not encode: score the batch without them
+            log.error("canary probes dropped: %s", validate_batch(sent))
+            sent, positions, probes = batch, (), ()
 
         records: list[AttemptRecord] = []
         result: AttemptResult | None = None
@@ -380,7 +431,7 @@ class RewardClient:
         if positions:
             assert self.canaries is not None
             scores, probe_scores = split_canaries(scores, positions)
-            verdict = judge_canaries(self.canaries, probe_scores)
+            verdict = judge_canaries(self.canaries, probe_scores, probes)
         with self._lock:
             self._degenerate, report = apply_degenerate(self._degenerate, scores)
         if report.flagged:
@@ -402,6 +453,10 @@ class RewardClient:
             canary=verdict,
             **base,
         )
+
+    def _max_batch_bytes(self) -> int:
+        """A batch must fit the frame and, decoded, the worker's memory."""
+        return max(1, min(MAX_BATCH_BYTES, self.config.limits.memory_bytes // 16))
 
     def _attempt(self, batch: list[dict[str, Any]]) -> AttemptResult:
         assert self._pool is not None
@@ -514,7 +569,7 @@ def _input_examples(batch: Sequence[Mapping[str, Any]], cause: Cause) -> tuple[s
     """For a tenant-side failure with no offending output to show (a timeout, a crash, a
     resource limit), the first inputs of the batch: what the customer needs to reproduce
     it. Platform errors attach nothing (the tenant's inputs are not the problem)."""
-    if cause in (Cause.OK, Cause.PLATFORM_ERROR):
+    if cause in (Cause.OK, Cause.PLATFORM_ERROR, Cause.BAD_INPUT):
         return ()
     out = []
     for item in list(batch)[:3]:

@@ -12,11 +12,20 @@ the tenant cannot tell apart (:func:`mix_canaries`, positions drawn by the calle
 split back out after the gate (:func:`split_canaries`), and judged (:func:`judge_canaries`):
 *inflated* when the probes' mean score exceeds the reference mean by more than the
 tolerance. Probe scores never reach the trainer.
+
+A probe must not be told apart by its *shape* either, or a reward could score probes at
+the reference and everything else high. Each probe takes the shape of a real item of the
+batch it rides in — the same keys, in the same order, values of the same types
+(:meth:`CanaryProbe.as_item`) — and batches laid out in groups get probes as whole groups
+(``CanarySet.group``). Its *content* is the probe author's part: a probe set drawn from
+the same distribution as the real items (``CanarySet.draw``; the trainer's draws task
+items with wrong completions of its model's lengths) leaves nothing to tell.
 """
 
 from __future__ import annotations
 
 import random
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,24 +58,64 @@ def apply_degenerate(
 
 @dataclass(frozen=True, slots=True)
 class CanaryProbe:
-    """A held-out probe: the platform's reference score for this (prompt, completion)."""
+    """A held-out probe: the platform's reference score for this (prompt, completion).
+
+    ``fields`` are the probe's further item fields (e.g. ``(("answer", "321"),)``) for
+    batches whose items carry more than ``prompt`` and ``completion``.
+    """
 
     probe_id: str
     prompt: str
     completion: str
     expected: float
+    fields: tuple[tuple[str, Any], ...] = ()
 
-    def as_item(self) -> dict[str, Any]:
-        return {"prompt": self.prompt, "completion": self.completion}
+    def as_item(self, template: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """The probe as a batch item. Given ``template`` (a real item of the batch it rides
+        in) it takes that item's shape: exactly its keys, in its order, each value of the
+        same type — the probe's own value where it has one of that type, else the
+        template's — so no key, order or type tells a probe from a real item."""
+        own: dict[str, Any] = {
+            "prompt": self.prompt,
+            "completion": self.completion,
+            **dict(self.fields),
+        }
+        if template is None:
+            return own
+        out: dict[str, Any] = {}
+        for key, real in template.items():
+            mine = own.get(key, _MISSING)
+            out[key] = mine if type(mine) is type(real) else real
+        return out
+
+
+_MISSING = object()
+
+#: Draws fresh probes for one batch (given that batch and the client's RNG).
+ProbeSource = Callable[[Sequence[Mapping[str, Any]], random.Random], Sequence[CanaryProbe]]
 
 
 @dataclass(frozen=True, slots=True)
 class CanarySet:
-    """Probes mixed into every ``every``-th batch; inflation beyond ``tolerance`` trips."""
+    """Probes mixed into every ``every``-th batch; inflation beyond ``tolerance`` trips.
 
-    probes: tuple[CanaryProbe, ...]
+    ``probes`` are fixed; ``draw``, when given, makes fresh ones for each batch instead
+    (from the same distribution as its real items: the trainer draws task items with
+    wrong completions of the lengths its model produces). ``group``: probes go in as
+    contiguous runs of ``group`` at run boundaries, for batches laid out in groups (GRPO:
+    ``group_size`` completions of one prompt side by side); 1 places each probe anywhere.
+    """
+
+    probes: tuple[CanaryProbe, ...] = ()
     every: int = 10
     tolerance: float = 0.1
+    group: int = 1
+    draw: ProbeSource | None = None
+
+    def probes_for(
+        self, batch: Sequence[Mapping[str, Any]], rng: random.Random
+    ) -> tuple[CanaryProbe, ...]:
+        return tuple(self.draw(batch, rng)) if self.draw is not None else self.probes
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,18 +128,32 @@ class CanaryVerdict:
 
 
 def mix_canaries(
-    batch: list[dict[str, Any]], probes: tuple[CanaryProbe, ...], rng: random.Random
+    batch: list[dict[str, Any]],
+    probes: Sequence[CanaryProbe],
+    rng: random.Random,
+    group: int = 1,
 ) -> tuple[list[dict[str, Any]], tuple[int, ...]]:
-    """Insert the probes at random positions; returns the mixed batch and probe positions
-    (sorted, in probe order of insertion)."""
-    total = len(batch) + len(probes)
-    positions = sorted(rng.sample(range(total), len(probes)))
+    """Insert the probes at random positions, each shaped like a real item of ``batch``
+    (:meth:`CanaryProbe.as_item`); returns the mixed batch and the probe positions (sorted,
+    in probe order). With ``group`` > 1 (and both lengths multiples of it) the probes go
+    in as runs of ``group`` between the batch's own runs."""
+    if group < 1 or len(batch) % group or len(probes) % group:
+        group = 1
+    slots_b, slots_p = len(batch) // group, len(probes) // group
+    chosen = set(rng.sample(range(slots_b + slots_p), slots_p))
     mixed: list[dict[str, Any]] = []
-    items = iter(batch)
-    probe_iter = iter(probes)
-    pos_set = set(positions)
-    for i in range(total):
-        mixed.append(next(probe_iter).as_item() if i in pos_set else next(items))
+    positions: list[int] = []
+    b = p = 0
+    for slot in range(slots_b + slots_p):
+        if slot in chosen:
+            template = batch[rng.randrange(len(batch))] if batch else None
+            for _ in range(group):
+                positions.append(len(mixed))
+                mixed.append(probes[p].as_item(template))
+                p += 1
+        else:
+            mixed.extend(batch[b * group : (b + 1) * group])
+            b += 1
     return mixed, tuple(positions)
 
 
@@ -104,8 +167,15 @@ def split_canaries(
     return batch, probes
 
 
-def judge_canaries(canaries: CanarySet, probe_scores: tuple[float, ...]) -> CanaryVerdict:
+def judge_canaries(
+    canaries: CanarySet,
+    probe_scores: tuple[float, ...],
+    probes: Sequence[CanaryProbe] | None = None,
+) -> CanaryVerdict:
+    """The verdict on one batch's probe scores against the reference of the probes that
+    rode in it (``probes``; default: the set's fixed probes)."""
+    used = canaries.probes if probes is None else probes
     n = len(probe_scores)
     mean = sum(probe_scores) / n if n else 0.0
-    expected = sum(p.expected for p in canaries.probes) / len(canaries.probes)
+    expected = sum(p.expected for p in used) / len(used) if used else 0.0
     return CanaryVerdict(n, mean, expected, mean > expected + canaries.tolerance, probe_scores)

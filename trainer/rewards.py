@@ -15,12 +15,17 @@ from __future__ import annotations
 import hashlib
 import inspect
 import json
-from collections.abc import Sequence
+import random
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from trainer.config import TrainerConfig
 from trainer.task import DIGIT0, EOS, Dataset
+
+if TYPE_CHECKING:
+    from sandbox.integrity import CanaryProbe as CanaryProbeT
 
 
 @dataclass(frozen=True)
@@ -84,7 +89,7 @@ class RewardFn:
         self._sandbox: SandboxReward | None = None
         if self.kind == "sandbox":
             assert cfg.reward.sandbox_path
-            self._sandbox = SandboxReward(Path(cfg.reward.sandbox_path), cfg)
+            self._sandbox = SandboxReward(Path(cfg.reward.sandbox_path), cfg, dataset)
 
     def digest(self) -> str:
         params = {"kind": self.kind}
@@ -156,6 +161,34 @@ class RewardUnavailable(RuntimeError):
         self.failure_class = failure_class
 
 
+#: Every this many sandbox batches carry one group of canary probes (see ``SandboxReward``).
+CANARY_EVERY = 5
+#: How far above the probes' reference (0: wrong at every position) their mean may score.
+CANARY_TOLERANCE = 0.25
+
+
+def sandbox_item(prompt: Sequence[int], completion: Sequence[int], answer: Sequence[int]) -> dict:
+    """One batch item as the tenant's ``reward(batch)`` sees it (digit values in, digit
+    strings out): the one place real items and canary probes are both shaped."""
+    return {
+        "prompt": "".join(str(d) for d in prompt),
+        "completion": "".join(str(d) for d in completion),
+        "answer": "".join(str(d) for d in answer),
+    }
+
+
+def wrong_everywhere(completion: str, answer: str, base: int, rng: random.Random) -> str:
+    """``completion`` with every position that matches ``answer`` changed to another digit:
+    the same length, and no exact-match or per-position credit for this answer."""
+    digits = [str(d) for d in range(min(base, 10))]
+    out = []
+    for i, c in enumerate(completion):
+        if i < len(answer) and c == answer[i]:
+            c = rng.choice([d for d in digits if d != answer[i]])
+        out.append(c)
+    return "".join(out)
+
+
 class SandboxReward:
     """A tenant reward file scored through :class:`sandbox.client.RewardClient`.
 
@@ -164,15 +197,62 @@ class SandboxReward:
     completion is ``""`` when unparseable); one float per element comes back through the
     sandbox's schema gate. The client's reward events (RewardBatchScored/Failed,
     CanaryProbeScored) are queued in :attr:`pending_events` for the trainer to publish.
+
+    Canary probes (:meth:`draw_probes`): every :data:`CANARY_EVERY`-th batch carries one
+    more GRPO group that is indistinguishable from the real ones — a train prompt not in
+    the batch, its true ``answer``, and ``group_size`` completions borrowed from a real
+    group of the same batch (so their lengths, empties included, are the model's own)
+    altered to be wrong at every position; the same keys, order and types as every item,
+    placed at a group boundary. An honest judge of this task scores them 0; a mean above
+    :data:`CANARY_TOLERANCE` marks the batch's ``CanaryProbeScored`` inflated. Probe scores
+    never reach the optimizer. (What they cannot see: a reward that inflates only partly
+    right answers — the platform has no reference score for partial credit.)
     """
 
-    def __init__(self, path: Path, cfg: TrainerConfig) -> None:
+    def __init__(self, path: Path, cfg: TrainerConfig, dataset: Dataset | None = None) -> None:
         if not path.is_file():
             raise ValueError(f"reward file {path} does not exist")
         self.path = path
         self.cfg = cfg
+        self.dataset = dataset
         self._client = None
+        self._probes = 0
         self.pending_events: list[object] = []
+
+    def draw_probes(
+        self, batch: Sequence[Mapping[str, Any]], rng: random.Random
+    ) -> tuple[CanaryProbeT, ...]:
+        """One group of probes shaped and drawn like the real groups of ``batch``."""
+        from sandbox.integrity import CanaryProbe
+
+        ds, group = self.dataset, self.cfg.grpo.group_size
+        if ds is None or not ds.train or not batch or len(batch) % group:
+            return ()
+        seen = {str(x.get("prompt")) for x in batch}
+        for _ in range(32):
+            item = ds.train[rng.randrange(len(ds.train))]
+            if "".join(str(d) for d in item) not in seen:
+                break
+        else:
+            return ()
+        answer = [d - DIGIT0 for d in ds.answer_tokens(item)]
+        start = rng.randrange(len(batch) // group) * group
+        probes = []
+        for k in range(group):
+            real = str(batch[start + k].get("completion", ""))
+            shaped = sandbox_item(item, (), answer)
+            wrong = wrong_everywhere(real, shaped["answer"], self.cfg.task.base, rng)
+            self._probes += 1
+            probes.append(
+                CanaryProbe(
+                    f"canary-{self._probes}",
+                    shaped["prompt"],
+                    wrong,
+                    expected=0.0,
+                    fields=(("answer", shaped["answer"]),),
+                )
+            )
+        return tuple(probes)
 
     def file_digest(self) -> str:
         return hashlib.sha256(self.path.read_bytes()).hexdigest()
@@ -180,15 +260,24 @@ class SandboxReward:
     def _get_client(self):  # type: ignore[no-untyped-def]
         if self._client is None:
             from sandbox.client import RewardClient  # the sandbox's typed boundary
+            from sandbox.integrity import CanarySet
             from sandbox.types import ResourceLimits, SandboxConfig
 
             limits = ResourceLimits(deadline_s=self.cfg.reward.sandbox_deadline_s)
+            canaries = CanarySet(
+                every=CANARY_EVERY,
+                tolerance=CANARY_TOLERANCE,
+                group=self.cfg.grpo.group_size,
+                draw=self.draw_probes,
+            )
             self._client = RewardClient(
                 self.path,
                 self.cfg.tenant_id,
                 run_id=self.cfg.run_id,
                 producer=f"sandbox/{self.cfg.run_id}",
                 config=SandboxConfig(limits=limits),
+                canaries=canaries if self.dataset is not None else None,
+                rng=random.Random(f"canaries/{self.cfg.run_id}/{self.cfg.seed}"),
             )
         return self._client
 
@@ -204,15 +293,17 @@ class SandboxReward:
         completions: Sequence[Sequence[int]],
         step: int | None = None,
     ) -> list[float]:
+        if self.dataset is None:
+            self.dataset = ds
         batch = []
         for item, comp in zip(items, completions):
             got = parse(comp)
             batch.append(
-                {
-                    "prompt": "".join(str(d) for d in item),
-                    "completion": "".join(str(d - DIGIT0) for d in got.digits or ()),
-                    "answer": "".join(str(d - DIGIT0) for d in ds.answer_tokens(item)),
-                }
+                sandbox_item(
+                    item,
+                    [d - DIGIT0 for d in got.digits or ()],
+                    [d - DIGIT0 for d in ds.answer_tokens(item)],
+                )
             )
         client = self._get_client()
         outcome = client.score(batch, step=step)
@@ -222,7 +313,10 @@ class SandboxReward:
         status = outcome.status.value
         cause = outcome.cause.value
         action = {"skipped": "skip", "paused": "pause"}.get(status, "fail")
-        klass = "platform_fault" if cause == "platform_error" else "tenant_code_fault"
+        # bad_input: the trainer (the platform) built a batch that cannot be sent
+        klass = (
+            "platform_fault" if cause in ("platform_error", "bad_input") else "tenant_code_fault"
+        )
         raise RewardUnavailable(
             f"sandbox outcome {status} ({cause}): {outcome.message[:500]}", action, klass
         )

@@ -14,7 +14,7 @@ from events.codec import decode, encode
 from sandbox.client import FailurePolicy, RewardClient
 from sandbox.integrity import CanaryProbe, CanarySet
 from sandbox.ledger import ledger_from_events
-from sandbox.types import Cause, OutcomeStatus, ScoreRange
+from sandbox.types import Cause, OutcomeStatus, SandboxConfig, ScoreRange
 from tests.integration.sandbox_support import (
     FAST_LIMITS,
     PROBE,
@@ -27,6 +27,7 @@ from tests.integration.sandbox_support import (
 pytestmark = pytest.mark.timeout(90)
 
 BATCH = [{"prompt": "p", "completion": "x" * i} for i in range(1, 5)]
+FAST_CONFIG = SandboxConfig(limits=FAST_LIMITS)
 EXPECTED = (1.0, 2.0, 3.0, 4.0)
 LENGTH = """
 def reward(batch):
@@ -133,7 +134,9 @@ def test_crash_and_timeout_land_in_different_columns(tmp_path: Path) -> None:
             "tenant_crash": 3,
             "tenant_bad_output": 0,
             "tenant_resource_exceeded": 0,
+            "tenant_bad_artifact": 0,
             "platform_error": 0,
+            "bad_input": 0,
         }
         events = [e for o in (crash, hang, exit_, segv, ok) for e in c.outcome_events(o)]
     # a crash or timeout has no bad output to show: the failing inputs are the examples
@@ -149,20 +152,121 @@ def test_crash_and_timeout_land_in_different_columns(tmp_path: Path) -> None:
 
 def test_artifact_load_failures_are_tenant_faults(tmp_path: Path) -> None:
     require_sandbox()
-    with make_client(tmp_path / "a", "raise ImportError('no numpy here')\n", tier="function") as c:
+    src = "raise ImportError('no numpy here')\ndef reward(batch):\n    return []\n"
+    with make_client(tmp_path / "a", src, tier="function") as c:
         out = c.score(BATCH)
         assert out.cause is Cause.TENANT_CRASH and "no numpy here" in out.message
-    with make_client(tmp_path / "b", "x = [0] * (10**10)\n", tier="function") as c:
+    src = "x = [0] * (10**10)\ndef reward(batch):\n    return []\n"
+    with make_client(tmp_path / "b", src, tier="function") as c:
         out = c.score(BATCH)
         assert out.cause is Cause.TENANT_RESOURCE_EXCEEDED, out.message
 
 
-def test_invalid_batch_is_a_platform_error_not_a_tenant_one(tmp_path: Path) -> None:
+# -- not a reward artifact: the tenant's, refused before scoring (#20 item 4) -------------
+
+BAD_ARTIFACTS = {
+    "syntax_error": "def reward(batch):\n    return [len(x['completion']) for x in batch\n",
+    "lambda": "reward = lambda batch: [1.0 for _ in batch]\n",
+    "no_reward": "def score(batch):\n    return [1.0 for _ in batch]\n",
+    "compile_only_error": "return 1\ndef reward(batch):\n    return [1.0 for _ in batch]\n",
+    "nested_too_deeply": "x = " + "-" * 100_000 + "1\ndef reward(b):\n    return []\n",
+    "not_utf8": "def reward(batch):\n    return ['\udcff' for _ in batch]\n",
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_ARTIFACTS))
+@pytest.mark.parametrize("tier", [None, "function"], ids=["classified", "explicit_tier"])
+def test_a_file_that_is_not_a_reward_artifact_is_the_tenants_fault(
+    tmp_path: Path, case: str, tier: str | None
+) -> None:
+    """A syntax error or ``reward = lambda ...`` was booked platform_error (or, with an
+    explicit tier, a crash of a worker started for nothing): it is the tenant's code,
+    classified before scoring, refused, and booked ``tenant_bad_artifact`` with the
+    reason; no sandbox is started and the event says why."""
     require_sandbox()
-    with make_client(tmp_path, LENGTH, tier="function") as c:
-        out = c.score([{"prompt": "p"}])  # type: ignore[list-item]
-        assert out.status is OutcomeStatus.SKIPPED and out.cause is Cause.PLATFORM_ERROR
-        assert c.ledger.as_dict()["platform_error"] == 1
+    path = tmp_path / "reward.py"
+    path.write_bytes(BAD_ARTIFACTS[case].encode("utf-8", "surrogateescape"))
+    with RewardClient(path, "tenant-art", tier=tier, config=FAST_CONFIG) as c:  # type: ignore[arg-type]
+        out = c.score(BATCH, step=1)
+        again = c.score(BATCH, step=2)
+        assert c._pool is None  # refused before any worker was started
+        events = c.outcome_events(out)
+        ledger = c.ledger.as_dict()
+    for o in (out, again):
+        assert o.status is OutcomeStatus.REFUSED and o.scores is None
+        assert o.cause is Cause.TENANT_BAD_ARTIFACT, (o.cause, o.message)
+        assert o.message.startswith("invalid artifact: ")
+    assert ledger["tenant_bad_artifact"] == 2 and ledger["platform_error"] == 0
+    (ev,) = events
+    assert ev.type == "RewardBatchFailed" and ev.cause == "tenant_bad_artifact"
+    assert ev.examples  # the classifier's reasons: what the tenant has to fix
+    assert decode(encode(ev)) == ev
+
+
+def test_an_unreadable_artifact_is_the_platforms(tmp_path: Path) -> None:
+    require_sandbox()
+    with RewardClient(tmp_path / "gone.py", "tenant-art", config=FAST_CONFIG) as c:
+        out = c.score(BATCH)
+    assert out.status is OutcomeStatus.REFUSED and out.cause is Cause.PLATFORM_ERROR
+
+
+# -- a batch the platform cannot send: the caller's bad input (#20 item 4) ----------------
+
+
+# tenant code that would be booked tenant_crash if it ever ran
+def _nested(depth: int) -> list:
+    out: list = []
+    for _ in range(depth):
+        out = [out]
+    return out
+
+
+NEVER_RUNS = "def reward(batch):\n    raise RuntimeError('tenant code ran')\n"
+BAD_BATCHES = {
+    "nan_extra_field": [{"prompt": "p", "completion": "c", "meta": {"score": math.nan}}],
+    "inf_extra_field": [{"prompt": "p", "completion": "c", "x": [1.0, -math.inf]}],
+    "object_extra_field": [{"prompt": "p", "completion": "c", "when": object()}],
+    "bytes_extra_field": [{"prompt": "p", "completion": "c", "raw": b"\x00"}],
+    "int_key": [{"prompt": "p", "completion": "c", "m": {1: "one"}}],
+    "lone_surrogate": [{"prompt": "p\ud800", "completion": "c"}],
+    "nested_too_deeply": [{"prompt": "p", "completion": "c", "x": _nested(40)}],
+    "too_large": [{"prompt": "p", "completion": "x" * (17 * 1024 * 1024)}],
+    "missing_completion": [{"prompt": "p"}],
+    "not_a_list": {"prompt": "p", "completion": "c"},
+    "empty": [],
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_BATCHES))
+def test_a_batch_that_cannot_cross_the_boundary_is_refused_as_bad_input(
+    tmp_path: Path, case: str
+) -> None:
+    """NaN in an extra field was booked tenant_crash ("worker gone") although tenant code
+    never ran. The whole batch is validated before sending: refused, booked ``bad_input``
+    (the caller's), the event says why; the worker is untouched and scores the next good
+    batch."""
+    require_sandbox()
+    good = "def reward(batch):\n    return [float(len(x['completion'])) for x in batch]\n"
+    with make_client(tmp_path, good, tier="function", warm_workers=1) as c:
+        out = c.score(BAD_BATCHES[case])  # type: ignore[arg-type]
+        assert out.status is OutcomeStatus.REFUSED and out.scores is None
+        assert out.cause is Cause.BAD_INPUT, (out.cause, out.message)
+        assert out.message.startswith("invalid batch: ")
+        assert c.score(BATCH).scores == EXPECTED  # the same warm worker carries on
+        ledger = c.ledger.as_dict()
+        (ev,) = c.outcome_events(out)
+    assert ledger["bad_input"] == 1 and ledger["ok"] == 1
+    assert ledger["tenant_crash"] == 0 and ledger["platform_error"] == 0
+    assert ev.cause == "bad_input" and ev.action == "skip" and not ev.examples
+    assert decode(encode(ev)) == ev
+
+
+def test_tenant_code_never_runs_on_a_refused_batch(tmp_path: Path) -> None:
+    require_sandbox()
+    with make_client(tmp_path, NEVER_RUNS, tier="function") as c:
+        out = c.score([{"prompt": "p", "completion": "c", "meta": math.nan}])
+        assert out.cause is Cause.BAD_INPUT
+        assert c.score(BATCH).cause is Cause.TENANT_CRASH  # control: it does run on a good one
 
 
 # -- failure policies under a flaky reward ------------------------------------------------
@@ -260,6 +364,78 @@ def test_inflating_reward_trips_the_canary_and_degenerate_flag(tmp_path: Path) -
     scored = next(e for e in events if e.type == "RewardBatchScored")
     canary = next(e for e in events if e.type == "CanaryProbeScored")
     assert scored.degenerate is True and canary.inflated is True
+
+
+# -- canary probes cannot be told apart by their shape (#20 item 5) -----------------------
+
+#: Real items carry more than prompt/completion, in their own key order, with an int.
+SHAPED_BATCH = [
+    {"answer": "42", "prompt": f"q{i}", "completion": "x" * i, "id": i} for i in range(8)
+]
+SHAPED_PROBES = CanarySet(
+    probes=(
+        CanaryProbe("wrong", "What is 6*7?", "41", expected=0.0, fields=(("answer", "42"),)),
+        CanaryProbe("bare", "Say hi.", "", expected=0.0),  # no answer, no id of its own
+    ),
+    every=1,
+    tolerance=0.1,
+)
+#: Tenant code that scores what looks like a probe at the reference (0) and everything
+#: else 1: it passed the canary check while probes were {prompt, completion} only.
+GAMING = {
+    "missing_key": "def probe(x, batch):\n    return 'answer' not in x or 'id' not in x\n",
+    "key_order": (
+        "def probe(x, batch):\n    return list(x) != ['answer', 'prompt', 'completion', 'id']\n"
+    ),
+    "value_type": "def probe(x, batch):\n    return type(x.get('id')) is not int\n",
+    "majority_shape": (
+        "from collections import Counter\n"
+        "def shape(x):\n"
+        "    return tuple((k, type(v).__name__) for k, v in x.items())\n"
+        "def probe(x, batch):\n"
+        "    common = Counter(shape(y) for y in batch).most_common(1)[0][0]\n"
+        "    return shape(x) != common\n"
+    ),
+}
+GAMING_TAIL = """
+def reward(batch):
+    return [0.0 if probe(x, batch) else 1.0 for x in batch]
+"""
+
+
+@pytest.mark.parametrize("how", sorted(GAMING))
+def test_a_reward_that_spots_probes_by_shape_cannot_and_is_caught(tmp_path: Path, how: str) -> None:
+    require_sandbox()
+    path = write_reward(tmp_path, GAMING[how] + GAMING_TAIL)
+    with RewardClient(path, "tenant-g", tier="function", config=FAST_CONFIG) as c:
+        # control: the same tenant code does spot probes shaped the old way
+        # ({prompt, completion} only) — the attack is real
+        old = [p.as_item() for p in SHAPED_PROBES.probes]
+        control = c.score(SHAPED_BATCH + old)
+        assert control.scores == (1.0,) * len(SHAPED_BATCH) + (0.0, 0.0), control.message
+    with RewardClient(
+        path, "tenant-g", tier="function", config=FAST_CONFIG, canaries=SHAPED_PROBES
+    ) as c:
+        outs = [c.score(SHAPED_BATCH) for _ in range(5)]
+        events = c.outcome_events(outs[-1])
+    for out in outs:
+        assert out.scores == (1.0,) * len(SHAPED_BATCH)  # probes never reach the caller
+        assert out.canary is not None
+        assert out.canary.scores == (1.0, 1.0)  # it could not tell them apart ...
+        assert out.canary.inflated  # ... so the canary check catches the inflation
+    canary = next(e for e in events if e.type == "CanaryProbeScored")
+    assert canary.inflated and canary.score_mean == 1.0 and canary.expected_mean == 0.0
+
+
+def test_an_honest_reward_passes_shaped_probes(tmp_path: Path) -> None:
+    require_sandbox()
+    src = "def reward(batch):\n    return [float(x['completion'] == x['answer']) for x in batch]\n"
+    with RewardClient(
+        write_reward(tmp_path, src), "tenant-h", tier="function", canaries=SHAPED_PROBES
+    ) as c:
+        out = c.score(SHAPED_BATCH)
+    assert out.scores == (0.0,) * len(SHAPED_BATCH)
+    assert out.canary is not None and not out.canary.inflated
 
 
 # -- tiers ------------------------------------------------------------------------------

@@ -75,3 +75,47 @@ def test_classification_never_executes(tmp_path: Path) -> None:
     (tmp_path / "r.py").write_text(src)
     assert classify_path(tmp_path / "r.py").kind is ArtifactKind.FUNCTION
     assert not marker.exists()
+
+
+@pytest.mark.parametrize(
+    ("src", "why"),
+    [
+        ("reward = lambda batch: [0.0 for _ in batch]\n", "bound by an assignment"),
+        ("def reward(b): return []\nreward = None\n", "bound by an assignment"),
+        ("from mylib import reward\n", "bound by an assignment or import"),
+        ("import reward\n", "bound by an assignment or import"),
+        ("reward: object = print\n", "bound by an assignment"),
+        ("def reward(): return []\n", "one positional argument"),
+        ("def reward(a, b): return []\n", "one positional argument"),
+        ("def reward(b, *, k): return []\n", "one positional argument"),
+        ("def reward(b):\n    return [\n", "does not parse"),
+        ("return 1\ndef reward(b): return []\n", "does not parse"),  # only compile sees it
+        ("def reward(b):\n    nonlocal x\n    return []\n", "does not parse"),
+        ("x = " + "(" * 300 + ")" * 300 + "\ndef reward(b): return []\n", "does not parse"),
+        ("x = " + "-" * 100_000 + "1\ndef reward(b): return []\n", "nested too deeply"),
+    ],
+)
+def test_not_a_reward_artifact_says_why(src: str, why: str) -> None:
+    """Each of these is refused before scoring (``tenant_bad_artifact``) with a reason; a
+    source nested too deeply for the parser is refused too, never an exception."""
+    c = classify_bytes("r.py", src.encode())
+    assert c.kind is ArtifactKind.INVALID and c.tier is None and c.readable
+    assert any(why in r for r in c.reasons), c.reasons
+
+
+@pytest.mark.parametrize(
+    "src",
+    [
+        "def reward(batch, scale=1.0): return []",
+        "def reward(*batches): return []",
+        "def reward(batch, /): return []",
+        "def reward(batch, *, k=2): return []",
+    ],
+)
+def test_signatures_that_take_one_batch_are_fine(src: str) -> None:
+    assert kind(src) is ArtifactKind.FUNCTION
+
+
+def test_unreadable_file_is_not_the_tenants_fault(tmp_path: Path) -> None:
+    c = classify_path(tmp_path / "missing.py")
+    assert c.kind is ArtifactKind.INVALID and not c.readable
