@@ -5,7 +5,11 @@
   twice in the sandbox (gate, ledger cause, determinism). Exit 0 only if it passes.
 - ``runwatch sandbox score REWARD.py --batch FILE.jsonl [--tier T] [--deadline S] [--json]``:
   score one batch (one JSON object per line, each with ``prompt`` and ``completion``) and
-  print the scores and the ledger entry (cause, duration, message). Exit 1 unless ok.
+  print the scores and the ledger entry (cause, duration, message). Exit 1 unless ok;
+  exit 2, with the file, line and reason on stderr and nothing run, when the batch file
+  is unusable: unreadable, not UTF-8, a line that is not one JSON object or is nested too
+  deeply, or a batch the sandbox could not send (:mod:`sandbox.batch`: NaN, lone
+  surrogates, too large).
 - ``runwatch sandbox features [--json]``: which isolation layers this kernel allows.
 
 A reward file defines ``reward(batch: list[dict]) -> list[float]``; it runs inside the
@@ -99,28 +103,51 @@ def _client(args: argparse.Namespace, path: Path) -> Any:
     )
 
 
+#: Exit code for an unusable batch file (nothing was run).
+BAD_INPUT = 2
+
+
 def read_batch(path: Path) -> list[dict[str, Any]]:
-    """Read a JSONL batch; any bad line aborts with its line number (nothing is dropped)."""
+    """Read a JSONL batch; any bad line aborts (exit 2) with its line number and the
+    reason, nothing is dropped and nothing is run. Whatever the file holds, the error is a
+    message, never a traceback."""
+    from sandbox.batch import validate_batch
+
     try:
-        lines = path.read_text().splitlines()
+        data = path.read_bytes()
     except OSError as exc:
-        raise Abort(f"cannot read batch file {path}: {exc}") from None
+        raise Abort(f"cannot read batch file {path}: {exc}", BAD_INPUT) from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        no = data.count(b"\n", 0, exc.start) + 1
+        raise Abort(
+            f"{path}:{no}: not UTF-8 text ({exc.reason} at byte {exc.start})", BAD_INPUT
+        ) from None
     batch: list[dict[str, Any]] = []
-    for no, line in enumerate(lines, 1):
+    for no, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
         try:
             obj = json.loads(line)
+        except RecursionError:
+            raise Abort(f"{path}:{no}: JSON nested too deeply", BAD_INPUT) from None
         except ValueError as exc:
-            raise Abort(f"{path}:{no}: not JSON: {exc}") from None
+            raise Abort(f"{path}:{no}: not JSON: {exc}", BAD_INPUT) from None
         if not isinstance(obj, dict):
-            raise Abort(f"{path}:{no}: expected an object, got {type(obj).__name__}")
+            raise Abort(f"{path}:{no}: expected an object, got {type(obj).__name__}", BAD_INPUT)
         for key in ("prompt", "completion"):
             if not isinstance(obj.get(key), str):
-                raise Abort(f"{path}:{no}: missing string field {key!r}")
+                raise Abort(f"{path}:{no}: missing string field {key!r}", BAD_INPUT)
+        bad = validate_batch([obj])
+        if bad:
+            raise Abort(f"{path}:{no}: {bad.replace('batch[0]', 'line', 1)}", BAD_INPUT)
         batch.append(obj)
     if not batch:
-        raise Abort(f"{path}: empty batch")
+        raise Abort(f"{path}: empty batch", BAD_INPUT)
+    bad = validate_batch(batch)
+    if bad:
+        raise Abort(f"{path}: {bad}", BAD_INPUT)
     return batch
 
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -81,7 +83,7 @@ def test_bad_batch_lines_abort_with_line_number(
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"prompt": "a", "completion": "b"}\nnot json\n')
     rc = main(["sandbox", "score", str(write_reward(tmp_path, GOOD)), "--batch", str(bad)])
-    assert rc == 1
+    assert rc == 2  # an unusable batch file: nothing was run
     assert f"{bad}:2: not JSON" in capsys.readouterr().err
     rc = main(["sandbox", "score", str(tmp_path / "missing.py"), "--batch", str(bad)])
     assert rc == 1 and "no such reward file" in capsys.readouterr().err
@@ -127,3 +129,99 @@ def test_features(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["sandbox", "features", "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert set(doc["tiers"]) == {"function", "verifier"} and "seccomp" in doc["usable"]
+
+
+# -- a hostile batch file: a clear error and exit 2, never a traceback (#20 item 6) -------
+
+REPO = Path(__file__).resolve().parents[2]
+DEEP = b'{"prompt": "p", "completion": "c", "x": ' + b"[" * 200_000 + b"]" * 200_000 + b"}\n"
+HOSTILE_BATCHES = {
+    # (file bytes, what stderr must say)
+    "bad_utf8": (
+        b'{"prompt": "a", "completion": "b"}\n{"prompt": "\xff\xfe", "completion": ""}\n',
+        ":2: not UTF-8 text (invalid start byte at byte 47)",
+    ),
+    "bad_utf8_first_line": (b"\xc3\x28\n", ":1: not UTF-8 text"),
+    "deeply_nested_json": (DEEP, ":1: JSON nested too deeply"),
+    "deeply_nested_array_line": (
+        b"[" * 100_000 + b"]" * 100_000 + b"\n",
+        ":1: JSON nested too deeply",
+    ),
+    "nested_beyond_the_contract": (
+        b'{"prompt": "p", "completion": "c", "x": ' + b"[" * 100 + b"]" * 100 + b"}\n",
+        ":1: line.x[0]",
+    ),
+    "nan_field": (b'{"prompt": "p", "completion": "c", "w": NaN}\n', ":1: line.w: nan is not JSON"),
+    "lone_surrogate": (b'{"prompt": "\\ud800", "completion": "c"}\n', "lone surrogate"),
+    "not_an_object": (b"[1, 2]\n", ":1: expected an object, got list"),
+    "empty": (b"\n\n", "empty batch"),
+}
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[bytes]:
+    return subprocess.run(
+        [sys.executable, "-m", "runwatch.cli.main", "sandbox", *args],
+        cwd=REPO,
+        capture_output=True,
+        timeout=60,
+    )
+
+
+@pytest.mark.parametrize("case", sorted(HOSTILE_BATCHES))
+def test_hostile_batch_files_are_refused_by_the_real_cli(tmp_path: Path, case: str) -> None:
+    """The real CLI, as a subprocess: bad UTF-8 or deeply nested JSON used to escape as a
+    traceback ("unexpected failure (a bug in runwatch)"); now the file, the line and the
+    reason go to stderr and the exit code is 2, with nothing run."""
+    data, why = HOSTILE_BATCHES[case]
+    batch = tmp_path / "batch.jsonl"
+    batch.write_bytes(data)
+    for extra in ([], ["--json"]):
+        proc = _cli("score", str(write_reward(tmp_path, GOOD)), "--batch", str(batch), *extra)
+        err = proc.stderr.decode("utf-8")
+        assert "Traceback" not in err and "a bug in runwatch" not in err, err[-2000:]
+        assert proc.returncode == 2, err
+        assert err.startswith(f"error: {batch}") and why in err, err
+        assert err.count("\n") == 1 and len(err) < 500  # one clear line
+        assert proc.stdout == b""
+
+
+HOSTILE_REWARDS = {
+    "bad_utf8_in_a_literal": b"def reward(batch):\n    return ['\xff' for _ in batch]\n",
+    "bad_utf8_first_line": b"\xc3\x28 = 1\ndef reward(batch):\n    return []\n",
+    "nested_brackets": b"x = "
+    + b"[" * 200_000
+    + b"]" * 200_000
+    + b"\ndef reward(b):\n    return []\n",
+    "nested_unary": b"x = " + b"-" * 200_000 + b"1\ndef reward(b):\n    return []\n",
+    "null_byte": b"def reward(batch):\n    return [0.0\x00 for _ in batch]\n",
+}
+
+
+@pytest.mark.parametrize("case", sorted(HOSTILE_REWARDS))
+def test_check_classifies_hostile_reward_files_instead_of_crashing(
+    tmp_path: Path, case: str
+) -> None:
+    """``check`` reads no batch: its input is the reward file, and a hostile one (bad
+    UTF-8, nested too deeply for the parser, a null byte) is classified and refused —
+    a failed check (exit 1) whose reason is on stderr — never a traceback."""
+    reward = tmp_path / "reward.py"
+    reward.write_bytes(HOSTILE_REWARDS[case])
+    proc = _cli("check", str(reward))
+    err = proc.stderr.decode("utf-8")
+    assert "Traceback" not in err and "a bug in runwatch" not in err, err[-2000:]
+    assert proc.returncode == 1 and b"FAILED" in proc.stdout
+    assert "not a reward artifact: does not parse" in err
+    doc = json.loads(_cli("check", str(reward), "--json").stdout)
+    assert doc["kind"] == "invalid" and doc["passed"] is False
+
+
+def test_score_with_a_file_that_is_not_a_reward_books_the_tenant(tmp_path: Path) -> None:
+    batch = tmp_path / "b.jsonl"
+    batch.write_text('{"prompt": "a", "completion": "b"}\n')
+    reward = tmp_path / "reward.py"
+    reward.write_text("reward = lambda batch: [1.0 for _ in batch]\n")
+    proc = _cli("score", str(reward), "--batch", str(batch), "--json")
+    doc = json.loads(proc.stdout)
+    assert proc.returncode == 1 and doc["status"] == "refused"
+    assert doc["ledger"]["cause"] == "tenant_bad_artifact"
+    assert "bound by an assignment" in doc["ledger"]["message"]
