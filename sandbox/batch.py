@@ -38,7 +38,10 @@ _SURROGATE = re.compile("[\ud800-\udfff]")
 def validate_batch(
     batch: Any, *, max_items: int = MAX_ITEMS, max_bytes: int = MAX_BATCH_BYTES
 ) -> str:
-    """``""`` if ``batch`` can cross the boundary, else why not (see the module docstring)."""
+    """``""`` if ``batch`` can cross the boundary, else why not (see the module docstring).
+
+    Cheap on the hot path: string fields are only type-checked here (their text is checked
+    in one pass over the encoded batch), other values are walked."""
     if not isinstance(batch, list) or not batch:
         return "batch must be a non-empty list of dicts"
     if len(batch) > max_items:
@@ -49,16 +52,35 @@ def validate_batch(
         for key in ("prompt", "completion"):
             if not isinstance(item.get(key), str):
                 return f"batch[{i}].{key} missing or not a string"
-        bad = _json_problem(item, f"batch[{i}]", 0)
-        if bad:
-            return bad
+        for k, v in item.items():
+            if type(k) is not str:
+                return f"batch[{i}]: key {k!r} is not a string"
+            if type(v) is not str:
+                bad = _json_problem(v, f"batch[{i}].{k[:40]}", 1)
+                if bad:
+                    return bad
     try:
-        size = len(json.dumps(batch, separators=(",", ":"), allow_nan=False))
+        text = json.dumps(batch, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+        size = len(text.encode("utf-8"))  # a lone surrogate cannot be UTF-8: raises
+    except UnicodeEncodeError:
+        return _first_surrogate(batch)
     except (TypeError, ValueError, RecursionError, OverflowError) as exc:
         return f"batch is not JSON-encodable: {type(exc).__name__}: {exc}"[:300]
     if size > max_bytes:
         return f"batch encodes to {size} bytes > {max_bytes}"
     return ""
+
+
+def _first_surrogate(batch: list[dict[str, Any]]) -> str:
+    """Where the first lone surrogate is (the slow path of a refused batch)."""
+    for i, item in enumerate(batch):
+        for k, v in item.items():
+            if _has_surrogate(k):
+                return f"batch[{i}]: a key is not valid Unicode text (a lone surrogate)"
+            bad = _json_problem(v, f"batch[{i}].{k[:40]}", 1)
+            if bad:
+                return bad
+    return "batch is not valid Unicode text (a lone surrogate)"
 
 
 def _json_problem(value: Any, path: str, depth: int) -> str:
