@@ -377,7 +377,10 @@ class RewardClient:
             sent = batch
             if use_canaries:
                 assert self.canaries is not None
-                probes = self.canaries.probes_for(batch, self._rng)
+                try:
+                    probes = self.canaries.probes_for(batch, self._rng)
+                except Exception as exc:  # the caller's probe source: score without
+                    log.error("canary probes not drawn: %r", exc)
             if probes:
                 assert self.canaries is not None
                 sent, positions = mix_canaries(batch, probes, self._rng, self.canaries.group)
