@@ -33,6 +33,11 @@ from events.catalog.lifecycle import (
     RunStarted,
     RunSubmitted,
 )
+from events.catalog.notify import (
+    NotificationAbandoned,
+    NotificationAttempted,
+    NotificationDelivered,
+)
 from events.catalog.profile import StepProfiled, StragglerDetected, WorkerProfiled
 from events.catalog.reward import CanaryProbeScored, RewardBatchFailed, RewardBatchScored
 from events.catalog.rollout import RolloutBatchCompleted, RolloutTraceRecorded
@@ -61,6 +66,9 @@ __all__ = [
     "EvalGateScored",
     "Event",
     "EventBase",
+    "NotificationAbandoned",
+    "NotificationAttempted",
+    "NotificationDelivered",
     "PauseRequested",
     "ResumeCertified",
     "ResumeRejected",

@@ -71,6 +71,12 @@ _SPECS = (
     TopicSpec("runwatch.run-states", 3, "long", "derived: append-only customer run states"),
     TopicSpec("runwatch.tenant-usage", 3, "compacted", "derived: running spend per run"),
     TopicSpec("runwatch.profiles", 3, "short", "derived: rollout profiles, stragglers"),
+    TopicSpec(
+        "runwatch.notifications",
+        3,
+        "long",
+        "derived: customer webhook deliveries (every attempt, delivered, abandoned)",
+    ),
     TopicSpec("runwatch.dead-letters", 1, "long", "records that failed to decode, with reason"),
 )
 

@@ -21,6 +21,18 @@ or a Unix time in seconds. A key marked ``revoked: true`` anywhere in the file i
 whatever another entry of the same key says. Unknown fields are an error (a misspelt
 ``expires`` must not leave a key valid forever); ``name`` and ``comment`` are free text.
 
+Tenants may have a webhook (the notifier, ``runwatch notify``, POSTs their alerts and
+state changes to it, signed with the secret; docs/notifications.md)::
+
+    tenants:
+      acme:
+        webhook:
+          url: https://hooks.acme.example/runwatch
+          secret_file: acme-webhook.secret   # relative to this file; or secret: "..."
+
+A webhook URL that is not http(s) with a host, or a webhook without exactly one of
+``secret`` / ``secret_file``, makes the whole file invalid (:func:`parse_webhooks`).
+
 A file loaded with :meth:`ApiKeys.load` is watched: every :meth:`ApiKeys.resolve` first
 checks the file's identity (device, inode, size, modification and change times; one
 ``stat``) and loads it again when it changed, so an added key works and a removed or
@@ -43,9 +55,10 @@ import re
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import yaml
 
@@ -107,6 +120,7 @@ def parse_entries(data: Any) -> dict[str, Grant]:
     """The keys file's mapping -> digest -> grant (revoked keys left out)."""
     if not isinstance(data, dict):
         raise ValueError("expected a mapping with a 'keys' list")
+    parse_webhooks(data, read_secrets=False)  # a malformed webhook refuses the file too
     items = data.get("keys") or []
     if not isinstance(items, list):
         raise ValueError("'keys' must be a list")
@@ -270,3 +284,123 @@ class ApiKeys:
         if grant.expires is not None and self._clock() >= grant.expires:
             return None
         return grant.principal
+
+
+# -- tenant webhooks (read by the notifier; validated by every loader) ----------------------
+TENANT_FIELDS = frozenset({"webhook", "name", "comment"})
+WEBHOOK_FIELDS = frozenset({"url", "secret", "secret_file", "comment"})
+#: The shortest accepted webhook secret (bytes).
+MIN_SECRET_BYTES = 16
+
+
+@dataclass(frozen=True, slots=True)
+class Webhook:
+    """Where a tenant's notifications go and the HMAC secret that signs them."""
+
+    url: str
+    secret: bytes = field(repr=False, default=b"")
+
+    @property
+    def endpoint(self) -> str:
+        """The URL without credentials, query or fragment (what events may record)."""
+        parts = urlsplit(self.url)
+        host = parts.hostname or ""
+        if ":" in host:
+            host = f"[{host}]"
+        port = f":{parts.port}" if parts.port is not None else ""
+        return f"{parts.scheme}://{host}{port}{parts.path}"
+
+
+def check_webhook_url(url: Any, where: str = "url") -> str:
+    """``url`` if it is an absolute http(s) URL with a host; else a ``ValueError`` saying why."""
+    if not isinstance(url, str) or not url.strip():
+        raise ValueError(f"{where}: expected an http(s) URL, got {url!r}")
+    if any(c.isspace() or ord(c) < 32 or ord(c) == 127 for c in url):
+        raise ValueError(f"{where}: {url!r} contains whitespace or control characters")
+    parts = urlsplit(url)
+    if parts.scheme.lower() not in ("http", "https"):
+        raise ValueError(f"{where}: {url!r} is not an http:// or https:// URL")
+    if not parts.hostname:
+        raise ValueError(f"{where}: {url!r} has no host")
+    try:
+        parts.port  # noqa: B018  (raises on a port that is not a number in range)
+    except ValueError as exc:
+        raise ValueError(f"{where}: {url!r} has a bad port ({exc})") from None
+    return url
+
+
+def parse_webhooks(
+    data: Any, *, base_dir: str | Path | None = None, read_secrets: bool = True
+) -> dict[str, Webhook]:
+    """The keys file's ``tenants`` section -> tenant -> :class:`Webhook` (tenants without
+    one are left out). ``secret_file`` is read relative to ``base_dir``; with
+    ``read_secrets=False`` (the API, which signs nothing) only the shape is checked and
+    secrets come back empty."""
+    if not isinstance(data, dict):
+        raise ValueError("expected a mapping at the top level")
+    tenants = data.get("tenants") or {}
+    if not isinstance(tenants, dict):
+        raise ValueError("'tenants' must be a mapping of tenant id -> settings")
+    hooks: dict[str, Webhook] = {}
+    for tenant, item in tenants.items():
+        where = f"tenants.{tenant}"
+        if not isinstance(item, dict):
+            raise ValueError(f"{where}: expected a mapping")
+        unknown = sorted(set(map(str, item)) - TENANT_FIELDS)
+        if unknown:
+            raise ValueError(
+                f"{where}: unknown field(s) {unknown} (allowed: {sorted(TENANT_FIELDS)})"
+            )
+        hook = item.get("webhook")
+        if hook is None:
+            continue
+        where += ".webhook"
+        if not isinstance(hook, dict):
+            raise ValueError(
+                f"{where}: expected a mapping with 'url' and 'secret_file' or 'secret'"
+            )
+        unknown = sorted(set(map(str, hook)) - WEBHOOK_FIELDS)
+        if unknown:
+            raise ValueError(
+                f"{where}: unknown field(s) {unknown} (allowed: {sorted(WEBHOOK_FIELDS)})"
+            )
+        url = check_webhook_url(hook.get("url"), f"{where}.url")
+        if ("secret" in hook) == ("secret_file" in hook):
+            raise ValueError(f"{where}: give exactly one of 'secret' or 'secret_file'")
+        secret = b""
+        if "secret" in hook:
+            if not isinstance(hook["secret"], str):
+                raise ValueError(f"{where}.secret: expected a string")
+            secret = hook["secret"].encode()
+        elif not isinstance(hook["secret_file"], str) or not hook["secret_file"]:
+            raise ValueError(f"{where}.secret_file: expected a file name")
+        elif read_secrets:
+            path = Path(base_dir or ".") / hook["secret_file"]
+            try:
+                secret = path.read_bytes().strip()
+            except OSError as exc:
+                raise ValueError(
+                    f"{where}.secret_file: cannot read {path} ({exc.strerror})"
+                ) from None
+        if (read_secrets or "secret" in hook) and len(secret) < MIN_SECRET_BYTES:
+            raise ValueError(f"{where}: the secret must be at least {MIN_SECRET_BYTES} bytes")
+        hooks[str(tenant)] = Webhook(url, secret)
+    return hooks
+
+
+def load_webhooks(path: str | Path) -> dict[str, Webhook]:
+    """Every tenant's webhook from a keys file, secrets read (``ValueError`` naming the
+    file and the entry when the file is missing, not YAML, or a webhook is malformed)."""
+    p = Path(path)
+    try:
+        raw = p.read_bytes()
+    except OSError as exc:
+        raise ValueError(f"keys file not readable: {p} ({exc.strerror})") from None
+    try:
+        data = yaml.safe_load(raw) or {}
+    except yaml.YAMLError as exc:
+        raise ValueError(f"{p}: not valid YAML: {exc}") from None
+    try:
+        return parse_webhooks(data, base_dir=p.parent)
+    except ValueError as exc:
+        raise ValueError(f"{p}: {exc}") from None

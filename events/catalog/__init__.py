@@ -6,6 +6,7 @@ from events.catalog import (  # noqa: F401  (imported for registration)
     derived,
     eval,
     lifecycle,
+    notify,
     profile,
     reward,
     rollout,

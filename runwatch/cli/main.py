@@ -34,6 +34,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "profile": ("runwatch.cli.profile", "rollout trace profiles: tables, JSON and plots"),
     "serve": ("runwatch.cli.serve", "serve an HTTP API (query API, trajectories)"),
     "process": ("runwatch.cli.process", "run the stream processors (embedded or faust on Kafka)"),
+    "notify": ("runwatch.cli.notify", "deliver customer alerts and state changes to webhooks"),
 }
 
 

@@ -1,0 +1,547 @@
+"""The notifier host: :class:`~stream_processors.notify.NotifierFold` plus its I/O.
+
+It runs off the pipeline — its own process (``runwatch notify``) and consumer group
+(``runwatch-notifier``) over ``runwatch.run-states``, ``runwatch.alerts`` and
+``runwatch.notifications`` on any :class:`~events.log.base.LogBackend` — so a slow or
+dead receiver never delays a detector or a projection: they do not wait for it, and a
+backlog here is just an offset lag.
+
+One loop turn (one asyncio task; deliveries are tasks of their own): poll new records
+(every ``poll_timeout_s`` while idle, at once while there is a backlog) and fold them
+(per-run slots deduplicated by event id, as every host does: :mod:`runwatch.hosting.core`);
+fold in the attempts that finished since the last turn; append all of it in one write
+(each ``NotificationAttempted`` followed by the ``NotificationDelivered`` /
+``NotificationAbandoned`` the fold derived from it: a group commit, one fsync per turn,
+not per attempt); every ``save_every_s`` write the state file and then commit the group;
+start every due delivery (:func:`stream_processors.notify.due`). A finished POST wakes the
+loop at once. A delivery POSTs the body with the signature headers
+(:mod:`stream_processors.notify.signing`) and hands back what it observed; an attempt
+read back from the log later is a duplicate and is skipped. If the log refuses an append,
+the notifier stops without saving (a restart makes those attempts again).
+
+Limits: ``timeout_s`` per attempt (connect + send + answer); at most ``max_in_flight``
+POSTs at once, ``per_tenant_in_flight`` per tenant (one slow tenant cannot take every
+slot), and one per run (a run's first attempts leave in log order; a notification in
+backoff does not hold back the run's later ones). Redirects are not followed (a 3xx is a
+failure); an answer body is read up to 64 KiB (to keep the connection alive), no further.
+
+Crash safety (at-least-once, nothing lost): the state file holds the positions and every
+run's pending notifications and attempt counts, written before the group commits; records
+before the stored positions are skipped. After a ``kill -9`` the restarted notifier reads
+its uncommitted tail again (the fold absorbs what it already knew) and sends nothing until
+it has read every input up to where it ended at the start (``catch_up_s`` at most), so the
+attempts its predecessor recorded after its last save are known first; then it re-sends
+every pending notification whose attempt was not recorded — at most the ones in flight at
+the kill, with the same ``X-Runwatch-Delivery`` id — and nothing else twice. (The log may
+hold an outcome twice, same event id, when the kill fell between its append and the
+save: consumers deduplicate by id, as everywhere.)
+
+Webhooks come from the keys file (``tenants.<id>.webhook``, :mod:`projections.keys`); it is
+watched (a changed file is loaded again; a broken edit keeps the last valid webhooks). A
+tenant without a webhook gets nothing queued; a notification whose tenant lost its webhook
+fails its attempts ("no webhook configured") until abandoned.
+
+Host-side time: the clock stamps the attempts it observes (``ts``) and is compared with
+:func:`~stream_processors.notify.due_at`; the fold itself never reads it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import dataclasses
+import json
+import logging
+import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from events.catalog.notify import (
+    NotificationAbandoned,
+    NotificationAttempted,
+    NotificationDelivered,
+)
+from events.codec import decode, records_by_topic
+from events.dead_letter import DeadLetter
+from events.envelope import EventBase
+from events.log.base import LogBackend, Record
+from events.log.segments import write_atomically
+from projections.keys import Webhook, load_webhooks
+from runwatch.hosting.core import Slot, apply_event, dump_slot, load_slot, new_slot
+from stream_processors.notify import NotifierFold, NotifyPolicy, Pending, attempt_event, due
+from stream_processors.notify.payload import KINDS
+from stream_processors.notify.signing import (
+    ATTEMPT_HEADER,
+    DELIVERY_HEADER,
+    EVENT_HEADER,
+    SIGNATURE_HEADER,
+    TIMESTAMP_HEADER,
+    signature,
+)
+
+log = logging.getLogger("runwatch.notifier")
+
+DEFAULT_GROUP = "runwatch-notifier"
+USER_AGENT = "runwatch-notifier/1"
+#: Answer bodies up to this size are read (and dropped) to keep the connection alive.
+MAX_ANSWER_BYTES = 64 * 1024
+_KIND_OF_TYPE = {cls.__name__: kind for cls, kind in KINDS.items()}
+
+
+@dataclass
+class NotifierSettings:
+    group_id: str = DEFAULT_GROUP
+    #: Positions + slots (``None``: kept in memory only; a restart starts over).
+    state_path: Path | None = None
+    timeout_s: float = 10.0
+    max_in_flight: int = 32
+    per_tenant_in_flight: int = 4
+    poll_records: int = 1000
+    #: Longest idle wait between polls (a finished attempt wakes the loop at once).
+    poll_timeout_s: float = 0.02
+    #: How often the state file is written (then the group committed), at most.
+    save_every_s: float = 0.1
+    #: How often the keys file is checked for changes.
+    reload_every_s: float = 1.0
+    #: On stop, how long in-flight deliveries may finish before they are cancelled.
+    grace_s: float = 5.0
+    #: Where a notifier without a state file starts: ``earliest`` (every retained fact is
+    #: notified) or ``latest`` (only facts appended from now on).
+    start: str = "earliest"
+    #: After a start, nothing is sent until the inputs were read to where they ended at
+    #: the start (what a killed predecessor recorded is known first), or this long.
+    catch_up_s: float = 30.0
+
+
+@dataclass
+class NotifierStats:
+    records: int = 0
+    skipped: int = 0  # before the stored positions (already folded)
+    duplicates: int = 0
+    dead_letters: int = 0
+    attempts: int = 0
+    failures: int = 0
+    delivered: int = 0
+    abandoned: int = 0
+    latencies_s: list[float] = field(default_factory=list, repr=False)
+
+    def as_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d.pop("latencies_s")
+        return d
+
+
+class WebhookBook:
+    """Tenant -> webhook from a keys file, loaded again when the file changes."""
+
+    def __init__(self, path: str | Path | None = None, hooks: dict[str, Webhook] | None = None):
+        self.path = Path(path) if path is not None else None
+        self.hooks: dict[str, Webhook] = dict(hooks or {})
+        self.error: str | None = None
+        self._stamp: tuple[int, ...] | None = None
+        if self.path is not None:
+            self._stamp = self._stat()
+            self.hooks = load_webhooks(self.path)  # a ValueError: refuse to start
+
+    def _stat(self) -> tuple[int, ...] | None:
+        assert self.path is not None
+        try:
+            st = os.stat(self.path)
+        except OSError:
+            return None
+        return (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+    def maybe_reload(self) -> bool:
+        """Load the file again if it changed; ``True`` when new webhooks were applied."""
+        if self.path is None:
+            return False
+        stamp = self._stat()
+        if stamp == self._stamp:
+            return False
+        self._stamp = stamp
+        try:
+            hooks = load_webhooks(self.path)
+        except ValueError as exc:
+            if str(exc) != self.error:
+                self.error = str(exc)
+                log.error("webhooks not reloaded: %s; keeping the previous ones", exc)
+            return False
+        self.error = None
+        self.hooks = hooks
+        log.info("webhooks reloaded from %s (%d tenants)", self.path, len(hooks))
+        return True
+
+
+def retry_after_s(value: str | None) -> float | None:
+    """A ``Retry-After`` header's delay in seconds (the HTTP-date form is ignored)."""
+    if not value:
+        return None
+    try:
+        seconds = float(value.strip())
+    except ValueError:
+        return None
+    return seconds if seconds >= 0 else None
+
+
+def headers_for(p: Pending, attempt: int, secret: bytes, body: bytes, now: float) -> dict[str, str]:
+    ts = int(now)
+    return {
+        "Content-Type": "application/json",
+        "User-Agent": USER_AGENT,
+        TIMESTAMP_HEADER: str(ts),
+        SIGNATURE_HEADER: signature(secret, ts, body),
+        DELIVERY_HEADER: p.notification_id,
+        ATTEMPT_HEADER: str(attempt),
+        EVENT_HEADER: _KIND_OF_TYPE.get(p.source_type, p.source_type),
+    }
+
+
+async def _drain_body(resp: httpx.Response, limit: int = MAX_ANSWER_BYTES) -> None:
+    """Read (and drop) a small answer body, so the connection is kept alive for the next
+    POST; a larger one is not read further (the connection is closed instead)."""
+    seen = 0
+    async for chunk in resp.aiter_raw():
+        seen += len(chunk)
+        if seen > limit:
+            return
+
+
+class Notifier:
+    """Fold + deliveries over one backend. ``run(stop)`` until ``stop`` is set."""
+
+    def __init__(
+        self,
+        backend: LogBackend,
+        book: WebhookBook,
+        *,
+        policy: NotifyPolicy | None = None,
+        settings: NotifierSettings | None = None,
+        clock: Callable[[], float] = time.time,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        self.backend = backend
+        self.book = book
+        self.settings = settings or NotifierSettings()
+        base = policy or NotifyPolicy()
+        self.fold = NotifierFold(dataclasses.replace(base, tenants=frozenset(book.hooks)))
+        self.clock = clock
+        self.transport = transport
+        self.stats = NotifierStats()
+        self.positions: dict[str, int] = {}  # "topic:partition" -> next offset
+        self.slots: dict[str, Slot] = {}
+        self._slot_bytes: dict[str, str] = {}
+        self._dirty: set[str] = set()
+        self._active: set[str] = set()  # runs with pending notifications
+        #: run -> its notification being sent (or sent, its attempt not yet recorded)
+        self._in_flight: dict[str, Pending] = {}
+        self._per_tenant: dict[str, int] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        #: attempts made, to be recorded (one append per loop turn: a group commit)
+        self._completed: list[tuple[str, NotificationAttempted]] = []
+        self._next_wake = 0.0
+        self._changed = True
+        self._broken = False
+        #: input partitions not yet read to their end as of the start -> that end offset
+        self._catching_up: dict[str, int] = {}
+        self._catch_up_deadline = 0.0
+        self._wake = asyncio.Event()  # set when an attempt finished
+        self._client: httpx.AsyncClient | None = None
+        self._load()
+
+    # -- state file -----------------------------------------------------------------------
+    def _load(self) -> None:
+        path = self.settings.state_path
+        if path is None:
+            return
+        try:
+            doc = json.loads(Path(path).read_text())
+        except FileNotFoundError:
+            return
+        self.positions = {str(k): int(v) for k, v in doc["positions"].items()}
+        self._slot_bytes = {str(k): str(v) for k, v in doc["slots"].items()}
+        for key, raw in self._slot_bytes.items():
+            slot = self.slots[key] = load_slot(self.fold, base64.b64decode(raw))
+            if slot.state.pending:
+                self._active.add(key)
+
+    def save(self) -> None:
+        """Write positions and every changed slot (atomically: temp file, fsync, rename)."""
+        path = self.settings.state_path
+        if path is None:
+            self._dirty.clear()
+            return
+        for key in self._dirty:
+            raw = dump_slot(self.fold, self.slots[key])
+            self._slot_bytes[key] = base64.b64encode(raw).decode()
+        self._dirty.clear()
+        doc = {"fold": self.fold.name, "positions": self.positions, "slots": self._slot_bytes}
+        write_atomically(Path(path), json.dumps(doc, sort_keys=True).encode())
+
+    # -- folding --------------------------------------------------------------------------
+    def _apply(self, event: EventBase) -> Sequence[EventBase]:
+        key = self.fold.key_of(event)
+        slot = self.slots.get(key)
+        if slot is None:
+            slot = self.slots[key] = new_slot(self.fold)
+        out = apply_event(self.fold, slot, event)
+        if out is None:
+            self.stats.duplicates += 1
+            return ()
+        self._dirty.add(key)
+        if slot.state.pending:
+            self._active.add(key)
+        self._changed = True
+        return out
+
+    def fold_records(self, records: Sequence[Record]) -> list[EventBase]:
+        """Fold a polled batch (records before the stored positions are skipped)."""
+        derived: list[EventBase] = []
+        for rec in records:
+            where = f"{rec.topic}:{rec.partition}"
+            if rec.offset < self.positions.get(where, 0):
+                self.stats.skipped += 1
+                continue
+            self.positions[where] = rec.offset + 1
+            self.stats.records += 1
+            event = decode(rec.value)
+            if isinstance(event, DeadLetter):
+                self.stats.dead_letters += 1  # the processors dead-letter it; we move on
+                continue
+            derived.extend(self._apply(event))
+        return derived
+
+    def record_completed(self) -> list[EventBase]:
+        """Fold in the attempts made since the last turn; each attempt followed by what
+        the fold derived from it (what to append, in order)."""
+        completed, self._completed = self._completed, []
+        out: list[EventBase] = []
+        for key, ev in completed:
+            self._in_flight.pop(key, None)
+            self._per_tenant[ev.tenant_id] -= 1
+            self._changed = True  # the run and the tenant have a free slot again
+            self.stats.attempts += 1
+            self.stats.failures += not ev.ok
+            if ev.event_id in self.slots[key].recent:
+                # the log already holds this attempt (another process made it, e.g. the one
+                # killed before this one started): never a second record with its id
+                self.stats.duplicates += 1
+                log.warning("attempt %d of %s was recorded already", ev.attempt, ev.notification_id)
+                continue
+            out.append(ev)
+            out.extend(self._apply(ev))
+        return out
+
+    async def publish(self, events: Sequence[EventBase]) -> None:
+        try:
+            for topic, records in records_by_topic(events).items():
+                await self.backend.append_many(topic, records)
+        except Exception:
+            # the attempts are folded in but not on the log: never save that state; the
+            # process stops and a restart makes those attempts again
+            self._broken = True
+            raise
+        for ev in events:
+            if isinstance(ev, NotificationDelivered):
+                self.stats.delivered += 1
+                self.stats.latencies_s.append(ev.latency_s)
+            elif isinstance(ev, NotificationAbandoned):
+                self.stats.abandoned += 1
+                log.warning("abandoned %s: %s", ev.notification_id, ev.reason)
+
+    # -- deliveries -----------------------------------------------------------------------
+    def dispatch(self) -> None:
+        """Start every due delivery the limits allow (cheap when nothing changed)."""
+        if self._client is None:
+            return
+        s = self.settings
+        now = self.clock()
+        if not self._changed and now < self._next_wake:
+            return
+        if self._catching_up and not self._caught_up():
+            return
+        self._changed = False
+        next_wake = float("inf")
+        for key in list(self._active):
+            slot = self.slots[key]
+            if not slot.state.pending:
+                self._active.discard(key)
+                continue
+            if key in self._in_flight:
+                continue
+            for at, p in due(slot.state, self.fold.policy):
+                if at > now:
+                    next_wake = min(next_wake, at)
+                    continue
+                if len(self._in_flight) >= s.max_in_flight:
+                    self._next_wake = now  # a recorded attempt dispatches again
+                    return
+                if self._per_tenant.get(p.tenant_id, 0) >= s.per_tenant_in_flight:
+                    break
+                self._start(key, p)
+                break
+        self._next_wake = next_wake
+
+    def _caught_up(self) -> bool:
+        """Whether every input partition was read up to its end as of the start (or the
+        wait ran out): until then nothing is sent, so attempts a killed predecessor made
+        after its last save are known before anything is sent again."""
+        behind = {w for w, end in self._catching_up.items() if self.positions.get(w, 0) < end}
+        if behind and time.monotonic() < self._catch_up_deadline:
+            self._catching_up = {w: self._catching_up[w] for w in behind}
+            return False
+        if behind:
+            log.warning("still behind on %s after %g s; sending anyway", sorted(behind),
+                        self.settings.catch_up_s)  # fmt: skip
+        self._catching_up = {}
+        return True
+
+    def _start(self, key: str, p: Pending) -> None:
+        self._in_flight[key] = p
+        self._per_tenant[p.tenant_id] = self._per_tenant.get(p.tenant_id, 0) + 1
+        task = asyncio.get_running_loop().create_task(self._deliver(key, p, p.attempts + 1))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _deliver(self, key: str, p: Pending, attempt: int) -> None:
+        attempted = await self._attempt(p, attempt)
+        self._completed.append((key, attempted))  # the list now, not the one before the await
+        self._wake.set()
+
+    async def _attempt(self, p: Pending, attempt: int) -> NotificationAttempted:
+        assert self._client is not None and p.body is not None
+        hook = self.book.hooks.get(p.tenant_id)
+        started = time.monotonic()
+        status: int | None = None
+        error, retry_after = "", None
+        if hook is None:
+            error = f"no webhook configured for tenant {p.tenant_id!r}"
+        else:
+            body = p.body.encode()
+            headers = headers_for(p, attempt, hook.secret, body, self.clock())
+            try:
+                async with self._client.stream(
+                    "POST", hook.url, content=body, headers=headers
+                ) as resp:
+                    status = resp.status_code
+                    retry_after = retry_after_s(resp.headers.get("retry-after"))
+                    await _drain_body(resp)
+            except httpx.TimeoutException:
+                error = f"timeout after {self.settings.timeout_s:g} s"
+            except Exception as exc:  # refused, reset, DNS, TLS...: a failed attempt
+                error = f"{type(exc).__name__}: {exc}"[:300]
+        ok = status is not None and 200 <= status < 300
+        return attempt_event(
+            p,
+            attempt,
+            ts=self.clock(),
+            ok=ok,
+            status_code=status,
+            error=error,
+            duration_ms=round((time.monotonic() - started) * 1000, 3),
+            retry_after_s=None if ok else retry_after,
+            endpoint=hook.endpoint if hook is not None else "",
+        )
+
+    # -- the loop -------------------------------------------------------------------------
+    def _reload(self) -> None:
+        if self.book.maybe_reload():
+            tenants = frozenset(self.book.hooks)
+            self.fold.policy = dataclasses.replace(self.fold.policy, tenants=tenants)
+            self._changed = True
+
+    async def run(self, stop: asyncio.Event) -> None:
+        s = self.settings
+        if s.start == "latest" and not self.positions:  # first start: skip the history
+            for topic in self.fold.inputs:
+                for partition in await self.backend.partitions(topic):
+                    end = await self.backend.end_offset(topic, partition)
+                    self.positions[f"{topic}:{partition}"] = end
+        self._catching_up = {}
+        for topic in self.fold.inputs:
+            for partition in await self.backend.partitions(topic):
+                end = await self.backend.end_offset(topic, partition)
+                if end > self.positions.get(f"{topic}:{partition}", 0):
+                    self._catching_up[f"{topic}:{partition}"] = end
+        self._catch_up_deadline = time.monotonic() + s.catch_up_s
+        consumer = await self.backend.consumer(s.group_id, list(self.fold.inputs))
+        member = getattr(consumer, "positions", None)
+        if isinstance(member, dict):  # the embedded consumer: start from the stored positions
+            for where, offset in self.positions.items():
+                topic = where.rsplit(":", 1)[0]
+                if topic in member:
+                    member[topic] = max(member[topic], offset)
+        client = httpx.AsyncClient(
+            timeout=httpx.Timeout(s.timeout_s),
+            limits=httpx.Limits(max_connections=s.max_in_flight, max_keepalive_connections=16),
+            follow_redirects=False,
+            trust_env=False,
+            transport=self.transport,
+        )
+        self._client = client
+        uncommitted = False
+        last_save = last_reload = time.monotonic()
+        try:
+            next_poll = 0.0
+            while not stop.is_set():
+                self._wake.clear()
+                records: list[Record] = []
+                if time.monotonic() >= next_poll:  # not on every finished attempt: a poll
+                    records = await consumer.poll(s.poll_records, timeout_s=0.0)  # costs
+                    # a backlog is read on at once; else look again after poll_timeout_s
+                    next_poll = 0.0 if records else time.monotonic() + s.poll_timeout_s
+                out = self.record_completed()
+                if records:
+                    out.extend(self.fold_records(records))
+                    uncommitted = True
+                if out:
+                    await self.publish(out)
+                mono = time.monotonic()
+                if (self._dirty or uncommitted) and mono - last_save >= s.save_every_s:
+                    self.save()  # positions and slots first, then the group
+                    if uncommitted:
+                        await consumer.commit()
+                        uncommitted = False
+                    last_save = mono
+                if mono - last_reload >= s.reload_every_s:
+                    self._reload()
+                    last_reload = mono
+                self.dispatch()
+                if not records and not self._completed:
+                    # idle: wait for a finished attempt, the next poll or a due retry
+                    wait = max(0.0, next_poll - time.monotonic())
+                    if self._next_wake < float("inf"):
+                        wait = max(0.0, min(wait, self._next_wake - self.clock()))
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self._wake.wait(), wait)
+        finally:
+            self._client = None  # no new deliveries
+            if not self._broken:
+                await self._drain(s.grace_s)
+            if not self._broken:
+                self.save()
+                with contextlib.suppress(Exception):
+                    await consumer.commit()
+            await consumer.close()
+            await client.aclose()
+
+    async def _drain(self, grace_s: float) -> None:
+        """On stop: let deliveries in flight finish (up to ``grace_s``) and record them."""
+        if self._tasks:
+            _, late = await asyncio.wait(set(self._tasks), timeout=grace_s)
+            for task in late:
+                task.cancel()
+            await asyncio.gather(*late, return_exceptions=True)
+        out = self.record_completed()
+        if out:
+            with contextlib.suppress(Exception):
+                await self.publish(out)
+
+    # -- read-outs ------------------------------------------------------------------------
+    def pending(self) -> int:
+        return sum(len(self.slots[k].state.pending) for k in self._active if k in self.slots)

@@ -1,0 +1,134 @@
+"""The notifier host in-process, against real HTTP receivers on 127.0.0.1: what it does
+with Retry-After, redirects, refused connections and an edited keys file."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import yaml
+
+from events import NotificationAttempted, NotificationDelivered
+from events.log.embedded import EmbeddedLog
+from runwatch.notifier import Notifier, NotifierSettings, WebhookBook
+from runwatch.notifier_receiver import Received, WebhookReceiver
+from stream_processors.notify import NotifierFold, NotifyPolicy, attempt_event
+from tests.integration.test_notifier import SECRETS, keys_file, notifications, state_change
+
+pytestmark = pytest.mark.timeout(60)
+
+FAST = NotifyPolicy(max_attempts=3, backoff_base_s=0.1, backoff_factor=1.0, jitter=0.0)
+
+
+async def run_until(notifier: Notifier, done: Callable[[], bool], timeout: float = 15.0) -> None:
+    stop = asyncio.Event()
+    await notifier.backend.start()
+    task = asyncio.create_task(notifier.run(stop))
+    end = time.monotonic() + timeout
+    try:
+        while not done():
+            assert not task.done(), task.exception()
+            assert time.monotonic() < end, notifier.stats
+            await asyncio.sleep(0.02)
+    finally:
+        stop.set()
+        await task
+        await notifier.backend.close()
+
+
+def attempts(log: Path) -> list[NotificationAttempted]:
+    return [e for e in notifications(log) if isinstance(e, NotificationAttempted)]
+
+
+def setup(tmp_path: Path, urls: dict[str, str], policy: NotifyPolicy = FAST) -> Notifier:
+    log = tmp_path / "log"
+    keys = keys_file(tmp_path, urls)
+    settings = NotifierSettings(state_path=tmp_path / "state.json", reload_every_s=0.05)
+    return Notifier(EmbeddedLog(log), WebhookBook(keys), policy=policy, settings=settings)
+
+
+def append(tmp_path: Path, *events) -> None:  # type: ignore[no-untyped-def]
+    w = EmbeddedLog(tmp_path / "log")
+    w.open_sync()
+    w.append_events_sync(events)
+
+
+async def test_retry_after_is_waited_and_redirects_are_not_followed(tmp_path: Path) -> None:
+    def answer(rec: Received) -> int | tuple[int, dict[str, str]]:
+        if rec.path == "/moved":
+            return 301, {"Location": "http://127.0.0.1:1/elsewhere"}
+        return (503, {"Retry-After": "1"}) if rec.attempt == 1 else 200
+
+    secrets = {"/hook": SECRETS["acme"], "/moved": SECRETS["globex"]}
+    with WebhookReceiver(secrets=secrets, answer=answer) as rx:
+        n = setup(tmp_path, {"acme": rx.url("/hook"), "globex": rx.url("/moved")})
+        append(tmp_path, state_change("acme", "r1"), state_change("globex", "r2"))
+        await run_until(n, lambda: n.stats.delivered == 1 and n.stats.abandoned == 1)
+    acme = [a for a in attempts(tmp_path / "log") if a.tenant_id == "acme"]
+    assert [(a.status_code, a.retry_after_s) for a in acme] == [(503, 1.0), (200, None)]
+    assert acme[1].ts - acme[0].ts >= 0.95  # Retry-After beat the 0.1 s backoff
+    moved = [a for a in attempts(tmp_path / "log") if a.tenant_id == "globex"]
+    assert [a.status_code for a in moved] == [301, 301, 301]
+    assert all(r.path in ("/hook", "/moved") for r in rx.received)  # never followed
+
+
+async def test_refused_connections_are_recorded_and_retried(tmp_path: Path) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed again: nothing listens there
+    n = setup(tmp_path, {"acme": f"http://127.0.0.1:{port}/hook"})
+    append(tmp_path, state_change("acme", "r1"))
+    await run_until(n, lambda: n.stats.abandoned == 1)
+    tries = attempts(tmp_path / "log")
+    assert [a.attempt for a in tries] == [1, 2, 3]
+    assert all(a.status_code is None and "ConnectError" in a.error for a in tries)
+
+
+async def test_an_edited_keys_file_applies_without_a_restart(tmp_path: Path) -> None:
+    with WebhookReceiver(secrets={"/acme": SECRETS["acme"], "/g": b"g" * 20}) as rx:
+        n = setup(tmp_path, {"acme": rx.url("/acme")})
+        before = state_change("globex", "g1")  # globex has no webhook yet: not queued
+        after = state_change("globex", "g2")
+        append(tmp_path, state_change("acme", "a1"), before)
+        keys = tmp_path / "keys.yaml"
+        phase = ["start"]
+
+        def step() -> bool:  # called while the notifier runs
+            if phase[0] == "start" and n.stats.delivered == 1:
+                doc = yaml.safe_load(keys.read_text())
+                doc["tenants"]["globex"] = {"webhook": {"url": rx.url("/g"), "secret": "g" * 20}}
+                keys.write_text(yaml.safe_dump(doc))
+                phase[0] = "edited"
+            elif phase[0] == "edited" and "globex" in n.book.hooks:
+                append(tmp_path, after)  # after the reload
+                phase[0] = "appended"
+            return n.stats.delivered == 2
+
+        await run_until(n, step)
+    delivered = {e.notification_id for e in notifications(tmp_path / "log")
+                 if isinstance(e, NotificationDelivered)}  # fmt: skip
+    assert str(after.event_id) in delivered and str(before.event_id) not in delivered
+    assert [r.delivery_id for r in rx.received if r.path == "/g"] == [str(after.event_id)]
+    assert all(r.valid for r in rx.received)
+
+
+async def test_a_restart_learns_what_its_predecessor_recorded_before_sending(
+    tmp_path: Path,
+) -> None:
+    """A killed notifier recorded attempt 1 after its last save; its successor reads one
+    record per poll here, so it would be tempted to send attempt 1 again after the first.
+    It sends nothing until it has read up to where the log ended when it started."""
+    with WebhookReceiver(secrets={"/acme": SECRETS["acme"]}) as rx:
+        n = setup(tmp_path, {"acme": rx.url("/acme")})
+        n.settings.poll_records = 1
+        sc = state_change("acme", "r1")
+        pending = NotifierFold(FAST).apply(NotifierFold(FAST).initial(), sc)[0].pending[0]
+        first = attempt_event(pending, 1, ts=time.time() - 5, ok=False, status_code=500)
+        append(tmp_path, sc, first)
+        await run_until(n, lambda: n.stats.delivered == 1)
+    assert [r.attempt for r in rx.received] == [2]
+    assert [(a.attempt, a.ok) for a in attempts(tmp_path / "log")] == [(1, False), (2, True)]
