@@ -207,10 +207,12 @@ class ProjectionEngine:
             if force or self._low_watermark(partition) > head.ts:
                 ready.append((head.ts, rid))
         for _, rid in sorted(ready):
-            queue, rest = self.held.pop(rid), None
+            # in event time: a queue may span a pause and the run's end, and the facts
+            # before the end must be folded before it (stable: ties keep read order)
+            queue, rest = sorted(self.held.pop(rid), key=lambda r: r[2].ts), None
             if not force:
-                # a later held fact in the queue (the run's end after its pause) waits for
-                # the watermarks to pass it in turn: it heads the run's queue from here
+                # a later held fact (the run's end after its pause) waits for the
+                # watermarks to pass it in turn: it heads the run's queue from here
                 for i in range(1, len(queue)):
                     topic, partition, ev = queue[i]
                     held_fact = topic == LIFECYCLE and ev.type in HELD_TYPES
