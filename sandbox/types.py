@@ -59,7 +59,9 @@ class OutcomeStatus(enum.StrEnum):
     FAILED = "failed"  # retries exhausted: no scores; the caller must not train on it
     SKIPPED = "skipped"  # policy ``skip``: exclude the batch from the update
     PAUSED = "paused"  # policy ``pause``: stop the run for tenant action
-    REFUSED = "refused"  # the platform cannot run this tier here (missing kernel feature)
+    #: not run at all: the tier cannot run here (missing kernel feature), the artifact is
+    #: refused before scoring (tenant_bad_artifact), or the batch is (bad_input)
+    REFUSED = "refused"
 
 
 #: Failure policies (seed 002, step 2): never a substituted constant.

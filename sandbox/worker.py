@@ -54,6 +54,7 @@ from sandbox.protocol import (
     send_frame,
 )
 from sandbox.seccomp_policy import compiled_filter
+from sandbox.text import clean_text
 from sandbox.types import AttemptResult, AttemptStatus, Cause, SandboxConfig
 
 _COUNTER = itertools.count()
@@ -69,21 +70,8 @@ def _failed(
     cause: Cause, started: float, message: str, examples: tuple[str, ...] = ()
 ) -> AttemptResult:
     return AttemptResult(
-        AttemptStatus.FAILED, cause, None, time.monotonic() - started, message[:2000], examples
+        AttemptStatus.FAILED, cause, None, time.monotonic() - started, clean_text(message), examples
     )
-
-
-def validate_batch(batch: Any) -> str:
-    """The host-side input contract: a list of JSON-able dicts with str prompt/completion."""
-    if not isinstance(batch, list) or not batch:
-        return "batch must be a non-empty list of dicts"
-    for i, item in enumerate(batch):
-        if not isinstance(item, dict):
-            return f"batch[{i}] is not a dict"
-        for key in ("prompt", "completion"):
-            if not isinstance(item.get(key), str):
-                return f"batch[{i}].{key} missing or not a string"
-    return ""
 
 
 class SandboxWorker:
