@@ -85,6 +85,18 @@ def _features(args: argparse.Namespace, term: Terminal) -> int:
     return 0
 
 
+def _layers(tier: str) -> dict[str, list[str]]:
+    """The isolation layers a sandbox of ``tier`` gets on this host, and the missing ones."""
+    from sandbox.features import probe, tier_gate
+    from sandbox.types import ALL_LAYERS
+
+    gate = tier_gate(probe(), tier)
+    return {
+        "applied": [layer for layer in ALL_LAYERS if layer not in gate.missing],
+        "missing": list(gate.missing),
+    }
+
+
 def _client(args: argparse.Namespace, path: Path) -> Any:
     from sandbox.client import FailurePolicy, RewardClient
     from sandbox.types import ResourceLimits, SandboxConfig
@@ -207,6 +219,9 @@ def _check(args: argparse.Namespace, path: Path, term: Terminal) -> int:
         "digest": cls.digest,
         "reasons": list(cls.reasons),
     }
+    tier = args.tier or cls.tier
+    if tier is not None:
+        result["layers"] = _layers(tier)
     if cls.tier is None:
         findings.append("not a reward artifact: " + "; ".join(cls.reasons))
     else:
@@ -246,6 +261,14 @@ def _check(args: argparse.Namespace, path: Path, term: Terminal) -> int:
                     )
                 ]
                 if "sample" in result
+                else []
+            )
+            + (
+                [
+                    ("layers", ", ".join(result["layers"]["applied"])),
+                    ("missing", ", ".join(result["layers"]["missing"]) or "none"),
+                ]
+                if "layers" in result
                 else []
             ),
             ["field", "value"],

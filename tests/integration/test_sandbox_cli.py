@@ -225,3 +225,14 @@ def test_score_with_a_file_that_is_not_a_reward_books_the_tenant(tmp_path: Path)
     assert proc.returncode == 1 and doc["status"] == "refused"
     assert doc["ledger"]["cause"] == "tenant_bad_artifact"
     assert "bound by an assignment" in doc["ledger"]["message"]
+
+
+def test_check_reports_the_isolation_layers_including_pid1_proc_and_cpu(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    require_sandbox()
+    rc = main(["sandbox", "check", str(write_reward(tmp_path, GOOD)), "--json"])
+    doc = json.loads(capsys.readouterr().out)
+    assert rc == 0, doc
+    assert {"own_pid1", "proc_masked", "cgroup_cpu", "seccomp"} <= set(doc["layers"]["applied"])
+    assert doc["layers"]["missing"] == []
