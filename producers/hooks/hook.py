@@ -12,7 +12,8 @@ Facts and the events they become (ids uuid4; ``seq`` dense per hook; ``ts`` the 
 thread's wall clock at the call):
 
 - :meth:`start` -> ``RunSubmitted`` (algorithm, config) + ``RunStarted``; a run started
-  from a checkpoint (``resumed_from``) -> ``RunResumed`` instead;
+  from a checkpoint (``resumed_from``) -> ``RunResumed`` instead; the first :meth:`log`
+  of a hook not started starts it;
 - :meth:`log` -> what ``runwatch import metrics`` writes for the same row
   (:mod:`producers.hooks.mapping`);
 - :meth:`step_done` -> ``StepPhaseTimed`` (the step's wall time) and, with ``gpus``,
@@ -154,7 +155,10 @@ class RunwatchHook:
         self._submit(self._one, RunStarted, None, ts)
 
     def log(self, metrics: Mapping[str, Any], step: int, ts: float | None = None) -> None:
-        """One logged metric row at ``step`` (TRL / verl / any keys, as they are)."""
+        """One logged metric row at ``step`` (TRL / verl / any keys, as they are). The
+        first fact of a hook never :meth:`start`-ed starts it (empty config)."""
+        if not self._started:
+            self.start()
         self._submit(self._row, dict(metrics), int(step), time.time() if ts is None else ts)
 
     def step_done(self, step: int, wall_s: float | None = None) -> None:

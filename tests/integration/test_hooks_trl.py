@@ -121,13 +121,15 @@ def test_grpo_callback_on_kafka(model_dir: Path, tmp_path: Path, kafka_bootstrap
 
 class _Outage:
     """A TrainerCallback that SIGKILLs the broker after ``kill_at`` and restarts it (on
-    a thread of its own, so training goes on meanwhile) ``down_s`` later; it also times
-    every RunwatchCallback call around it."""
+    a thread of its own, so training goes on meanwhile) ``down_s`` later. The thread
+    lives until ``release`` is set: the broker asks for SIGTERM when the *thread* that
+    started it ends (PR_SET_PDEATHSIG)."""
 
     def __init__(self, broker, kill_at: int, down_s: float) -> None:
         self.broker, self.kill_at, self.down_s = broker, kill_at, down_s
         self.killed_at_step: int | None = None
         self.restarted = threading.Event()
+        self.release = threading.Event()
         self.thread: threading.Thread | None = None
 
     def on_step_end(self, args, state, control, **kw) -> None:
@@ -139,6 +141,7 @@ class _Outage:
                 time.sleep(self.down_s)
                 self.broker.restart()
                 self.restarted.set()
+                self.release.wait(600)
 
             self.thread = threading.Thread(target=back, daemon=True)
             self.thread.start()
@@ -181,22 +184,25 @@ def test_broker_outage_during_training_loses_nothing(
     trainer = grpo_trainer(
         model_dir, tmp_path / "out", steps=steps, callbacks=[killer, cb], save_steps=5
     )
-    trainer.train()
-    assert outage.killed_at_step == 3
-    assert outage.restarted.wait(180), "broker did not come back"
-    stats = cb.hook.close(timeout_s=120)
+    try:
+        trainer.train()
+        assert outage.killed_at_step == 3
+        assert outage.restarted.wait(180), "broker did not come back"
+        stats = cb.hook.close(timeout_s=120)
+        events = kafka_events(jvm_broker.bootstrap, run_id)
+    finally:
+        outage.release.set()
     assert stats.outages >= 1 and stats.spooled > 0, stats
     assert stats.left_in_spool == 0 and stats.dropped == 0, stats
     unreachable = [r for r in caplog.records if "unreachable" in r.getMessage()]
     assert len(unreachable) == stats.outages  # said once per outage, not per retry
-
-    events = kafka_events(jvm_broker.bootstrap, run_id)
     unique = {e.event_id: e for e in events}
     seqs = sorted(e.seq for e in unique.values())
     assert seqs == list(range(stats.built)), "an event is missing on Kafka"
     types = Counter(e.type for e in unique.values())
     assert types["TrainerStepCompleted"] == steps and types["StepPhaseTimed"] == steps
-    assert types["CheckpointWritten"] == 2 and types["RunCompleted"] == 1
+    saved = sorted((tmp_path / "out").glob("checkpoint-*"))  # 5, 10 and the last step
+    assert types["CheckpointWritten"] == len(saved) == 3 and types["RunCompleted"] == 1
     # the callbacks never waited on the broker
     assert max(Timed.calls) < 0.25, sorted(Timed.calls)[-5:]
     print(
