@@ -183,9 +183,7 @@ def asyncapi(version: str = "1.0.0") -> dict[str, Any]:
                 "action": "receive",
                 "channel": {"$ref": f"#/channels/{channel_id}"},
                 "summary": f"Read {topic}, dispatching on each record's `type`.",
-                "messages": [
-                    {"$ref": f"#/channels/{channel_id}/messages/{n}"} for n in names
-                ],
+                "messages": [{"$ref": f"#/channels/{channel_id}/messages/{n}"} for n in names],
             }
     return {
         "asyncapi": "3.0.0",

@@ -146,8 +146,12 @@ class RunwatchHook:
         ts = time.time()
         if resumed_from is not None:
             self._submit(
-                self._one, RunResumed, resumed_step, ts,
-                reason=f"training restarted from {resumed_from}", checkpoint=str(resumed_from),
+                self._one,
+                RunResumed,
+                resumed_step,
+                ts,
+                reason=f"training restarted from {resumed_from}",
+                checkpoint=str(resumed_from),
             )
             return
         attrs = _config_attributes(config or {})
@@ -252,7 +256,11 @@ class RunwatchHook:
         if self.gpus:
             out.append(
                 self._event(
-                    UsageRecorded, step, ts, pool="trainer", phase="step",
+                    UsageRecorded,
+                    step,
+                    ts,
+                    pool="trainer",
+                    phase="step",
                     gpu_seconds=wall_s * self.gpus,
                 )
             )
@@ -260,13 +268,22 @@ class RunwatchHook:
 
     def _checkpoint(self, path: str, step: int, ts: float) -> list[EventBase]:
         sentinels, size = checkpoint_sentinels(Path(path), self.checkpoint_digest)
-        digest = "sha256:" + hashlib.sha256(
-            "\n".join(f"{k}={v}" for k, v in sorted(sentinels.items())).encode()
-        ).hexdigest()
+        digest = (
+            "sha256:"
+            + hashlib.sha256(
+                "\n".join(f"{k}={v}" for k, v in sorted(sentinels.items())).encode()
+            ).hexdigest()
+        )
         return [
             self._event(
-                CheckpointWritten, step, ts, path=path, checkpoint_schema=0, digest=digest,
-                sentinels=sentinels, size_bytes=size,
+                CheckpointWritten,
+                step,
+                ts,
+                path=path,
+                checkpoint_schema=0,
+                digest=digest,
+                sentinels=sentinels,
+                size_bytes=size,
             )
         ]
 

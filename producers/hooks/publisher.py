@@ -175,10 +175,8 @@ class Publisher:
             self._closing = True
             deadline = time.monotonic() + timeout_s
             self._closing_deadline = deadline
-            try:
+            with contextlib.suppress(queue.Full):
                 self._queue.put(None, timeout=max(0.0, timeout_s))
-            except queue.Full:
-                pass
             self._thread.join(timeout=max(0.0, deadline - time.monotonic()) + 5.0)
         return self.stats
 
@@ -186,8 +184,11 @@ class Publisher:
     def _run(self) -> None:
         asyncio.set_event_loop(self._loop)
         try:
-            if self._spool_has_unshipped():
-                self._enter_spooling("a spool of an earlier process is not shipped yet")
+            if self.spool_dir.is_dir() and (left := self._unshipped()):
+                self._enter_spooling(
+                    f"runwatch hook: {left} records of an earlier process wait in the spool "
+                    f"{self.spool_dir}; shipping them to {self.target.describe} first"
+                )
             stop = False
             while not stop:
                 jobs, stop = self._take()
@@ -264,7 +265,13 @@ class Publisher:
                 return
             except Exception as exc:
                 self._drop_backend()
-                self._enter_spooling(f"{type(exc).__name__}: {str(exc)[:200] or 'timed out'}")
+                why = f"{type(exc).__name__}: {str(exc)[:200] or 'timed out'}"
+                self.stats.outages += 1
+                self._enter_spooling(
+                    f"runwatch hook: {self.target.describe} unreachable ({why}); buffering "
+                    f"events to the local spool {self.spool_dir}, shipped when it is back"
+                )
+                self._next_probe = time.monotonic() + self.retry_s
         self._write_spool(events)
 
     def _write_target(self, events: Sequence[EventBase]) -> None:
@@ -316,16 +323,11 @@ class Publisher:
         self._open_spool().append_events_sync(events)
         self.stats.spooled += len(events)
 
-    def _enter_spooling(self, why: str) -> None:
-        if self.stats.mode != "spooling":
-            self.stats.outages += 1
+    def _enter_spooling(self, message: str) -> None:
+        """Spool from now on until the spool is shipped; ``message`` says why, once."""
         self.stats.mode = "spooling"
         self._backoff = self.retry_s
-        self._next_probe = time.monotonic() + self.retry_s
-        message = (
-            f"runwatch hook: {self.target.describe} unreachable ({why}); buffering events "
-            f"to the local spool {self.spool_dir}, shipped when it is back"
-        )
+        self._next_probe = time.monotonic()
         self.stats.notices.append(message)
         log.warning("%s", message)
 
@@ -335,9 +337,9 @@ class Publisher:
             spool = self._open_spool()
             backend = self._open_backend()
             topics = spool.topic_names()
-            shipped = self._await(ship_once(spool, backend, topics), timeout_s=max(
-                self.write_timeout_s, 30.0
-            ))
+            shipped = self._await(
+                ship_once(spool, backend, topics), timeout_s=max(self.write_timeout_s, 30.0)
+            )
         except Exception:
             self._drop_backend()
             self._backoff = min(self._backoff * 2, self.max_retry_s)
@@ -346,15 +348,12 @@ class Publisher:
         self.stats.shipped_from_spool += shipped
         self.stats.mode = "direct"
         message = (
-            f"runwatch hook: {self.target.describe} reachable again; "
-            f"{shipped} spooled records shipped from {self.spool_dir}"
+            f"runwatch hook: {shipped} spooled records shipped from {self.spool_dir} to "
+            f"{self.target.describe}; writing to it directly again"
         )
         self.stats.notices.append(message)
         log.warning("%s", message)
         return True
-
-    def _spool_has_unshipped(self) -> bool:
-        return self.spool_dir.is_dir() and self._unshipped() > 0
 
     def _unshipped(self) -> int:
         spool = self._open_spool()

@@ -107,7 +107,7 @@ class RunwatchTracking:
         self.hook.close()
 
     def _check_checkpoint(self) -> None:
-        mtime, step = self._read_tracker()
+        _, step = self._read_tracker()
         if step is None or step == self._tracker_step:
             return
         self._tracker_step = step

@@ -96,8 +96,7 @@ def _follow(host: Any, log: Any, stop: threading.Event, term: Terminal | None) -
     from events.codec import decode
     from events.envelope import EventBase
 
-    positions = {t: log.end_offset_sync(t) if (log.root / t).is_dir() else 0
-                 for t in LIVE_TOPICS}
+    positions = {t: log.end_offset_sync(t) if (log.root / t).is_dir() else 0 for t in LIVE_TOPICS}
     while not stop.is_set():
         host.run_once()
         if term is not None:

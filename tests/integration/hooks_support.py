@@ -17,7 +17,7 @@ from events.log.embedded import EmbeddedLog
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
-WORDS = "a b c d e f g h i j k l m n o p".split()
+WORDS = list("abcdefghijklmnop")
 PROMPTS = ["a b c", "d e f", "g h i", "j k l", "m n o", "p a b", "c d e", "f g h"]
 
 

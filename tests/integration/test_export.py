@@ -1,7 +1,7 @@
 """``runwatch export mlflow|wandb RUN`` with the real client libraries, on a real run.
 
-``runwatch demo --short --only globex-oversized-lr`` trains a run whose LR is x30: the
-``kl_blowup`` detector pages, the controller pauses it, the tenant resumes it, it
+The short demo (``consumer_demo_log`` in conftest.py) trains globex-oversized-lr, whose
+LR is x30: the ``kl_blowup`` detector pages, the controller pauses it, the tenant resumes it, it
 succeeds — alerts, state changes and checkpoints on the log. Exported (real processes):
 
 - to MLflow's local file store (``MLFLOW_ALLOW_FILE_STORE=true``), read back with
@@ -36,7 +36,10 @@ RUN = "globex-oversized-lr"
 def _runwatch(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     proc = subprocess.run(
         [sys.executable, "-m", "runwatch.cli.main", *args],
-        capture_output=True, text=True, timeout=1000, cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=1000,
+        cwd=ROOT,
         env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})},
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
@@ -44,10 +47,8 @@ def _runwatch(*args: str, env: dict[str, str] | None = None) -> subprocess.Compl
 
 
 @pytest.fixture(scope="module")
-def demo_log(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("demo") / "demo"
-    _runwatch("demo", "--short", "--json", "--out", str(out), "--only", RUN)
-    return out / "log"
+def demo_log(consumer_demo_log: Path) -> Path:
+    return consumer_demo_log
 
 
 @pytest.fixture(scope="module")
@@ -78,8 +79,19 @@ def test_export_mlflow_file_store(demo_log: Path, run_events, tmp_path: Path) ->
 
     uri = f"file://{tmp_path / 'mlruns'}"
     env = {"MLFLOW_ALLOW_FILE_STORE": "true"}
-    proc = _runwatch("export", "mlflow", RUN, "--log", str(demo_log), "--tracking-uri", uri,
-                     "--experiment", "acme", "--json", env=env)
+    proc = _runwatch(
+        "export",
+        "mlflow",
+        RUN,
+        "--log",
+        str(demo_log),
+        "--tracking-uri",
+        uri,
+        "--experiment",
+        "acme",
+        "--json",
+        env=env,
+    )
     summary = json.loads(proc.stdout)
     os.environ.update(env)
     client = MlflowClient(tracking_uri=uri)
@@ -98,10 +110,14 @@ def test_export_mlflow_file_store(demo_log: Path, run_events, tmp_path: Path) ->
     ck_tags = {k for k in tags if k.startswith("runwatch.checkpoint.")}
     assert ck_tags == {f"runwatch.checkpoint.{e.step}" for e in checkpoints}
     artifacts = {a.path for a in client.list_artifacts(mlrun.info.run_id, "runwatch")}
-    assert {"runwatch/state_changes.json", "runwatch/checkpoints.json",
-            "runwatch/alerts.json"} <= artifacts
-    local = client.download_artifacts(mlrun.info.run_id, "runwatch/state_changes.json",
-                                      str(tmp_path))
+    assert {
+        "runwatch/state_changes.json",
+        "runwatch/checkpoints.json",
+        "runwatch/alerts.json",
+    } <= artifacts
+    local = client.download_artifacts(
+        mlrun.info.run_id, "runwatch/state_changes.json", str(tmp_path)
+    )
     exported_states = json.loads(Path(local).read_text())
     assert [s["to_state"] for s in exported_states] == [e.to_state for e in states]
     assert mlrun.data.params["algorithm"] == "grpo"
@@ -109,9 +125,18 @@ def test_export_mlflow_file_store(demo_log: Path, run_events, tmp_path: Path) ->
 
 def test_export_wandb_offline(demo_log: Path, run_events, tmp_path: Path) -> None:
     wdir = tmp_path / "wandb"
-    proc = _runwatch("export", "wandb", RUN, "--log", str(demo_log), "--offline",
-                     "--dir", str(wdir), "--json",
-                     env={"WANDB_SILENT": "true", "WANDB_MODE": "offline"})
+    proc = _runwatch(
+        "export",
+        "wandb",
+        RUN,
+        "--log",
+        str(demo_log),
+        "--offline",
+        "--dir",
+        str(wdir),
+        "--json",
+        env={"WANDB_SILENT": "true", "WANDB_MODE": "offline"},
+    )
     summary = json.loads(proc.stdout)
     files = list(Path(summary["wandb_dir"]).glob("run-*.wandb"))
     assert len(files) == 1, summary

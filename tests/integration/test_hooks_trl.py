@@ -54,7 +54,10 @@ def test_grpo_callback_embedded_matches_import(model_dir: Path, tmp_path: Path) 
 
     log_dir = tmp_path / "log"
     cb = RunwatchCallback(
-        run_id="trl-run", tenant_id="acme", log=log_dir, spool=tmp_path / "spool",
+        run_id="trl-run",
+        tenant_id="acme",
+        log=log_dir,
+        spool=tmp_path / "spool",
         install_exit_hooks=False,
     )
     trainer = grpo_trainer(model_dir, tmp_path / "out", steps=STEPS, callbacks=[cb], save_steps=3)
@@ -105,7 +108,10 @@ def test_grpo_callback_on_kafka(model_dir: Path, tmp_path: Path, kafka_bootstrap
 
     run_id = f"trl-kafka-{time.time_ns()}"
     cb = RunwatchCallback(
-        run_id=run_id, tenant_id="acme", kafka=kafka_bootstrap, spool=tmp_path / "spool",
+        run_id=run_id,
+        tenant_id="acme",
+        kafka=kafka_bootstrap,
+        spool=tmp_path / "spool",
         install_exit_hooks=False,
     )
     trainer = grpo_trainer(model_dir, tmp_path / "out", steps=3, callbacks=[cb], save_steps=3)
@@ -176,8 +182,14 @@ def test_broker_outage_during_training_loses_nothing(
     killer = type("Killer", (TrainerCallback,), {"on_step_end": outage.on_step_end})()
     run_id = "trl-outage"
     cb = Timed(
-        run_id=run_id, tenant_id="acme", kafka=jvm_broker.bootstrap, spool=tmp_path / "spool",
-        write_timeout_s=3.0, retry_s=0.5, install_exit_hooks=False, close_on_end=False,
+        run_id=run_id,
+        tenant_id="acme",
+        kafka=jvm_broker.bootstrap,
+        spool=tmp_path / "spool",
+        write_timeout_s=3.0,
+        retry_s=0.5,
+        install_exit_hooks=False,
+        close_on_end=False,
     )
     steps = 14
     caplog.set_level(logging.WARNING, logger="runwatch.hooks")
@@ -194,7 +206,7 @@ def test_broker_outage_during_training_loses_nothing(
         outage.release.set()
     assert stats.outages >= 1 and stats.spooled > 0, stats
     assert stats.left_in_spool == 0 and stats.dropped == 0, stats
-    unreachable = [r for r in caplog.records if "unreachable" in r.getMessage()]
+    unreachable = [r for r in caplog.records if " unreachable (" in r.getMessage()]
     assert len(unreachable) == stats.outages  # said once per outage, not per retry
     unique = {e.event_id: e for e in events}
     seqs = sorted(e.seq for e in unique.values())

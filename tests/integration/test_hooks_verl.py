@@ -44,7 +44,11 @@ def test_verl_tracking_backend_matches_import(tmp_path: Path) -> None:
     }
     proc = subprocess.run(
         [sys.executable, str(DRIVER), str(tmp_path), str(STEPS)],
-        env=env, capture_output=True, text=True, timeout=800, cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=800,
+        cwd=tmp_path,
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
     summary = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -77,10 +81,16 @@ def test_verl_tracking_backend_matches_import(tmp_path: Path) -> None:
         write=imported.extend,
         gpus=2.0,
     )
-    for kind in ("TrainerStepCompleted", "RolloutBatchCompleted", "StepPhaseTimed",
-                 "UsageRecorded", "EvalGateScored"):
-        live = sorted((e.step, json.dumps(_payload(e), sort_keys=True))
-                      for e in events if e.type == kind)
+    for kind in (
+        "TrainerStepCompleted",
+        "RolloutBatchCompleted",
+        "StepPhaseTimed",
+        "UsageRecorded",
+        "EvalGateScored",
+    ):
+        live = sorted(
+            (e.step, json.dumps(_payload(e), sort_keys=True)) for e in events if e.type == kind
+        )
         offline = sorted(
             (e.step, json.dumps(_payload(e), sort_keys=True))
             for e in imported

@@ -57,8 +57,15 @@ def test_readme_example_prints_a_live_alert(tmp_path: Path) -> None:
     env.pop("RUNWATCH_KAFKA", None)
     t0 = time.monotonic()
     with open(out, "w") as f:
-        proc = subprocess.run(["bash", "-c", script], cwd=tmp_path, env=env, stdout=f,
-                              stderr=subprocess.PIPE, text=True, timeout=360)
+        proc = subprocess.run(
+            ["bash", "-c", script],
+            cwd=tmp_path,
+            env=env,
+            stdout=f,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=360,
+        )
     took = time.monotonic() - t0
     text = out.read_text()
     alert = [line for line in text.splitlines() if line.startswith("ALERT")]

@@ -1,13 +1,13 @@
 """The published contract holds for a real log, checked without pydantic.
 
 ``runwatch schema export`` (a real process) writes the JSON Schemas and the AsyncAPI
-document; ``runwatch demo --short`` (real trainers, processors and projections) writes a
-log. Every record of that log — events of every topic, dead letters included — is
-parsed with ``json`` and validated with the ``jsonschema`` package against the schema its
-``type`` names (and the ``oneOf`` union, and the copy embedded in the AsyncAPI
-document). Old versions: the demo's v2 records of every upcast type, written back as a v1
-producer wrote them, are refused by the current schema and validate once the exported
-upcasting rules are applied.
+document; ``runwatch demo --short`` over three runs (real trainers, processors and
+projections; ``consumer_demo_log`` in conftest.py) writes a log. Every record of that
+log — events of every topic, dead letters included — is parsed with ``json`` and
+validated with the ``jsonschema`` package against the schema its ``type`` names (and the
+``oneOf`` union, and the copy embedded in the AsyncAPI document). Old versions: the
+demo's v2 records of every upcast type, written back as a v1 producer wrote them, are
+refused by the current schema and validate once the exported upcasting rules are applied.
 """
 
 from __future__ import annotations
@@ -41,7 +41,10 @@ ADDED_IN_V2 = {
 def _runwatch(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     proc = subprocess.run(
         [sys.executable, "-m", "runwatch.cli.main", *args],
-        capture_output=True, text=True, timeout=1000, cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=1000,
+        cwd=cwd,
         env={**__import__("os").environ, "PYTHONPATH": str(ROOT)},
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
@@ -51,17 +54,16 @@ def _runwatch(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
 @pytest.fixture(scope="module")
 def contract(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("contract") / "schema"
-    summary = json.loads(_runwatch("schema", "export", "--out", str(out), "--json", cwd=ROOT)
-                         .stdout)
+    summary = json.loads(
+        _runwatch("schema", "export", "--out", str(out), "--json", cwd=ROOT).stdout
+    )
     assert summary["event_types"] >= 50 and summary["upcasting_rules"] >= 4
     return out
 
 
 @pytest.fixture(scope="module")
-def demo_log(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("demo") / "demo"
-    _runwatch("demo", "--short", "--json", "--out", str(out), cwd=ROOT)
-    return out / "log"
+def demo_log(consumer_demo_log: Path) -> Path:
+    return consumer_demo_log
 
 
 def _schemas(contract: Path) -> dict[str, dict]:
@@ -84,8 +86,7 @@ def test_every_demo_record_validates_with_jsonschema(contract: Path, demo_log: P
     )
     asyncapi = json.loads((contract / "asyncapi.json").read_text())
     embedded = {
-        t: jsonschema.Draft202012Validator(s)
-        for t, s in asyncapi["components"]["schemas"].items()
+        t: jsonschema.Draft202012Validator(s) for t, s in asyncapi["components"]["schemas"].items()
     }
     log = EmbeddedLog(demo_log, readonly=True)
     log.open_sync()
@@ -103,8 +104,16 @@ def test_every_demo_record_validates_with_jsonschema(contract: Path, demo_log: P
                     union.validate(body)
             seen[kind] += 1
     assert sum(seen.values()) > 1000, seen
-    assert {"TrainerStepCompleted", "AlertFired", "RunStateChanged", "CheckpointWritten",
-            "RunPaused", "RunResumed", "RunCancelled", "UsageRecorded"} <= set(seen), seen
+    assert {
+        "TrainerStepCompleted",
+        "AlertFired",
+        "RunStateChanged",
+        "CheckpointWritten",
+        "RunPaused",
+        "RunResumed",
+        "RunCancelled",
+        "UsageRecorded",
+    } <= set(seen), seen
     print(f"\nvalidated {sum(seen.values())} records of {len(seen)} types with jsonschema")
 
 

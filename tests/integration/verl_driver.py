@@ -123,8 +123,16 @@ def main() -> None:
     tracking.log(data=val_metrics(0), step=0)  # val_before_train
     for step in range(1, steps + 1):
         data = batch(step)
-        timing = {"gen": 0.8, "reward": 0.1, "old_log_prob": 0.2, "ref": 0.2, "adv": 0.01,
-                  "update_actor": 0.6, "update_weights": 0.05, "step": 2.0 + 0.01 * step}
+        timing = {
+            "gen": 0.8,
+            "reward": 0.1,
+            "old_log_prob": 0.2,
+            "ref": 0.2,
+            "adv": 0.01,
+            "update_actor": 0.6,
+            "update_weights": 0.05,
+            "step": 2.0 + 0.01 * step,
+        }
         metrics = {
             "actor/pg_loss": float(-0.01 * step),
             "actor/pg_clipfrac": 0.002,

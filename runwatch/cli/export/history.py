@@ -32,11 +32,26 @@ from events.log.embedded import EmbeddedLog
 from events.topics import TOPICS
 
 TRAIN_FIELDS = (
-    "reward_mean", "reward_std", "kl_to_ref", "entropy", "grad_norm", "clip_fraction",
-    "advantage_mean", "advantage_std", "loss", "lr", "tokens_trained", "grad_clip_threshold",
+    "reward_mean",
+    "reward_std",
+    "kl_to_ref",
+    "entropy",
+    "grad_norm",
+    "clip_fraction",
+    "advantage_mean",
+    "advantage_std",
+    "loss",
+    "lr",
+    "tokens_trained",
+    "grad_clip_threshold",
 )
-ROLLOUT_FIELDS = ("mean_length", "max_length", "truncation_rate", "unparseable_rate",
-                  "tokens_generated")
+ROLLOUT_FIELDS = (
+    "mean_length",
+    "max_length",
+    "truncation_rate",
+    "unparseable_rate",
+    "tokens_generated",
+)
 PHASES = ("wall_s", "rollout_s", "score_s", "sync_s", "optim_s", "idle_s", "other_s")
 
 
@@ -154,13 +169,23 @@ def _apply(h: RunHistory, ev: EventBase) -> None:
         if row is not None:
             row["spend/usd"] = float(ev.spend_usd)
     elif kind == "AlertFired":
-        h.alerts.append({
-            "alert_id": ev.alert_id, "detector": ev.detector, "routing": ev.routing,
-            "layer": ev.layer, "step": ev.step, "ts": ev.ts, "reason": ev.reason,
-            "window": [ev.window_start, ev.window_end], "first_response": ev.first_response,
-            "config_version": ev.config_version, "observed": dict(ev.observed),
-            "resolved_at_step": None, "resolved_reason": None,
-        })
+        h.alerts.append(
+            {
+                "alert_id": ev.alert_id,
+                "detector": ev.detector,
+                "routing": ev.routing,
+                "layer": ev.layer,
+                "step": ev.step,
+                "ts": ev.ts,
+                "reason": ev.reason,
+                "window": [ev.window_start, ev.window_end],
+                "first_response": ev.first_response,
+                "config_version": ev.config_version,
+                "observed": dict(ev.observed),
+                "resolved_at_step": None,
+                "resolved_reason": None,
+            }
+        )
     elif kind == "AlertResolved":
         for alert in reversed(h.alerts):
             if alert["alert_id"] == ev.alert_id and alert["resolved_at_step"] is None:
@@ -168,20 +193,32 @@ def _apply(h: RunHistory, ev: EventBase) -> None:
                 alert["resolved_reason"] = ev.reason
                 break
     elif kind == "RunStateChanged":
-        h.states.append({
-            "from_state": ev.from_state, "to_state": ev.to_state, "reason": ev.reason,
-            "failure_class": ev.failure_class, "step": ev.step, "ts": ev.ts,
-        })
+        h.states.append(
+            {
+                "from_state": ev.from_state,
+                "to_state": ev.to_state,
+                "reason": ev.reason,
+                "failure_class": ev.failure_class,
+                "step": ev.step,
+                "ts": ev.ts,
+            }
+        )
     elif kind == "CheckpointWritten":
-        h.checkpoints.append({
-            "step": ev.step, "path": ev.path, "digest": ev.digest, "ts": ev.ts,
-            "size_bytes": ev.size_bytes, "checkpoint_schema": ev.checkpoint_schema,
-            "sentinels": dict(ev.sentinels), "pins": dict(ev.pins),
-        })
+        h.checkpoints.append(
+            {
+                "step": ev.step,
+                "path": ev.path,
+                "digest": ev.digest,
+                "ts": ev.ts,
+                "size_bytes": ev.size_bytes,
+                "checkpoint_schema": ev.checkpoint_schema,
+                "sentinels": dict(ev.sentinels),
+                "pins": dict(ev.pins),
+            }
+        )
 
 
-def read_run(run_id: str, *, log: str | Path | None = None, kafka: str | None = None
-             ) -> RunHistory:
+def read_run(run_id: str, *, log: str | Path | None = None, kafka: str | None = None) -> RunHistory:
     """The run's history from an embedded log directory or a Kafka bootstrap."""
     if kafka:
         return collect(run_id, asyncio.run(_kafka_events(kafka, run_id)))

@@ -74,21 +74,47 @@ def run(args: argparse.Namespace, term: Terminal) -> int:
                 level=getattr(wandb.AlertLevel, LEVELS.get(alert["routing"], "INFO")),
             )
         tables = {
-            "runwatch/alerts": _table(wandb, history.alerts, (
-                "alert_id", "detector", "routing", "step", "window", "reason",
-                "resolved_at_step", "resolved_reason")),
-            "runwatch/state_changes": _table(wandb, history.states, (
-                "step", "from_state", "to_state", "reason", "failure_class", "ts")),
-            "runwatch/checkpoints": _table(wandb, history.checkpoints, (
-                "step", "path", "digest", "size_bytes", "checkpoint_schema")),
+            "runwatch/alerts": _table(
+                wandb,
+                history.alerts,
+                (
+                    "alert_id",
+                    "detector",
+                    "routing",
+                    "step",
+                    "window",
+                    "reason",
+                    "resolved_at_step",
+                    "resolved_reason",
+                ),
+            ),
+            "runwatch/state_changes": _table(
+                wandb,
+                history.states,
+                ("step", "from_state", "to_state", "reason", "failure_class", "ts"),
+            ),
+            "runwatch/checkpoints": _table(
+                wandb,
+                history.checkpoints,
+                ("step", "path", "digest", "size_bytes", "checkpoint_schema"),
+            ),
         }
         wb.log(tables, step=last)
         for ck in history.checkpoints:
             art = wandb.Artifact(
                 f"{_artifact_name(history.run_id)}-checkpoint",
                 type="checkpoint",
-                metadata={k: ck[k] for k in ("step", "digest", "size_bytes", "sentinels",
-                                             "checkpoint_schema", "path")},
+                metadata={
+                    k: ck[k]
+                    for k in (
+                        "step",
+                        "digest",
+                        "size_bytes",
+                        "sentinels",
+                        "checkpoint_schema",
+                        "path",
+                    )
+                },
             )
             art.add_reference(f"file://{os.path.abspath(ck['path'])}", checksum=False)
             wb.log_artifact(art, aliases=[f"step-{ck['step']}"])
@@ -145,4 +171,3 @@ def _alert_text(alert: dict[str, Any]) -> str:
 
 def _artifact_name(run_id: str) -> str:
     return "".join(c if c.isalnum() or c in "-_." else "-" for c in run_id)
-
