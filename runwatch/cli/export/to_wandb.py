@@ -10,8 +10,9 @@ What is written (one new W&B run named after the runwatch run, in ``--project``)
 - state changes: a ``runwatch/state_changes`` table; the summary's ``runwatch/state``
   and ``runwatch/failure_class`` hold the final state;
 - checkpoints: a ``runwatch/checkpoints`` table, and one ``checkpoint`` artifact per
-  checkpoint *referencing* its path (``file://``; nothing uploaded), with step, digest
-  and sentinels as metadata and the alias ``step-<N>``;
+  checkpoint holding ``runwatch-checkpoint.json`` (the CheckpointWritten record) and
+  *referencing* its path when it still exists here (``file://``; nothing uploaded), with
+  step, digest and sentinels as metadata and the alias ``step-<N>``;
 - config: the submitted config, algorithm, run and tenant ids.
 
 ``--offline`` (or ``WANDB_MODE=offline``) writes the run under ``--dir`` for a later
@@ -21,6 +22,7 @@ What is written (one new W&B run named after the runwatch run, in ``--project``)
 from __future__ import annotations
 
 import argparse
+import json
 import os
 from typing import Any
 
@@ -116,7 +118,10 @@ def run(args: argparse.Namespace, term: Terminal) -> int:
                     )
                 },
             )
-            art.add_reference(f"file://{os.path.abspath(ck['path'])}", checksum=False)
+            with art.new_file("runwatch-checkpoint.json") as f:
+                json.dump(ck, f, indent=2, default=str)
+            if os.path.exists(ck["path"]):  # rotated away or on another host: metadata only
+                art.add_reference(f"file://{os.path.abspath(ck['path'])}", checksum=False)
             wb.log_artifact(art, aliases=[f"step-{ck['step']}"])
         wb.summary["runwatch/state"] = history.final_state
         if history.states and history.states[-1]["failure_class"]:
