@@ -10,8 +10,10 @@ Two loops, each run in alternating blocks (A B A B ...) so both see the same mac
    ``RunwatchCallback``, timed per step by a probe callback.
 
 Figures per step: the hook's time on the training thread (p50 / p99 / max, measured
-around the hook calls), and the step-time difference (median with hook - median
-without: what the training loop really lost, the worker thread's GIL share included).
+around the hook calls), the step-time difference (median with hook - median without:
+what the training loop really lost, the worker thread's GIL share included), and the CPU
+time per step of the training thread inside the hook and of the worker thread (each
+thread's own clock: these move little with the machine's load; wall-clock figures do).
 Goal: overhead <= max(1 % of the step, 1 ms). The hook writes to an embedded log in a
 temporary directory (``--kafka BOOTSTRAP``: to Kafka).
 
@@ -100,6 +102,9 @@ def torch_loop(args: argparse.Namespace, hook: RunwatchHook, ckpt: Path) -> dict
     plain: list[float] = []
     hooked: list[float] = []
     in_hook: list[float] = []
+    in_hook_cpu = 0.0
+    worker_clock = time.pthread_getcpuclockid(hook.publisher._thread.ident)
+    worker_cpu0 = time.clock_gettime(worker_clock)
     n = 0
     per_block = max(1, args.steps // args.blocks)
     for _block in range(args.blocks):
@@ -112,14 +117,24 @@ def torch_loop(args: argparse.Namespace, hook: RunwatchHook, ckpt: Path) -> dict
             t0 = time.perf_counter()
             step()
             t1 = time.perf_counter()
+            c1 = time.thread_time()
             hook.step_done(n)
             hook.log(ROW, step=n)
             if n % 50 == 0:
                 hook.checkpoint(ckpt, n)
+            in_hook_cpu += time.thread_time() - c1
             t2 = time.perf_counter()
             in_hook.append(t2 - t1)
             hooked.append(t2 - t0)
-    return {"plain": plain, "hooked": hooked, "in_hook": in_hook}
+    hook.flush(60)
+    worker_cpu = time.clock_gettime(worker_clock) - worker_cpu0
+    return {
+        "plain": plain,
+        "hooked": hooked,
+        "in_hook": in_hook,
+        "in_hook_cpu_per_step": in_hook_cpu / n,
+        "worker_cpu_per_step": worker_cpu / n,
+    }
 
 
 def trainer_loop(args: argparse.Namespace, hook_kwargs: dict[str, Any], tmp: Path) -> dict:
@@ -234,6 +249,8 @@ def main() -> None:
             in_hook_p99_us=_q(res["in_hook"], 0.99) * 1e6,
             in_hook_max_us=max(res["in_hook"]) * 1e6,
             in_hook_pct_of_step=100 * _q(res["in_hook"], 0.5) / plain_p50,
+            in_hook_cpu_us_per_step=res["in_hook_cpu_per_step"] * 1e6,
+            worker_cpu_us_per_step=res["worker_cpu_per_step"] * 1e6,
             events=stats.get("written", 0) + stats.get("spooled", 0),
         )
     out["goal_met"] = diff <= budget and out.get("in_hook_p99_us", 0) <= budget * 1e6
@@ -254,6 +271,11 @@ def main() -> None:
             f"  on the training thread: p50 {out['in_hook_p50_us']:.1f} us, p99 "
             f"{out['in_hook_p99_us']:.1f} us, max {out['in_hook_max_us']:.1f} us "
             f"({out['in_hook_pct_of_step']:.3f} % of a step); {out['events']} events"
+        )
+        print(
+            f"  CPU per step: training thread in the hook {out['in_hook_cpu_us_per_step']:.1f}"
+            f" us, worker thread {out['worker_cpu_us_per_step']:.1f} us (building, encoding,"
+            " writing: off the training thread)"
         )
     print(
         f"  budget max(1 % of step, 1 ms) = {out['budget_ms']:.2f} ms -> goal "

@@ -167,4 +167,7 @@ def test_export_wandb_offline(demo_log: Path, run_events, tmp_path: Path) -> Non
     assert len(ck_artifacts) == len(checkpoints)
     assert summary_items["runwatch/state"] == "SUCCEEDED"
     last = max(rows)
-    assert "runwatch/state_changes" in rows[last] and "runwatch/alerts" in rows[last]
+    states = [e for e in run_events if e.type == "RunStateChanged"]
+    assert rows[last]["runwatch/state_changes.nrows"] == len(states)  # tables: nested keys
+    assert rows[last]["runwatch/alerts.nrows"] == len(fired)
+    assert rows[last]["runwatch/checkpoints.nrows"] == len(checkpoints)
