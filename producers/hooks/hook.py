@@ -99,6 +99,7 @@ class RunwatchHook:
         checkpoint_digest: DigestAlgo = "crc32",
         queue_size: int = 10_000,
         write_timeout_s: float = 10.0,
+        connect_timeout_s: float = 30.0,
         retry_s: float = 1.0,
         install_exit_hooks: bool = True,
     ) -> None:
@@ -119,6 +120,7 @@ class RunwatchHook:
             Path(spool) if spool else default_spool(run_id),
             queue_size=queue_size,
             write_timeout_s=write_timeout_s,
+            connect_timeout_s=connect_timeout_s,
             retry_s=retry_s,
         )
         self._seq = 0  # touched on the worker thread only
@@ -201,6 +203,7 @@ class RunwatchHook:
         return self.publisher.close(timeout_s)
 
     def stats(self) -> dict[str, Any]:
+        self.publisher.stats.submitted_jobs = self.publisher._submitted
         out = self.publisher.stats.as_dict()
         out["mapped"] = dict(sorted(self.report.mapped.items()))
         return out

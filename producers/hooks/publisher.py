@@ -3,13 +3,15 @@
 A :class:`Publisher` owns one worker thread. The training thread calls :meth:`submit`
 with a *job* (a function returning the events of one fact); that is a ``put_nowait`` on a
 bounded queue and nothing else, so a hook costs the training loop microseconds whatever
-the log is doing. The worker wakes on the first job, lingers ``linger_s`` (50 ms) so a
-few steps' facts travel together (one wake-up and one write, not one per fact: less of
-the interpreter lock taken from the training thread), builds the events (in submission
-order, so a producer's ``seq`` stays monotonic), then delivers each batch:
+the log is doing. The queue is a ``deque`` the worker *polls* every ``poll_s`` (50 ms):
+submitting never wakes a sleeping thread (that alone costs the caller tens of
+microseconds), and a few steps' facts travel together (one write, not one per fact).
+The worker builds the events (in submission order, so a producer's ``seq`` stays
+monotonic), then delivers each batch:
 
 - **direct**: to the target log (Kafka: acks=all; or an embedded log directory), waiting
-  at most ``write_timeout_s``;
+  at most ``write_timeout_s`` per write (``connect_timeout_s`` to connect: a first
+  connection creates the registry's topics, slow on a busy broker);
 - **spooling**: when a direct write fails or times out, the batch and everything after
   it goes to a local *spool* (an embedded log directory, fsync'd) and a warning says so
   once ("log unreachable, buffering to SPOOL"). Every ``retry_s`` (backing off to
@@ -40,10 +42,11 @@ Time semantics: timeouts and back-off are wall-clock seconds of this process.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
+import itertools
 import logging
 import os
-import queue
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -120,8 +123,9 @@ class Publisher:
         *,
         queue_size: int = 10_000,
         max_batch: int = 512,
-        linger_s: float = 0.05,
+        poll_s: float = 0.05,
         write_timeout_s: float = 10.0,
+        connect_timeout_s: float = 30.0,
         retry_s: float = 1.0,
         max_retry_s: float = 15.0,
         name: str = "runwatch-hook",
@@ -129,12 +133,17 @@ class Publisher:
         self.target = target
         self.spool_dir = Path(spool)
         self.max_batch = max_batch
-        self.linger_s = linger_s
+        self.poll_s = poll_s
+        self.queue_size = queue_size
         self.write_timeout_s = write_timeout_s
+        self.connect_timeout_s = connect_timeout_s
         self.retry_s = retry_s
         self.max_retry_s = max_retry_s
         self.stats = Stats()
-        self._queue: queue.Queue[Job | None] = queue.Queue(maxsize=queue_size)
+        self._queue: collections.deque[Job] = collections.deque()
+        self._counter = itertools.count()
+        self._submitted = 0
+        self._wake = threading.Event()
         self._done = 0
         self._cond = threading.Condition()
         self._warned: set[str] = set()
@@ -149,27 +158,28 @@ class Publisher:
 
     # -- the training thread's side -------------------------------------------------------
     def submit(self, job: Job) -> bool:
-        """Queue one job; ``False`` (and the fact dropped, counted) when the queue is full."""
-        try:
-            self._queue.put_nowait(job)
-        except queue.Full:
+        """Queue one job; ``False`` (and the fact dropped, counted) when the queue is full.
+        A ``deque.append``: no lock, and no wake-up of the worker (waking a sleeping thread
+        costs the caller tens of microseconds; the worker polls every ``poll_s``)."""
+        if len(self._queue) >= self.queue_size:
             self.stats.dropped += 1
             self._say_once(
                 "queue-full",
                 logging.ERROR,
-                f"runwatch hook: {self._queue.maxsize} facts waiting; dropping new ones "
+                f"runwatch hook: {self.queue_size} facts waiting; dropping new ones "
                 f"(the spool at {self.spool_dir} is not keeping up)",
             )
             return False
-        with self._cond:
-            self.stats.submitted_jobs += 1
+        self._queue.append(job)
+        self._submitted = next(self._counter) + 1
         return True
 
     def flush(self, timeout_s: float = 30.0) -> bool:
         """Wait until every job submitted so far is delivered (to the target or the
         spool); ``False`` if ``timeout_s`` passed first."""
+        goal = self._submitted
+        self._wake.set()
         with self._cond:
-            goal = self.stats.submitted_jobs
             return self._cond.wait_for(lambda: self._done >= goal, timeout=timeout_s)
 
     def close(self, timeout_s: float = 30.0) -> Stats:
@@ -179,9 +189,9 @@ class Publisher:
             self._closing = True
             deadline = time.monotonic() + timeout_s
             self._closing_deadline = deadline
-            with contextlib.suppress(queue.Full):
-                self._queue.put(None, timeout=max(0.0, timeout_s))
+            self._wake.set()
             self._thread.join(timeout=max(0.0, deadline - time.monotonic()) + 5.0)
+        self.stats.submitted_jobs = self._submitted
         return self.stats
 
     # -- the worker -------------------------------------------------------------------------
@@ -193,17 +203,27 @@ class Publisher:
                     f"runwatch hook: {left} records of an earlier process wait in the spool "
                     f"{self.spool_dir}; shipping them to {self.target.describe} first"
                 )
-            stop = False
-            while not stop:
-                jobs, stop = self._take()
-                events = self._build(jobs)
-                if events:
-                    self._deliver(events)
-                with self._cond:
-                    self._done += len(jobs)
-                    self._cond.notify_all()
+            while True:
+                stopping = self._closing
+                self._wake.clear()
+                jobs = self._take()
+                if jobs:
+                    events = self._build(jobs)
+                    if events:
+                        self._deliver(events)
+                    with self._cond:
+                        self._done += len(jobs)
+                        self._cond.notify_all()
                 if self.stats.mode == "spooling" and time.monotonic() >= self._next_probe:
                     self._try_ship()
+                if not jobs:
+                    if stopping:
+                        break
+                    self._wake.wait(
+                        self.poll_s
+                        if self.stats.mode == "direct"
+                        else min(self.poll_s * 4, self.retry_s)
+                    )
             self._finish()
         except BaseException as exc:  # the worker must never die silently
             log.exception("runwatch hook: publisher stopped on %r", exc)
@@ -215,37 +235,16 @@ class Publisher:
             with contextlib.suppress(Exception):
                 self._loop.close()
 
-    def _take(self) -> tuple[list[Job], bool]:
-        """Up to ``max_batch`` jobs (waiting a moment for the first); whether to stop."""
-        wait = 0.05 if self.stats.mode == "direct" else min(0.2, self.retry_s)
+    def _take(self) -> list[Job]:
+        """Up to ``max_batch`` queued jobs, oldest first."""
         jobs: list[Job] = []
-        try:
-            first = self._queue.get(timeout=wait)
-        except queue.Empty:
-            return jobs, False
-        if first is None:
-            return self._drain(jobs), True
-        jobs.append(first)
-        if self.linger_s > 0 and not self._closing:
-            time.sleep(self.linger_s)  # let a few steps' facts gather: one wake-up, one write
+        pop = self._queue.popleft
         while len(jobs) < self.max_batch:
             try:
-                job = self._queue.get_nowait()
-            except queue.Empty:
+                jobs.append(pop())
+            except IndexError:
                 break
-            if job is None:
-                return self._drain(jobs), True
-            jobs.append(job)
-        return jobs, False
-
-    def _drain(self, jobs: list[Job]) -> list[Job]:
-        while True:
-            try:
-                job = self._queue.get_nowait()
-            except queue.Empty:
-                return jobs
-            if job is not None:
-                jobs.append(job)
+        return jobs
 
     def _build(self, jobs: list[Job]) -> list[EventBase]:
         events: list[EventBase] = []
@@ -300,7 +299,7 @@ class Publisher:
                 backend.open_sync()
             else:
                 try:
-                    self._await(backend.start())
+                    self._await(backend.start(), timeout_s=self.connect_timeout_s)
                 except BaseException:
                     with contextlib.suppress(BaseException):
                         self._await(backend.close(), timeout_s=2.0)

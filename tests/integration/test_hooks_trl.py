@@ -131,8 +131,9 @@ class _Outage:
     lives until ``release`` is set: the broker asks for SIGTERM when the *thread* that
     started it ends (PR_SET_PDEATHSIG)."""
 
-    def __init__(self, broker, kill_at: int, down_s: float) -> None:
-        self.broker, self.kill_at, self.down_s = broker, kill_at, down_s
+    def __init__(self, broker, kill_at: int, down_s: float, hooked) -> None:
+        self.broker, self.kill_at, self.down_s, self.hooked = broker, kill_at, down_s, hooked
+        self.written_before_kill = 0
         self.killed_at_step: int | None = None
         self.restarted = threading.Event()
         self.release = threading.Event()
@@ -140,6 +141,11 @@ class _Outage:
 
     def on_step_end(self, args, state, control, **kw) -> None:
         if state.global_step == self.kill_at and self.killed_at_step is None:
+            # the harness (not the hook) waits until the hook wrote to the live broker
+            deadline = time.monotonic() + 120
+            while self.hooked.hook.stats()["written"] == 0 and time.monotonic() < deadline:
+                time.sleep(0.1)
+            self.written_before_kill = self.hooked.hook.stats()["written"]
             self.broker.kill()
             self.killed_at_step = state.global_step
 
@@ -178,8 +184,6 @@ def test_broker_outage_during_training_loses_nothing(
         def on_save(self, *a, **kw):
             self._timed("on_save", *a, **kw)
 
-    outage = _Outage(jvm_broker, kill_at=3, down_s=4.0)
-    killer = type("Killer", (TrainerCallback,), {"on_step_end": outage.on_step_end})()
     run_id = "trl-outage"
     cb = Timed(
         run_id=run_id,
@@ -191,6 +195,8 @@ def test_broker_outage_during_training_loses_nothing(
         install_exit_hooks=False,
         close_on_end=False,
     )
+    outage = _Outage(jvm_broker, kill_at=3, down_s=4.0, hooked=cb)
+    killer = type("Killer", (TrainerCallback,), {"on_step_end": outage.on_step_end})()
     steps = 14
     caplog.set_level(logging.WARNING, logger="runwatch.hooks")
     trainer = grpo_trainer(
@@ -204,7 +210,9 @@ def test_broker_outage_during_training_loses_nothing(
         events = kafka_events(jvm_broker.bootstrap, run_id)
     finally:
         outage.release.set()
+    assert outage.written_before_kill > 0  # direct to Kafka, then the outage
     assert stats.outages >= 1 and stats.spooled > 0, stats
+    assert stats.written + stats.spooled == stats.built, stats
     assert stats.left_in_spool == 0 and stats.dropped == 0, stats
     unreachable = [r for r in caplog.records if " unreachable (" in r.getMessage()]
     assert len(unreachable) == stats.outages  # said once per outage, not per retry
