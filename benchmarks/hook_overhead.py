@@ -14,8 +14,9 @@ around the hook calls), the step-time difference (median with hook - median with
 what the training loop really lost, the worker thread's GIL share included), and the CPU
 time per step of the training thread inside the hook and of the worker thread (each
 thread's own clock: these move little with the machine's load; wall-clock figures do).
-Goal: overhead <= max(1 % of the step, 1 ms). The hook writes to an embedded log in a
-temporary directory (``--kafka BOOTSTRAP``: to Kafka).
+Goal: overhead <= max(1 % of the step, 1 ms), judged on the step-time difference and the
+training thread's CPU time in the hook. The hook writes to an embedded log in a temporary
+directory (``--kafka BOOTSTRAP``: to Kafka).
 
 Usage: ``python benchmarks/hook_overhead.py [--steps 400] [--blocks 8] [--trainer]
 [--kafka HOST:PORT] [--json]``
@@ -253,7 +254,10 @@ def main() -> None:
             worker_cpu_us_per_step=res["worker_cpu_per_step"] * 1e6,
             events=stats.get("written", 0) + stats.get("spooled", 0),
         )
-    out["goal_met"] = diff <= budget and out.get("in_hook_p99_us", 0) <= budget * 1e6
+    # the goal on what the hook costs: the step-time difference and the training thread's
+    # CPU in the hook; the wall-clock p99 in the hook is printed but includes the thread
+    # being preempted by other processes on a shared box
+    out["goal_met"] = diff <= budget and out.get("in_hook_cpu_us_per_step", 0) <= budget * 1e6
     if args.json:
         print(json.dumps(out))
         return

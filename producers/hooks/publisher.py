@@ -3,7 +3,7 @@
 A :class:`Publisher` owns one worker thread. The training thread calls :meth:`submit`
 with a *job* (a function returning the events of one fact); that is a ``put_nowait`` on a
 bounded queue and nothing else, so a hook costs the training loop microseconds whatever
-the log is doing. The queue is a ``deque`` the worker *polls* every ``poll_s`` (50 ms):
+the log is doing. The queue is a ``deque`` the worker *polls* every ``poll_s`` (200 ms):
 submitting never wakes a sleeping thread (that alone costs the caller tens of
 microseconds), and a few steps' facts travel together (one write, not one per fact).
 The worker builds the events (in submission order, so a producer's ``seq`` stays
@@ -123,7 +123,7 @@ class Publisher:
         *,
         queue_size: int = 10_000,
         max_batch: int = 512,
-        poll_s: float = 0.05,
+        poll_s: float = 0.2,
         write_timeout_s: float = 10.0,
         connect_timeout_s: float = 30.0,
         retry_s: float = 1.0,
