@@ -47,14 +47,16 @@ def upcast(raw: dict[str, Any], current: int) -> dict[str, Any]:
 
 @upcaster("UsageRecorded", 1)
 def _usage_v1_to_v2(raw: dict[str, Any]) -> dict[str, Any]:
-    """v1 had no pool: rollout generation ran on the rollout fleet, the rest on the trainer."""
+    """v1 had no pool: ``pool`` is set to "rollout_fleet" when ``phase`` is "rollout" (rollout
+    generation ran on the rollout fleet), else to "trainer"."""
     raw["pool"] = "rollout_fleet" if raw.get("phase") == "rollout" else "trainer"
     return raw
 
 
 @upcaster("RunPaused", 1)
 def _paused_v1_to_v2(raw: dict[str, Any]) -> dict[str, Any]:
-    """v1 named neither the pause checkpoint nor the request it answered."""
+    """v1 named neither the pause checkpoint nor the request it answered: ``checkpoint``
+    and ``request_id`` are set to "" when absent."""
     raw.setdefault("checkpoint", "")
     raw.setdefault("request_id", "")
     return raw
@@ -62,6 +64,9 @@ def _paused_v1_to_v2(raw: dict[str, Any]) -> dict[str, Any]:
 
 @upcaster("RunResumed", 1)
 def _resumed_v1_to_v2(raw: dict[str, Any]) -> dict[str, Any]:
+    """v1 named neither the checkpoint resumed from, the request answered nor a rollback:
+    ``checkpoint`` and ``request_id`` are set to "" and ``rolled_back_to`` to null when
+    absent."""
     raw.setdefault("checkpoint", "")
     raw.setdefault("request_id", "")
     raw.setdefault("rolled_back_to", None)
@@ -70,5 +75,6 @@ def _resumed_v1_to_v2(raw: dict[str, Any]) -> dict[str, Any]:
 
 @upcaster("RunCancelled", 1)
 def _cancelled_v1_to_v2(raw: dict[str, Any]) -> dict[str, Any]:
+    """v1 did not name the request it answered: ``request_id`` is set to "" when absent."""
     raw.setdefault("request_id", "")
     return raw

@@ -251,7 +251,7 @@ def import_metrics(
             s = pending_evals.pop(0)
             for i, score in enumerate(evals[s]):
                 emit(EvalGateScored, s, ts, f"eval-file/{i}", score=score)
-        _emit_row(emit, row, step, ts, algorithm, gpus, report)
+        emit_row(emit, row, step, ts, algorithm, gpus, report)
         if pending_evals and pending_evals[0] == step:
             for i, score in enumerate(evals[pending_evals.pop(0)]):
                 emit(EvalGateScored, step, ts, f"eval-file/{i}", score=score)
@@ -263,7 +263,7 @@ def import_metrics(
     return report
 
 
-def _emit_row(
+def emit_row(
     emit: Callable[..., None],
     row: dict[str, Any],
     step: int,
@@ -272,6 +272,13 @@ def _emit_row(
     gpus: float | None,
     report: MetricsImportReport,
 ) -> None:
+    """The events of one metric row, handed to ``emit(cls, step, ts, kind, **payload)``.
+
+    The one key mapping (:data:`FIELD_KEYS`, :data:`ROLLOUT_KEYS`, :data:`PHASE_KEYS`,
+    held-out keys): the importer and the live hooks (:mod:`producers.hooks`) both call
+    it, so a run watched live and the same history imported later give the same events
+    (``kind`` names each, for ids). ``row`` holds scalars (numbers, strings, ``None``).
+    """
     fields: dict[str, Any] = {}
     used = set(STEP_KEYS) | set(TS_KEYS)
     for name, keys in FIELD_KEYS.items():

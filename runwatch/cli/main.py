@@ -35,6 +35,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "serve": ("runwatch.cli.serve", "serve an HTTP API (query API, trajectories)"),
     "process": ("runwatch.cli.process", "run the stream processors (embedded or faust on Kafka)"),
     "notify": ("runwatch.cli.notify", "deliver customer alerts and state changes to webhooks"),
+    "schema": ("runwatch.cli.schema", "export the event contract: JSON Schema and AsyncAPI"),
+    "export": ("runwatch.cli.export", "write a run's history to W&B or MLflow"),
 }
 
 

@@ -2,7 +2,9 @@
 
 - ``--log DIR`` (default ``$RUNWATCH_LOG_DIR``): the embedded host over a local log;
   ``--once`` processes what is there and exits, otherwise it follows the log until
-  interrupted. State and positions live in ``DIR/_groups/<fold>.state.json``.
+  interrupted, printing each alert and run state change it derives as it happens (one
+  line each; not with ``--json``). State and positions live in
+  ``DIR/_groups/<fold>.state.json``.
 - ``--kafka BOOTSTRAP``: the faust-streaming app (one agent per fold, tables keyed by
   run id) as a worker on that broker, until interrupted.
 """
@@ -12,6 +14,7 @@ from __future__ import annotations
 import argparse
 import signal
 import threading
+from typing import Any
 
 from runwatch import settings
 from runwatch.cli.terminal import Abort, Terminal
@@ -70,7 +73,7 @@ def run(args: argparse.Namespace, term: Terminal) -> int:
         signal.signal(signal.SIGTERM, lambda *_: stop.set())
         term.progress(f"processing {log.root} (Ctrl-C to stop)")
         try:
-            stats = host.run_forever(stop)
+            stats = _follow(host, log, stop, None if args.json else term)
         except KeyboardInterrupt:
             stats = host.stats
     if args.json:
@@ -81,3 +84,41 @@ def run(args: argparse.Namespace, term: Terminal) -> int:
             f"{stats.dead_letters} dead letters); derived {stats.derived}"
         )
     return 0
+
+
+#: Topics whose new records ``process`` prints while it follows a log.
+LIVE_TOPICS = ("runwatch.alerts", "runwatch.run-states")
+
+
+def _follow(host: Any, log: Any, stop: threading.Event, term: Terminal | None) -> Any:
+    """Run the host until ``stop``; print the alerts and state changes derived meanwhile
+    (those already on the log when it starts are not repeated)."""
+    from events.codec import decode
+    from events.envelope import EventBase
+
+    positions = {t: log.end_offset_sync(t) if (log.root / t).is_dir() else 0 for t in LIVE_TOPICS}
+    while not stop.is_set():
+        host.run_once()
+        if term is not None:
+            for topic in LIVE_TOPICS:
+                if not (log.root / topic).is_dir():
+                    continue
+                for rec in log.read_sync(topic, positions[topic]):
+                    positions[topic] = rec.offset + 1
+                    ev = decode(rec.value)
+                    if isinstance(ev, EventBase):
+                        term.info(_live_line(ev))
+                term.out.flush()
+        stop.wait(0.2)
+    return host.stats
+
+
+def _live_line(ev: Any) -> str:
+    at = f"step {ev.step}" if ev.step is not None else "-"
+    if ev.type == "AlertFired":
+        return f"ALERT    {ev.routing:<8} {ev.detector} run {ev.run_id} {at}: {ev.reason}"
+    if ev.type == "AlertResolved":
+        return f"RESOLVED {ev.detector} run {ev.run_id} {at}: {ev.reason}"
+    if ev.type == "RunStateChanged":
+        return f"STATE    {ev.from_state} -> {ev.to_state} run {ev.run_id} {at}: {ev.reason}"
+    return f"{ev.type} run {ev.run_id} {at}"

@@ -1,0 +1,374 @@
+"""The framework-neutral live hook: a training loop's facts as runwatch events, live.
+
+:class:`RunwatchHook` is what the TRL callback and the verl tracking backend wrap, and
+what a plain Python loop uses directly::
+
+    hook = RunwatchHook("my-run", tenant_id="me")            # embedded log by default
+    for step in range(n):
+        hook.log({"reward": r, "kl": kl}, step=step)         # TRL or verl keys, as they are
+    hook.close()
+
+Facts and the events they become (ids uuid4; ``seq`` dense per hook; ``ts`` the training
+thread's wall clock at the call):
+
+- :meth:`start` -> ``RunSubmitted`` (algorithm, config) + ``RunStarted``; a run started
+  from a checkpoint (``resumed_from``) -> ``RunResumed`` instead; the first :meth:`log`
+  of a hook not started starts it;
+- :meth:`log` -> what ``runwatch import metrics`` writes for the same row
+  (:mod:`producers.hooks.mapping`);
+- :meth:`step_done` -> ``StepPhaseTimed`` (the step's wall time) and, with ``gpus``,
+  ``UsageRecorded``; skipped when the logged row already had ``timing_s/step``;
+- :meth:`checkpoint` -> ``CheckpointWritten`` once the files are digested (on the worker
+  thread: per-file sentinels ``crc32:``/``sha256:``, the digest a sha256 over them,
+  ``checkpoint_schema`` 0 = a framework's own layout, not runwatch's trainer format);
+- :meth:`finish` -> ``RunCompleted`` or ``RunFailed`` (reason; the class is left to the
+  attribution projection). An uncaught exception ending the process publishes
+  ``RunFailed`` too (``sys.excepthook`` is chained), and ``atexit`` closes the hook.
+
+Every call returns at once and never raises into the training loop: the work is done by
+a :class:`~producers.hooks.publisher.Publisher` (bounded queue, worker thread, local
+spool when the log is unreachable). Where events go: ``kafka=BOOTSTRAP`` (or
+``$RUNWATCH_KAFKA``), else the embedded log ``log=DIR`` (or ``$RUNWATCH_LOG_DIR``, else
+``./runwatch-data/log``). The spool defaults to ``./runwatch-data/spool/<run>``
+(``$RUNWATCH_SPOOL_DIR`` is its parent).
+"""
+
+from __future__ import annotations
+
+import atexit
+import hashlib
+import logging
+import os
+import re
+import sys
+import threading
+import time
+import uuid
+import weakref
+import zlib
+from collections.abc import Callable, Mapping, Sequence
+from functools import partial
+from pathlib import Path
+from typing import Any, Literal
+
+from events.catalog.checkpoint import CheckpointWritten
+from events.catalog.lifecycle import (
+    RunCompleted,
+    RunFailed,
+    RunResumed,
+    RunStarted,
+    RunSubmitted,
+)
+from events.catalog.trainer import StepPhaseTimed
+from events.catalog.usage import UsageRecorded
+from events.envelope import EventBase
+from producers.hooks.mapping import normalized, row_events, scalar
+from producers.hooks.publisher import Publisher, Stats, Target
+from producers.metrics_import import MetricsImportReport
+
+log = logging.getLogger("runwatch.hooks")
+
+DigestAlgo = Literal["crc32", "sha256", "none"]
+#: Config values kept on ``RunSubmitted`` (scalars only, at most this many).
+MAX_CONFIG_KEYS = 64
+
+
+def default_log_dir() -> Path:
+    return Path(os.environ.get("RUNWATCH_LOG_DIR") or Path("runwatch-data") / "log")
+
+
+def default_spool(run_id: str) -> Path:
+    root = Path(os.environ.get("RUNWATCH_SPOOL_DIR") or Path("runwatch-data") / "spool")
+    return root / re.sub(r"[^A-Za-z0-9_.-]", "_", run_id)
+
+
+class RunwatchHook:
+    """Live publishing of one run's training facts (see the module docstring)."""
+
+    def __init__(
+        self,
+        run_id: str,
+        tenant_id: str = "default",
+        *,
+        kafka: str | None = None,
+        log: str | os.PathLike[str] | None = None,
+        spool: str | os.PathLike[str] | None = None,
+        algorithm: str = "grpo",
+        gpus: float | None = None,
+        producer: str | None = None,
+        checkpoint_digest: DigestAlgo = "crc32",
+        queue_size: int = 10_000,
+        write_timeout_s: float = 10.0,
+        connect_timeout_s: float = 30.0,
+        retry_s: float = 1.0,
+        install_exit_hooks: bool = True,
+    ) -> None:
+        self.run_id = run_id
+        self.tenant_id = tenant_id
+        self.algorithm = algorithm
+        self.gpus = gpus
+        self.producer = producer or f"hook/{run_id}"
+        self.checkpoint_digest = checkpoint_digest
+        self.report = MetricsImportReport()
+        kafka = kafka or os.environ.get("RUNWATCH_KAFKA") or None
+        if kafka:
+            target = Target.kafka(kafka, write_timeout_s)
+        else:
+            target = Target.embedded(Path(log) if log else default_log_dir())
+        self.publisher = Publisher(
+            target,
+            Path(spool) if spool else default_spool(run_id),
+            queue_size=queue_size,
+            write_timeout_s=write_timeout_s,
+            connect_timeout_s=connect_timeout_s,
+            retry_s=retry_s,
+        )
+        self._seq = 0  # touched on the worker thread only
+        self._started = False
+        self._finished = False
+        self._closed = False
+        self._timed_steps: set[int] = set()  # steps whose row had timing_s/step (worker)
+        self._last_step_end: float | None = None
+        if install_exit_hooks:
+            _install_exit_hooks(self)
+
+    # -- facts (training thread: each call is a queue put) ------------------------------------
+    def start(
+        self,
+        config: Mapping[str, Any] | None = None,
+        *,
+        resumed_from: str | None = None,
+        resumed_step: int | None = None,
+    ) -> None:
+        """The run began (once per hook). ``resumed_from``: the checkpoint it restarted from."""
+        if self._started:
+            return
+        self._started = True
+        self._last_step_end = time.perf_counter()
+        ts = time.time()
+        if resumed_from is not None:
+            self._submit(
+                self._one,
+                RunResumed,
+                resumed_step,
+                ts,
+                reason=f"training restarted from {resumed_from}",
+                checkpoint=str(resumed_from),
+            )
+            return
+        attrs = _config_attributes(config or {})
+        self._submit(self._one, RunSubmitted, None, ts, algorithm=self.algorithm, config=attrs)
+        self._submit(self._one, RunStarted, None, ts)
+
+    def log(self, metrics: Mapping[str, Any], step: int, ts: float | None = None) -> None:
+        """One logged metric row at ``step`` (TRL / verl / any keys, as they are). The
+        first fact of a hook never :meth:`start`-ed starts it (empty config)."""
+        if not self._started:
+            self.start()
+        self._submit(self._row, dict(metrics), int(step), time.time() if ts is None else ts)
+
+    def step_done(self, step: int, wall_s: float | None = None) -> None:
+        """Optimizer step ``step`` finished; ``wall_s`` defaults to the time since the
+        previous step ended (or :meth:`start`)."""
+        now = time.perf_counter()
+        if wall_s is None and self._last_step_end is not None:
+            wall_s = now - self._last_step_end
+        self._last_step_end = now
+        if wall_s is not None:
+            self._submit(self._step_timing, int(step), float(wall_s), time.time())
+
+    def checkpoint(self, path: str | os.PathLike[str], step: int) -> None:
+        """A checkpoint was written (complete) at ``path``; digested off-thread."""
+        self._submit(self._checkpoint, str(path), int(step), time.time())
+
+    def finish(self, ok: bool = True, reason: str = "", step: int | None = None) -> None:
+        """The run ended: ``RunCompleted``, or ``RunFailed`` with ``reason`` (once)."""
+        if self._finished:
+            return
+        self._finished = True
+        if ok:
+            self._submit(self._one, RunCompleted, step, time.time())
+        else:
+            self._submit(self._one, RunFailed, step, time.time(), reason=reason[:2000] or "failed")
+
+    # -- delivery -----------------------------------------------------------------------
+    def flush(self, timeout_s: float = 30.0) -> bool:
+        """Wait until every fact so far is on the log or in the spool."""
+        return self.publisher.flush(timeout_s)
+
+    def close(self, timeout_s: float = 30.0) -> Stats:
+        """Deliver everything (shipping the spool if the log is back, until ``timeout_s``)
+        and stop the worker. Does not publish ``RunCompleted``: call :meth:`finish`."""
+        self._closed = True
+        return self.publisher.close(timeout_s)
+
+    def stats(self) -> dict[str, Any]:
+        self.publisher.stats.submitted_jobs = self.publisher._submitted
+        out = self.publisher.stats.as_dict()
+        out["mapped"] = dict(sorted(self.report.mapped.items()))
+        return out
+
+    def __enter__(self) -> RunwatchHook:
+        self.start()
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        if exc_type is None:
+            self.finish()
+        else:
+            self.finish(ok=False, reason=f"{exc_type.__name__}: {exc}")
+        self.close()
+
+    # -- the worker's side: facts -> events --------------------------------------------------
+    def _submit(self, fn: Callable[..., Sequence[EventBase]], *args: Any, **kw: Any) -> None:
+        if self._closed:
+            return
+        self.publisher.submit(partial(fn, *args, **kw))
+
+    def _event(self, cls: type[EventBase], step: int | None, ts: float, **payload: Any):
+        event = cls(
+            event_id=uuid.uuid4(),
+            tenant_id=self.tenant_id,
+            run_id=self.run_id,
+            step=step,
+            ts=ts,
+            producer=self.producer,
+            seq=self._seq,
+            **payload,
+        )
+        self._seq += 1
+        return event
+
+    def _one(self, cls: type[EventBase], step: int | None, ts: float, **payload: Any):
+        return [self._event(cls, step, ts, **payload)]
+
+    def _row(self, metrics: dict[str, Any], step: int, ts: float) -> list[EventBase]:
+        row = normalized(metrics)
+        planned = row_events(
+            row, step=step, ts=ts, algorithm=self.algorithm, gpus=self.gpus, report=self.report
+        )
+        if any(cls is StepPhaseTimed for cls, *_ in planned):
+            self._timed_steps.add(step)
+        return [self._event(cls, at, when, **payload) for cls, at, when, _, payload in planned]
+
+    def _step_timing(self, step: int, wall_s: float, ts: float) -> list[EventBase]:
+        if step in self._timed_steps:  # the framework timed it itself (verl timing_s/step)
+            self._timed_steps.discard(step)
+            return []
+        out = [self._event(StepPhaseTimed, step, ts, wall_s=wall_s, other_s=wall_s)]
+        if self.gpus:
+            out.append(
+                self._event(
+                    UsageRecorded,
+                    step,
+                    ts,
+                    pool="trainer",
+                    phase="step",
+                    gpu_seconds=wall_s * self.gpus,
+                )
+            )
+        return out
+
+    def _checkpoint(self, path: str, step: int, ts: float) -> list[EventBase]:
+        sentinels, size = checkpoint_sentinels(Path(path), self.checkpoint_digest)
+        digest = (
+            "sha256:"
+            + hashlib.sha256(
+                "\n".join(f"{k}={v}" for k, v in sorted(sentinels.items())).encode()
+            ).hexdigest()
+        )
+        return [
+            self._event(
+                CheckpointWritten,
+                step,
+                ts,
+                path=path,
+                checkpoint_schema=0,
+                digest=digest,
+                sentinels=sentinels,
+                size_bytes=size,
+            )
+        ]
+
+
+def checkpoint_sentinels(root: Path, algo: DigestAlgo) -> tuple[dict[str, str], int]:
+    """Per file under ``root`` (relative path) its digest, and the total size in bytes.
+    ``none``: sizes only (``size:N``). A file that vanished meanwhile is ``missing``."""
+    sentinels: dict[str, str] = {}
+    total = 0
+    files = [root] if root.is_file() else sorted(p for p in root.rglob("*") if p.is_file())
+    for p in files:
+        name = p.name if p == root else str(p.relative_to(root))
+        try:
+            size = p.stat().st_size
+            total += size
+            sentinels[name] = f"size:{size}" if algo == "none" else _file_digest(p, algo)
+        except OSError:
+            sentinels[name] = "missing"
+    return sentinels, total
+
+
+def _file_digest(path: Path, algo: DigestAlgo) -> str:
+    with open(path, "rb") as f:
+        if algo == "crc32":
+            crc = 0
+            while chunk := f.read(1 << 22):
+                crc = zlib.crc32(chunk, crc)
+            return f"crc32:{crc:08x}"
+        h = hashlib.sha256()
+        while chunk := f.read(1 << 22):
+            h.update(chunk)
+        return "sha256:" + h.hexdigest()
+
+
+def _config_attributes(config: Mapping[str, Any]) -> dict[str, Any]:
+    """Scalars of ``config`` (nested mappings flattened with ``/``), the first
+    :data:`MAX_CONFIG_KEYS` of them in key order."""
+    flat: dict[str, Any] = {}
+
+    def walk(prefix: str, value: Any) -> None:
+        if isinstance(value, Mapping):
+            for k, v in value.items():
+                walk(f"{prefix}/{k}" if prefix else str(k), v)
+        else:
+            flat[prefix] = scalar(value)
+
+    walk("", config)
+    return dict(sorted(flat.items())[:MAX_CONFIG_KEYS])
+
+
+# -- process exit: close every live hook, publish RunFailed on an uncaught exception -------
+_HOOKS: weakref.WeakSet[RunwatchHook] = weakref.WeakSet()
+_INSTALLED = threading.Lock()
+_installed = False
+
+
+def _install_exit_hooks(hook: RunwatchHook) -> None:
+    global _installed
+    _HOOKS.add(hook)
+    with _INSTALLED:
+        if _installed:
+            return
+        _installed = True
+        previous = sys.excepthook
+
+        def excepthook(exc_type: Any, exc: Any, tb: Any) -> None:
+            for h in list(_HOOKS):
+                if h._started and not h._finished:
+                    h.finish(ok=False, reason=f"{exc_type.__name__}: {exc}")
+            previous(exc_type, exc, tb)
+
+        sys.excepthook = excepthook
+        atexit.register(_close_all)
+
+
+def _close_all() -> None:
+    for h in list(_HOOKS):
+        if not h._closed:
+            stats = h.close(timeout_s=float(os.environ.get("RUNWATCH_HOOK_EXIT_TIMEOUT", "30")))
+            if stats.left_in_spool:
+                print(
+                    f"runwatch: {stats.left_in_spool} events of run {h.run_id} wait in the "
+                    f"spool {h.publisher.spool_dir}",
+                    file=sys.stderr,
+                )

@@ -1,0 +1,138 @@
+"""``RunwatchCallback``: a ``transformers.TrainerCallback`` for TRL and plain Trainers.
+
+Usage (any ``transformers.Trainer``, TRL's ``GRPOTrainer`` / ``PPOTrainer`` / ... included)::
+
+    from producers.hooks import RunwatchCallback
+    trainer = GRPOTrainer(..., callbacks=[RunwatchCallback(run_id="r1", tenant_id="acme")])
+
+What each callback publishes (through a :class:`~producers.hooks.hook.RunwatchHook`):
+
+- ``on_train_begin``: ``RunSubmitted`` (algorithm from the config class: ``GRPOConfig``
+  -> ``grpo``; a few config values) + ``RunStarted``, or ``RunResumed`` when training
+  starts past step 0 (``resume_from_checkpoint``);
+- ``on_step_end``: ``StepPhaseTimed`` (the step's wall time; ``UsageRecorded`` too with
+  ``gpus``);
+- ``on_log``: what ``runwatch import metrics`` writes for the row — ``reward``, ``kl``,
+  ``entropy``, ``completions/*``, ``frac_reward_zero_std`` ... (set ``logging_steps=1``
+  for a step event per optimizer step: detectors count steps by their number, a sparser
+  log is still read right, only seen later);
+- ``on_save``: ``CheckpointWritten`` for ``output_dir/checkpoint-<step>`` (digested on the
+  hook's worker thread, not the training thread);
+- ``on_train_end``: ``RunCompleted``, then the hook is flushed (``close_on_end``: closed).
+
+Only the world's process zero publishes (``state.is_world_process_zero``); the other
+ranks' callbacks do nothing. Time semantics: each event's ``ts`` is the wall clock when
+the callback ran.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from transformers import TrainerCallback
+
+from producers.hooks.hook import RunwatchHook
+
+#: TrainingArguments fields copied onto RunSubmitted.config when present.
+CONFIG_FIELDS = (
+    "learning_rate",
+    "max_steps",
+    "num_train_epochs",
+    "per_device_train_batch_size",
+    "gradient_accumulation_steps",
+    "num_generations",
+    "max_completion_length",
+    "beta",
+    "epsilon",
+    "loss_type",
+    "temperature",
+    "seed",
+    "logging_steps",
+    "save_steps",
+)
+
+
+class RunwatchCallback(TrainerCallback):
+    """Publish a Trainer's run to runwatch live. ``hook`` or the hook's own arguments
+    (``run_id``, ``tenant_id``, ``kafka`` / ``log``, ``spool``, ``algorithm``, ``gpus`` ...:
+    see :class:`RunwatchHook`); ``algorithm`` defaults to the config class' name."""
+
+    def __init__(
+        self,
+        run_id: str | None = None,
+        tenant_id: str = "default",
+        *,
+        hook: RunwatchHook | None = None,
+        close_on_end: bool = True,
+        flush_timeout_s: float = 30.0,
+        **hook_kwargs: Any,
+    ) -> None:
+        if hook is None and run_id is None:
+            raise ValueError("RunwatchCallback needs run_id= (or hook=)")
+        self._hook = hook
+        self._run_id = run_id
+        self._tenant_id = tenant_id
+        self._hook_kwargs = hook_kwargs
+        self.close_on_end = close_on_end
+        self.flush_timeout_s = flush_timeout_s
+
+    @property
+    def hook(self) -> RunwatchHook | None:
+        return self._hook
+
+    def _ensure(self, args: Any) -> RunwatchHook:
+        if self._hook is None:
+            kwargs = dict(self._hook_kwargs)
+            kwargs.setdefault("algorithm", _algorithm_of(args))
+            self._hook = RunwatchHook(str(self._run_id), self._tenant_id, **kwargs)
+        return self._hook
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if not state.is_world_process_zero:
+            return
+        hook = self._ensure(args)
+        config = {name: getattr(args, name) for name in CONFIG_FIELDS if hasattr(args, name)}
+        config["source"] = "transformers-callback"
+        config["args_class"] = type(args).__name__
+        model = kwargs.get("model")
+        name = getattr(getattr(model, "config", None), "_name_or_path", None)
+        if name:
+            config["model"] = str(name)
+        if state.global_step > 0:
+            path = os.path.join(args.output_dir, f"checkpoint-{state.global_step}")
+            hook.start(config, resumed_from=path, resumed_step=state.global_step)
+        else:
+            hook.start(config)
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self._hook is not None and state.is_world_process_zero:
+            self._hook.step_done(state.global_step)
+
+    def on_log(
+        self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kw: Any
+    ) -> None:
+        if self._hook is not None and logs and state.is_world_process_zero:
+            self._hook.log(logs, step=state.global_step)
+
+    def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self._hook is not None and state.is_world_process_zero:
+            path = os.path.join(args.output_dir, f"checkpoint-{state.global_step}")
+            self._hook.checkpoint(path, state.global_step)
+
+    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self._hook is None or not state.is_world_process_zero:
+            return
+        self._hook.finish(ok=True, step=state.global_step)
+        if self.close_on_end:
+            self._hook.close(self.flush_timeout_s)
+        else:
+            self._hook.flush(self.flush_timeout_s)
+
+
+def _algorithm_of(args: Any) -> str:
+    """``GRPOConfig`` -> ``grpo``; plain ``TrainingArguments`` -> ``sft``."""
+    name = type(args).__name__
+    if name.endswith("Config"):
+        return name[: -len("Config")].lower() or "grpo"
+    return "sft"
