@@ -4,8 +4,10 @@ Life: :meth:`SandboxWorker.spawn` acquires the worker's resources (uid, cgroups,
 socketpair, seccomp program) on one :class:`contextlib.ExitStack`, launches
 ``sh (join cgroups) -> setpriv (drop uid) -> bwrap (namespaces, fs view, seccomp) -> python
 worker_main.py``, and does the hello/go/ready handshake. :meth:`score` runs one batch under
-the wall-clock deadline. :meth:`close` unwinds the stack: kill the process tree, close the
-socket, unmount and delete scratch, kill-and-remove the cgroups, release the uid.
+the wall-clock deadline. Between the handshake and a batch, and between batches, the worker
+is stopped (SIGSTOP): tenant code runs only while a batch of its own is being scored.
+:meth:`close` unwinds the stack: kill the process tree, close the socket, unmount and
+delete scratch, kill-and-remove the cgroups, release the uid.
 
 Cause attribution (host-side evidence wins over what the worker says, and nothing the
 tenant sends can put a failure in the platform's column):
@@ -88,6 +90,8 @@ class SandboxWorker:
         self.scratch: Path | None = None
         self.cgroups: dict[str, Cgroup] = {}
         self.baseline: set[int] = set()
+        self.worker_pid: int | None = None  # host pid of the worker (the sandbox's pid 1)
+        self._pidfd: int | None = None  # of the worker: stops it between batches
         self.batches = 0
         self.alive = False
         self.dirty = False  # tenant code left threads behind: retire after this batch
@@ -195,6 +199,13 @@ class SandboxWorker:
         msg = ready.message
         if msg is not None and msg.get("op") == "ready":
             self.alive = True
+            self.worker_pid = self._leaf(self.baseline)
+            self._pidfd = self._open_pidfd(self.worker_pid)
+            if self._pidfd is not None:
+                st.callback(os.close, self._pidfd)
+            if self._threads() != 1:
+                self.dirty = True  # tenant code started a thread at import: one batch only
+            self._freeze()
             return None
         if msg is not None and msg.get("op") == "load_error":
             cause = KIND_TO_CAUSE[error_kind(msg)]
@@ -238,6 +249,7 @@ class SandboxWorker:
         self._counters_before = self._resource_counters()
         deadline = started + self.config.limits.deadline_s
         rid = next(self._ids)
+        self._thaw()
         err = send_frame(self.sock, {"op": "score", "id": rid, "batch": batch}, deadline)
         if err:
             self.alive = False
@@ -270,23 +282,89 @@ class SandboxWorker:
         )
 
     def reset_between_batches(self) -> bool:
-        """Kill processes the tenant left behind and empty scratch. False: retire worker.
+        """Kill processes the tenant left behind, empty scratch, stop the worker until its
+        next batch. False: retire the worker.
 
         Everything but the baseline (bubblewrap's monitor outside the sandbox and the
-        worker, the sandbox's pid 1) is killed; a worker whose own process still runs a
-        tenant thread is retired, so nothing of one batch keeps running into the next.
+        worker, the sandbox's pid 1) is killed through the worker's cgroup. Whether tenant
+        code left a thread running in the worker is read on the host
+        (``/proc/<pid>/stat``), never taken from the worker's own report (tenant code can
+        rewrite the worker's module); such a worker is retired. The worker is then stopped
+        (SIGSTOP) until :meth:`score` continues it, so no tenant code (a signal handler, a
+        patched receive loop) runs between batches. Without any cgroup strays cannot be
+        found: the worker is retired after every batch.
         """
         if not self.alive or self.dirty:
             return False
         try:
-            pids = self.cgroups.get("pids")
-            if pids is not None:
-                pids.kill_all(keep=self.baseline)
+            group = self._group()
+            if group is None:
+                return False
+            group.kill_all(keep=self.baseline)
+            if self._threads() != 1:
+                return False
             if self.scratch is not None:
                 empty_dir(self.scratch)
-            return self.proc is not None and self.proc.poll() is None
+            if self.proc is None or self.proc.poll() is not None:
+                return False
+            self._freeze()
+            return True
         except Exception:
             return False
+
+    def _group(self) -> Cgroup | None:
+        """A cgroup holding the worker's whole tree (any controller will do)."""
+        for key in ("pids", "memory", "cpu"):
+            if key in self.cgroups:
+                return self.cgroups[key]
+        return None
+
+    def _freeze(self) -> None:
+        """Stop the worker between batches (SIGSTOP from the parent pid namespace reaches
+        the sandbox's pid 1; its threads stop with it). Signalled through a pidfd, so a
+        dead worker's recycled pid is never hit."""
+        if self._pidfd is not None:
+            with contextlib.suppress(OSError):
+                signal.pidfd_send_signal(self._pidfd, signal.SIGSTOP)
+
+    def _thaw(self) -> None:
+        if self._pidfd is not None:
+            with contextlib.suppress(OSError):
+                signal.pidfd_send_signal(self._pidfd, signal.SIGCONT)
+
+    @staticmethod
+    def _open_pidfd(pid: int | None) -> int | None:
+        if pid is None:
+            return None
+        try:
+            return os.pidfd_open(pid)
+        except (OSError, AttributeError):  # kernel < 5.3: the worker is not stopped
+            return None
+
+    def _threads(self) -> int:
+        """Threads of the worker process, read on the host (-1 if unknown)."""
+        if self.worker_pid is None:
+            return -1
+        try:
+            with open(f"/proc/{self.worker_pid}/stat", "rb") as fh:
+                fields = fh.read().rsplit(b")", 1)[1].split()
+            return int(fields[17])  # field 20, num_threads (fields[0] is field 3)
+        except (OSError, ValueError, IndexError):
+            return -1
+
+    @staticmethod
+    def _leaf(pids: set[int]) -> int | None:
+        """The one process of ``pids`` that is no other's parent: the worker, below
+        bubblewrap's monitor (and bubblewrap's init, without ``own_pid1``)."""
+        parents: dict[int, int] = {}
+        for pid in pids:
+            try:
+                with open(f"/proc/{pid}/stat", "rb") as fh:
+                    parents[pid] = int(fh.read().rsplit(b")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                return None
+        leaves = [pid for pid in pids if pid not in parents.values()]
+        return leaves[0] if len(leaves) == 1 else None
 
     # -- evidence -----------------------------------------------------------------------
 
