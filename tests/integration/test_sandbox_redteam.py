@@ -808,6 +808,23 @@ def test_a_reward_that_exits_or_loops_at_import(
     assert_neighbour_scores(neighbour)
 
 
+def test_a_reward_that_loops_at_import_costs_one_start_up_deadline_with_a_warm_pool(
+    tmp_path: Path,
+) -> None:
+    """With a warm pool, a batch that waited for the pre-spawning worker used to spawn a
+    second one inline after it failed: two start-up deadlines per attempt."""
+    require_sandbox()
+    limits = replace(FAST_LIMITS, startup_s=2.0)
+    source = "while True:\n    pass\n" + GOOD
+    with attacker(tmp_path, source, limits=limits, warm_workers=1) as c:
+        assert c._pool is not None
+        while c._pool.spawned == 0:  # the pool's own spawn is under way
+            time.sleep(0.01)
+        out = c.score(GOOD_BATCH)
+        assert_booked(c, out, Cause.TENANT_TIMEOUT)
+        assert c._pool is not None and c._pool.spawned == 1  # one start, not two
+
+
 # -- issue #20 item 7: which pids layer is in effect ----------------------------------------
 
 
