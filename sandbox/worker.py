@@ -92,6 +92,7 @@ class SandboxWorker:
         self.baseline: set[int] = set()
         self.worker_pid: int | None = None  # host pid of the worker (the sandbox's pid 1)
         self._pidfd: int | None = None  # of the worker: stops it between batches
+        self._stray_pidfds: list[int] = []  # processes started at import, stopped with it
         self.batches = 0
         self.alive = False
         self.dirty = False  # tenant code left threads behind: retire after this batch
@@ -205,6 +206,8 @@ class SandboxWorker:
                 st.callback(os.close, self._pidfd)
             if self._threads() != 1:
                 self.dirty = True  # tenant code started a thread at import: one batch only
+            if self._stop_import_strays():
+                self.dirty = True  # and processes: one batch only, stopped until then
             self._freeze()
             return None
         if msg is not None and msg.get("op") == "load_error":
@@ -323,14 +326,38 @@ class SandboxWorker:
         """Stop the worker between batches (SIGSTOP from the parent pid namespace reaches
         the sandbox's pid 1; its threads stop with it). Signalled through a pidfd, so a
         dead worker's recycled pid is never hit."""
-        if self._pidfd is not None:
-            with contextlib.suppress(OSError):
-                signal.pidfd_send_signal(self._pidfd, signal.SIGSTOP)
+        for fd in (*self._stray_pidfds, self._pidfd):
+            if fd is not None:
+                with contextlib.suppress(OSError):
+                    signal.pidfd_send_signal(fd, signal.SIGSTOP)
 
     def _thaw(self) -> None:
-        if self._pidfd is not None:
-            with contextlib.suppress(OSError):
-                signal.pidfd_send_signal(self._pidfd, signal.SIGCONT)
+        for fd in (self._pidfd, *self._stray_pidfds):
+            if fd is not None:
+                with contextlib.suppress(OSError):
+                    signal.pidfd_send_signal(fd, signal.SIGCONT)
+
+    def _stop_import_strays(self) -> bool:
+        """Stop the processes tenant code started at import (a multiprocessing pool, a
+        helper; a process that would resume the stopped worker with SIGCONT) until the
+        first batch, which continues them with the worker. True if there were any."""
+        group = self._group()
+        if group is None:
+            return False
+        seen: set[int] = set()
+        for _ in range(50):  # a stopped process forks no more: a few rounds at most
+            new = group.procs() - self.baseline - seen
+            if not new:
+                break
+            for pid in new:
+                fd = self._open_pidfd(pid)
+                if fd is not None:
+                    self._stack.callback(os.close, fd)
+                    self._stray_pidfds.append(fd)
+                    with contextlib.suppress(OSError):
+                        signal.pidfd_send_signal(fd, signal.SIGSTOP)
+            seen |= new
+        return bool(seen)
 
     @staticmethod
     def _open_pidfd(pid: int | None) -> int | None:

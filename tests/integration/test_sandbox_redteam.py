@@ -351,14 +351,18 @@ def test_a_thread_left_spinning_is_counted_on_the_host(tmp_path: Path) -> None:
 
 
 IDLE_SPINNER = """
-import signal, threading, time
+import os, signal, threading, time
 CALLS = 0
 def burn(*_):
     end = time.monotonic() + 0.08
     while time.monotonic() < end:
         pass
-if __name__ == 'reward_artifact' and IMPORT_THREAD:
+if __name__ == 'reward_artifact' and AT_IMPORT == 'thread':
     threading.Thread(target=lambda: [burn() for _ in iter(int, 1)], daemon=True).start()
+if __name__ == 'reward_artifact' and AT_IMPORT == 'child' and os.fork() == 0:
+    while True:  # burns, and keeps continuing the stopped worker (pid 1)
+        burn()
+        os.kill(1, signal.SIGCONT)
 def reward(batch):
     global CALLS
     CALLS += 1
@@ -370,21 +374,25 @@ def reward(batch):
 """
 
 
-@pytest.mark.parametrize("import_thread", [False, True], ids=["timer_handler", "import_thread"])
-def test_no_tenant_code_runs_while_a_worker_waits(tmp_path: Path, import_thread: bool) -> None:
-    """A timer's signal handler (main thread, no extra thread to count) or a thread started
-    at import burns CPU while the worker waits for its next batch: the host keeps a
-    waiting worker stopped, so it uses no CPU at all between batches. (It burned ~0.8
-    cores before.) A worker whose import started a thread serves one batch only."""
+@pytest.mark.parametrize(
+    "at_import", ["", "thread", "child"], ids=["timer_handler", "import_thread", "import_child"]
+)
+def test_no_tenant_code_runs_while_a_worker_waits(tmp_path: Path, at_import: str) -> None:
+    """A timer's signal handler (main thread, no extra thread to count), a thread started
+    at import, or a process forked at import (which also sends the worker SIGCONT) burns
+    CPU while the worker waits for its next batch: the host keeps a waiting worker — and
+    what its import started — stopped, so the sandbox uses no CPU at all while it waits.
+    (The handler burned ~0.8 cores before.) A worker whose import started a thread or a
+    process serves one batch only."""
     require_sandbox()
-    source = f"IMPORT_THREAD = {import_thread}\n" + IDLE_SPINNER
+    source = f"AT_IMPORT = {at_import!r}\n" + IDLE_SPINNER
     with attacker(tmp_path, source, recycle_every=50, warm_workers=1) as c:
         pool = c._pool
         assert pool is not None
         deadline = time.monotonic() + 15
         while not pool._ready and time.monotonic() < deadline:
             time.sleep(0.05)
-        if not import_thread:
+        if not at_import:
             assert c.score([{"prompt": "p", "completion": ""}]).scores == (1.0,)
         (w,) = pool._ready[:1]
         time.sleep(0.3)
@@ -393,10 +401,11 @@ def test_no_tenant_code_runs_while_a_worker_waits(tmp_path: Path, import_thread:
         idle = w._cpu_used() - before
         assert idle < 0.05, f"{idle:.3f} CPU-seconds used by a waiting worker"
         out = c.score([{"prompt": "p", "completion": ""}])
-        assert out.ok and out.scores == ((1.0,) if import_thread else (2.0,)), out.message
-        if import_thread:
-            assert w.dirty  # started a thread at import: retired after its batch
+        assert out.ok and out.scores == ((1.0,) if at_import else (2.0,)), out.message
+        if at_import:
+            assert w.dirty  # started a thread or a process at import: retired after its batch
             assert w not in pool._ready
+        assert_nothing_survives(c)
 
 
 # -- floods and oversized or strange return values ----------------------------------------
