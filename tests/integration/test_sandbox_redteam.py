@@ -408,6 +408,17 @@ def test_no_tenant_code_runs_while_a_worker_waits(tmp_path: Path, at_import: str
         assert_nothing_survives(c)
 
 
+def test_a_stopped_worker_gets_small_and_large_batches(tmp_path: Path) -> None:
+    """The control of the stop: a waiting worker is continued after a small batch is in
+    its socket, before a large one (which would not fit the socket's buffer) is sent."""
+    require_sandbox()
+    with attacker(tmp_path, GOOD, recycle_every=50) as c:
+        for size in (1, 900_000, 10, 300_000, 2):  # (scores must stay within 1e6)
+            out = c.score([{"prompt": "p", "completion": "x" * size}])
+            assert out.ok and out.scores == (float(size),), out.message
+        assert c._pool is not None and c._pool.spawned == 1  # one worker, stopped between
+
+
 # -- floods and oversized or strange return values ----------------------------------------
 
 FLOOD = """
