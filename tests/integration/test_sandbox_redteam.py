@@ -89,8 +89,10 @@ RESIDENT: list[RewardClient] = []
 
 def assert_nothing_survives(*alive: RewardClient, timeout: float = 8.0) -> None:
     """No process under a sandbox uid and no cgroup of ours is left but those of the
-    workers waiting in the pools of ``alive`` and :data:`RESIDENT` clients (all built
-    with ``warm_workers=0``, so no worker is being spawned behind the test's back)."""
+    workers waiting in the pools of ``alive`` and :data:`RESIDENT` clients. Polled until
+    ``timeout``: killed processes take a moment to go, and a worker a warm pool is
+    spawning counts only once it waits in the pool (most clients here have no warm
+    workers, so nothing is spawned behind the test's back)."""
     REAPER.drain()
     deadline = time.monotonic() + timeout
     while True:
