@@ -11,6 +11,12 @@ processed again).
 status per request — tests script failures with it (e.g. 500 for the first two attempts
 of each id). Every request is kept in :attr:`WebhookReceiver.received`.
 
+Whatever else arrives gets a 4xx and never a hang (HTTP fuzz tests): another method 405,
+a missing, negative or non-numeric ``Content-Length`` 411/400, a body over
+:data:`MAX_BODY_BYTES` 413 before it is read, a stalled sender dropped after
+:data:`READ_TIMEOUT_S`. (Before, a non-numeric length or attempt header dropped the
+connection unanswered, a negative length read until the sender closed, and GET was 501.)
+
 Run by hand (prints one line per notification)::
 
     python -m runwatch.notifier_receiver --port 9000 --secret-file acme.secret
@@ -36,6 +42,48 @@ from stream_processors.notify.signing import (
     verify,
 )
 
+#: Largest body read (a notification is a few KiB); 413 beyond it, before reading.
+MAX_BODY_BYTES = 1 << 20
+#: Seconds a connection may stall mid-request before it is dropped.
+READ_TIMEOUT_S = 10.0
+
+
+def _content_length(h: BaseHTTPRequestHandler) -> int | None:
+    """The body's length; None when it is absent, not a decimal number, or negative (a
+    ``read(-1)`` would wait for the sender to close)."""
+    raw = h.headers.get("Content-Length")
+    if raw is None:
+        return 0 if h.headers.get("Transfer-Encoding") is None else None
+    raw = raw.strip()
+    return int(raw) if raw.isascii() and raw.isdigit() and len(raw) < 19 else None
+
+
+def _int(raw: str | None) -> int:
+    try:
+        return int(raw or 0)
+    except ValueError:
+        return 0
+
+
+def _answer(
+    h: BaseHTTPRequestHandler,
+    status: int,
+    extra: dict[str, str] | None = None,
+    *,
+    close: bool = False,
+) -> None:
+    """An empty answer; ``close``: and no further request on this connection."""
+    try:
+        h.send_response(status)
+        for k, v in (extra or {}).items():
+            h.send_header(k, v)
+        h.send_header("Content-Length", "0")
+        if close:
+            h.send_header("Connection", "close")  # also sets h.close_connection
+        h.end_headers()
+    except OSError:
+        pass  # the sender gave up (timeout): nothing to answer
+
 
 @dataclass
 class Received:
@@ -54,8 +102,8 @@ class _Server(ThreadingHTTPServer):
     daemon_threads = True
 
     def handle_error(self, request: Any, client_address: Any) -> None:
-        if isinstance(sys.exc_info()[1], ConnectionError):
-            return  # the sender went away (a timeout, a killed notifier): not our error
+        if isinstance(sys.exc_info()[1], (ConnectionError, TimeoutError)):
+            return  # the sender went away or stalled (a killed notifier): not our error
         super().handle_error(request, client_address)
 
 
@@ -82,9 +130,19 @@ class WebhookReceiver:
 
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
+            timeout = READ_TIMEOUT_S  # a client that stalls mid-request is dropped
 
             def do_POST(self) -> None:
                 receiver._handle(self)
+
+            def _not_post(self) -> None:
+                # its body (if any) is not read: the connection cannot carry another request
+                _answer(self, 405, {"Allow": "POST"}, close=True)
+
+            def __getattr__(self, name: str) -> Any:
+                if name.startswith("do_"):  # any other method, known or not (stdlib: 501)
+                    return self._not_post
+                raise AttributeError(name)
 
             def log_message(self, *args: Any) -> None:
                 return None
@@ -105,8 +163,20 @@ class WebhookReceiver:
         self._server.server_close()
 
     def _handle(self, h: BaseHTTPRequestHandler) -> None:
-        length = int(h.headers.get("Content-Length") or 0)
-        body = h.rfile.read(length)
+        length = _content_length(h)
+        if length is None:  # the body's end is unknown: no next request on this connection
+            _answer(h, 400 if "Content-Length" in h.headers else 411, close=True)
+            return
+        if length > MAX_BODY_BYTES:
+            _answer(h, 413, close=True)
+            return
+        try:
+            body = h.rfile.read(length)
+        except OSError:  # stalled past READ_TIMEOUT_S, or reset
+            body = b""
+        if len(body) < length:
+            h.close_connection = True
+            return  # the sender went away or stalled mid-body: nothing to answer
         arrived = time.time()
         secret = self.secrets.get(h.path, self.default_secret)
         headers = {k: v for k, v in h.headers.items()}
@@ -120,7 +190,7 @@ class WebhookReceiver:
         rec = Received(
             path=h.path,
             delivery_id=h.headers.get(DELIVERY_HEADER, ""),
-            attempt=int(h.headers.get(ATTEMPT_HEADER) or 0),
+            attempt=_int(h.headers.get(ATTEMPT_HEADER)),
             body=body,
             headers=headers,
             valid=valid,
@@ -141,14 +211,7 @@ class WebhookReceiver:
                 rec.duplicate = seen > 0
                 self.accepted[rec.delivery_id] = seen + 1
             self.received.append(rec)
-        try:
-            h.send_response(status)
-            for k, v in extra.items():
-                h.send_header(k, v)
-            h.send_header("Content-Length", "0")
-            h.end_headers()
-        except OSError:
-            pass  # the sender gave up (timeout): nothing to answer
+        _answer(h, status, extra)
 
     def attempts_of(self, delivery_id: str) -> list[Received]:
         with self._lock:
@@ -175,7 +238,8 @@ def main() -> None:
 
     def show(rec: Received) -> int:
         note = " (duplicate)" if rec.delivery_id in receiver.accepted else ""
-        print(f"{rec.delivery_id} attempt {rec.attempt}{note}: {rec.body.decode()}", flush=True)
+        text = rec.body.decode(errors="replace")
+        print(f"{rec.delivery_id!r} attempt {rec.attempt}{note}: {text!r}", flush=True)
         return 200
 
     receiver = WebhookReceiver(default_secret=secret, answer=show, host=args.host, port=args.port)

@@ -234,6 +234,16 @@ def worker_cgroups(
                 cg.close()
 
 
+def scratch_inodes(limits: ResourceLimits) -> int:
+    """Files the scratch tmpfs may hold: one per 4 KiB page of its size (16,384 for 64 MiB).
+
+    ``size=`` bounds a tmpfs's data, not its files: an empty file costs no page but ~1 KiB
+    of kernel memory, and the default bound is half the host's RAM pages (a reward made
+    166,000 empty files, 152 MB of kernel memory, in 4 s). The memory cgroup would stop it
+    near its cap; this stops it at a few MiB, with or without that cgroup."""
+    return max(1024, limits.scratch_bytes // 4096)
+
+
 @contextlib.contextmanager
 def scratch_dir(
     name: str, uid: int, limits: ResourceLimits, features: KernelFeatures, layers: frozenset[str]
@@ -247,7 +257,9 @@ def scratch_dir(
         scratch.mkdir(mode=0o700)
         if "scratch_tmpfs" in layers and features.usable.get("scratch_tmpfs"):
             err = mount_tmpfs(
-                str(scratch), f"size={limits.scratch_bytes},mode=0700,uid={uid},gid={uid}"
+                str(scratch),
+                f"size={limits.scratch_bytes},nr_inodes={scratch_inodes(limits)},"
+                f"mode=0700,uid={uid},gid={uid}",
             )
             mounted = err is None
         if not mounted and os.geteuid() == 0:

@@ -127,6 +127,8 @@ class WarmPool:
         self._cond = threading.Condition()
         self._closed = False
         self._backoff_until = 0.0
+        self._failed_spawns = 0  # background spawns that failed, and the last failure
+        self._last_failure: AttemptResult | None = None
         self._thread: threading.Thread | None = None
         self.spawned = 0
         _reap_once()
@@ -162,8 +164,10 @@ class WarmPool:
                     worker = None
                 elif failure is not None:
                     # e.g. the artifact crashes at import: stop pre-spawning for a while;
-                    # acquire() spawns inline and reports the failure to the caller.
+                    # a caller waiting for this spawn gets its failure (acquire())
                     self._backoff_until = time.monotonic() + 5.0
+                    self._failed_spawns += 1
+                    self._last_failure = failure
                 self._cond.notify_all()
             if worker is not None:
                 REAPER.submit(worker)
@@ -194,11 +198,18 @@ class WarmPool:
                 return self._take(), None
             if self._spawning and self.prewarm:
                 # a warm worker is on its way: waiting for it beats a second spawn
-                end = time.monotonic() + self.config.limits.startup_s
+                failed = self._failed_spawns
+                # its start-up deadline, and the teardown of a failed start on top
+                end = time.monotonic() + self.config.limits.startup_s + 5.0
                 while not self._ready and self._spawning and time.monotonic() < end:
                     self._cond.wait(timeout=end - time.monotonic())
                 if self._ready:
                     return self._take(), None
+                if self._failed_spawns > failed and self._last_failure is not None:
+                    # the spawn waited for failed (an artifact that loops or exits at
+                    # import): that is this attempt's failure, not a reason to wait for
+                    # a second start-up deadline inline
+                    return None, self._last_failure
         worker, failure = self._spawn()
         if worker is not None and worker.batches + 1 < self.config.batches_per_worker():
             with self._cond:

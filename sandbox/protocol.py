@@ -34,12 +34,16 @@ import json
 import socket
 import struct
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from sandbox.text import clean_text
 
 HEADER = struct.Struct(">I")
+#: A frame this small fits an empty UNIX socket's send buffer (~208 KiB by default):
+#: sending it never waits for the reader.
+NEVER_BLOCKS = 64 * 1024
 
 
 class RecvError(enum.StrEnum):
@@ -63,13 +67,30 @@ def encode_frame(message: dict[str, Any]) -> bytes:
     return HEADER.pack(len(body)) + body
 
 
-def send_frame(sock: socket.socket, message: dict[str, Any], deadline: float) -> str | None:
-    """Send one frame; returns None or the error text (never raises)."""
+def send_frame(
+    sock: socket.socket,
+    message: dict[str, Any],
+    deadline: float,
+    before_blocking: Callable[[], None] | None = None,
+) -> str | None:
+    """Send one frame; returns None or the error text (never raises).
+
+    ``before_blocking`` runs before a send that may have to wait for the reader (a frame
+    larger than :data:`NEVER_BLOCKS`), else right after the frame was sent: the host
+    continues a stopped worker with it, once, when the batch is already there to read."""
     try:
+        data = encode_frame(message)
+        late = before_blocking if len(data) <= NEVER_BLOCKS else None
+        if before_blocking is not None and late is None:
+            before_blocking()
         sock.settimeout(max(0.001, deadline - time.monotonic()))
-        sock.sendall(encode_frame(message))
+        sock.sendall(data)
+        if late is not None:
+            late()
         return None
     except (OSError, ValueError, TypeError) as exc:
+        if before_blocking is not None:
+            before_blocking()  # (again: harmless) never leave a stopped worker stopped
         return f"{type(exc).__name__}: {exc}"
 
 

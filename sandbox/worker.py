@@ -4,8 +4,10 @@ Life: :meth:`SandboxWorker.spawn` acquires the worker's resources (uid, cgroups,
 socketpair, seccomp program) on one :class:`contextlib.ExitStack`, launches
 ``sh (join cgroups) -> setpriv (drop uid) -> bwrap (namespaces, fs view, seccomp) -> python
 worker_main.py``, and does the hello/go/ready handshake. :meth:`score` runs one batch under
-the wall-clock deadline. :meth:`close` unwinds the stack: kill the process tree, close the
-socket, unmount and delete scratch, kill-and-remove the cgroups, release the uid.
+the wall-clock deadline. Between the handshake and a batch, and between batches, the worker
+is stopped (SIGSTOP): tenant code runs only while a batch of its own is being scored.
+:meth:`close` unwinds the stack: kill the process tree, close the socket, unmount and
+delete scratch, kill-and-remove the cgroups, release the uid.
 
 Cause attribution (host-side evidence wins over what the worker says, and nothing the
 tenant sends can put a failure in the platform's column):
@@ -88,6 +90,10 @@ class SandboxWorker:
         self.scratch: Path | None = None
         self.cgroups: dict[str, Cgroup] = {}
         self.baseline: set[int] = set()
+        self.worker_pid: int | None = None  # host pid of the worker (the sandbox's pid 1)
+        self._pidfd: int | None = None  # of the worker: stops it between batches
+        self._stray_pidfds: list[int] = []  # processes started at import, stopped with it
+        self._stat_fd: int | None = None  # the worker's /proc/<pid>/stat: its thread count
         self.batches = 0
         self.alive = False
         self.dirty = False  # tenant code left threads behind: retire after this batch
@@ -195,6 +201,18 @@ class SandboxWorker:
         msg = ready.message
         if msg is not None and msg.get("op") == "ready":
             self.alive = True
+            self.worker_pid = self._leaf(self.baseline)
+            self._pidfd = self._open_pidfd(self.worker_pid)
+            if self._pidfd is not None:
+                st.callback(os.close, self._pidfd)
+            with contextlib.suppress(OSError):  # kept open: one pread per batch (11 us)
+                self._stat_fd = os.open(f"/proc/{self.worker_pid}/stat", os.O_RDONLY)
+                st.callback(os.close, self._stat_fd)
+            if self._threads() != 1:
+                self.dirty = True  # tenant code started a thread at import: one batch only
+            if self._stop_import_strays():
+                self.dirty = True  # and processes: one batch only, stopped until then
+            self._freeze()
             return None
         if msg is not None and msg.get("op") == "load_error":
             cause = KIND_TO_CAUSE[error_kind(msg)]
@@ -238,7 +256,10 @@ class SandboxWorker:
         self._counters_before = self._resource_counters()
         deadline = started + self.config.limits.deadline_s
         rid = next(self._ids)
-        err = send_frame(self.sock, {"op": "score", "id": rid, "batch": batch}, deadline)
+        # the stopped worker is continued once its batch is in the socket (a large batch:
+        # before the send, which would wait for it to read)
+        msg_out = {"op": "score", "id": rid, "batch": batch}
+        err = send_frame(self.sock, msg_out, deadline, before_blocking=self._thaw)
         if err:
             self.alive = False
             return _failed(self._death_cause(), started, f"worker gone before the batch: {err}")
@@ -270,23 +291,113 @@ class SandboxWorker:
         )
 
     def reset_between_batches(self) -> bool:
-        """Kill processes the tenant left behind and empty scratch. False: retire worker.
+        """Kill processes the tenant left behind, empty scratch, stop the worker until its
+        next batch. False: retire the worker.
 
         Everything but the baseline (bubblewrap's monitor outside the sandbox and the
-        worker, the sandbox's pid 1) is killed; a worker whose own process still runs a
-        tenant thread is retired, so nothing of one batch keeps running into the next.
+        worker, the sandbox's pid 1) is killed through the worker's cgroup. Whether tenant
+        code left a thread running in the worker is read on the host
+        (``/proc/<pid>/stat``), never taken from the worker's own report (tenant code can
+        rewrite the worker's module); such a worker is retired. The worker is then stopped
+        (SIGSTOP) until :meth:`score` continues it, so no tenant code (a signal handler, a
+        patched receive loop) runs between batches. Without any cgroup strays cannot be
+        found: the worker is retired after every batch.
         """
         if not self.alive or self.dirty:
             return False
         try:
-            pids = self.cgroups.get("pids")
-            if pids is not None:
-                pids.kill_all(keep=self.baseline)
+            group = self._group()
+            if group is None:
+                return False
+            group.kill_all(keep=self.baseline)
+            if self._threads() != 1:
+                return False
             if self.scratch is not None:
                 empty_dir(self.scratch)
-            return self.proc is not None and self.proc.poll() is None
+            if self.proc is None or self.proc.poll() is not None:
+                return False
+            self._freeze()
+            return True
         except Exception:
             return False
+
+    def _group(self) -> Cgroup | None:
+        """A cgroup holding the worker's whole tree (any controller will do)."""
+        for key in ("pids", "memory", "cpu"):
+            if key in self.cgroups:
+                return self.cgroups[key]
+        return None
+
+    def _freeze(self) -> None:
+        """Stop the worker between batches (SIGSTOP from the parent pid namespace reaches
+        the sandbox's pid 1; its threads stop with it). Signalled through a pidfd, so a
+        dead worker's recycled pid is never hit."""
+        for fd in (*self._stray_pidfds, self._pidfd):
+            if fd is not None:
+                with contextlib.suppress(OSError):
+                    signal.pidfd_send_signal(fd, signal.SIGSTOP)
+
+    def _thaw(self) -> None:
+        for fd in (self._pidfd, *self._stray_pidfds):
+            if fd is not None:
+                with contextlib.suppress(OSError):
+                    signal.pidfd_send_signal(fd, signal.SIGCONT)
+
+    def _stop_import_strays(self) -> bool:
+        """Stop the processes tenant code started at import (a multiprocessing pool, a
+        helper; a process that would resume the stopped worker with SIGCONT) until the
+        first batch, which continues them with the worker. True if there were any."""
+        group = self._group()
+        if group is None:
+            return False
+        seen: set[int] = set()
+        for _ in range(50):  # a stopped process forks no more: a few rounds at most
+            new = group.procs() - self.baseline - seen
+            if not new:
+                break
+            for pid in new:
+                fd = self._open_pidfd(pid)
+                if fd is not None:
+                    self._stack.callback(os.close, fd)
+                    self._stray_pidfds.append(fd)
+                    with contextlib.suppress(OSError):
+                        signal.pidfd_send_signal(fd, signal.SIGSTOP)
+            seen |= new
+        return bool(seen)
+
+    @staticmethod
+    def _open_pidfd(pid: int | None) -> int | None:
+        if pid is None:
+            return None
+        try:
+            return os.pidfd_open(pid)
+        except (OSError, AttributeError):  # kernel < 5.3: the worker is not stopped
+            return None
+
+    def _threads(self) -> int:
+        """Threads of the worker process, read on the host (-1 if unknown). The stat file
+        stays open (re-read from offset 0): it names this process, never a recycled pid."""
+        if self._stat_fd is None:
+            return -1
+        try:
+            fields = os.pread(self._stat_fd, 1024, 0).rsplit(b")", 1)[1].split()
+            return int(fields[17])  # field 20, num_threads (fields[0] is field 3)
+        except (OSError, ValueError, IndexError):
+            return -1
+
+    @staticmethod
+    def _leaf(pids: set[int]) -> int | None:
+        """The one process of ``pids`` that is no other's parent: the worker, below
+        bubblewrap's monitor (and bubblewrap's init, without ``own_pid1``)."""
+        parents: dict[int, int] = {}
+        for pid in pids:
+            try:
+                with open(f"/proc/{pid}/stat", "rb") as fh:
+                    parents[pid] = int(fh.read().rsplit(b")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                return None
+        leaves = [pid for pid in pids if pid not in parents.values()]
+        return leaves[0] if len(leaves) == 1 else None
 
     # -- evidence -----------------------------------------------------------------------
 

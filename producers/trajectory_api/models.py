@@ -20,36 +20,72 @@ import math
 import re
 import zlib
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Annotated, Any, NamedTuple
 
 import msgspec
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    TypeAdapter,
+    ValidationError,
+    field_validator,
+)
+
+
+def _unicode_text(value: str) -> str:
+    """Text that can go into an event: JSON's ``"\\ud800"`` escape parses to a lone
+    surrogate, which UTF-8 cannot carry, so the event could not be written (a 500, found
+    by the HTTP fuzz tests); a 422 says why instead."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError("not valid Unicode text (a lone surrogate)") from None
+    return value
+
+
+#: A string that is valid Unicode text (see :func:`_unicode_text`).
+Text = Annotated[str, AfterValidator(_unicode_text)]
+
+
+#: Largest size or length (sequences, tokens) a registration may give.
+MAX_SIZE = 2**31 - 1
+#: Largest step count or interval (the largest integer every JSON client reads exactly).
+MAX_STEP = 2**53 - 1
+#: Largest sampling weight of an env (weights are relative; finite, so sums stay finite).
+MAX_WEIGHT = 1e9
 
 
 class Registration(BaseModel):
     """``/register``. The reference takes any integers; a ``batch_size`` below 1 made
     every later group unbatchable (rejected on the log while its client heard
-    "received"), so the sizes are checked here (422, FastAPI's detail)."""
+    "received"), and one of 400 digits crashed the batching processor (every later
+    ``/batch`` a 503; found by the HTTP fuzz tests), so the numbers are bounded here
+    (422, FastAPI's detail)."""
 
-    wandb_group: str
-    wandb_project: str
-    batch_size: int = Field(ge=1)
-    max_token_len: int = Field(ge=1)
-    checkpoint_dir: str
-    save_checkpoint_interval: int
-    starting_step: int = Field(ge=0)
-    num_steps: int = Field(ge=0)
+    wandb_group: Text
+    wandb_project: Text
+    batch_size: int = Field(ge=1, le=MAX_SIZE)
+    max_token_len: int = Field(ge=1, le=MAX_SIZE)
+    checkpoint_dir: Text
+    save_checkpoint_interval: int = Field(ge=-MAX_STEP, le=MAX_STEP)
+    starting_step: int = Field(ge=0, le=MAX_STEP)
+    num_steps: int = Field(ge=0, le=MAX_STEP)
 
 
 class RegisterEnv(BaseModel):
-    max_token_length: int = Field(ge=1)
-    desired_name: str
-    weight: float = Field(ge=0, allow_inf_nan=False)
-    group_size: int = Field(ge=1)
+    """``/register-env``, bounded like :class:`Registration` (a 400-digit
+    ``max_token_length`` made ``/status-env`` a 500 for every env)."""
+
+    max_token_length: int = Field(ge=1, le=MAX_SIZE)
+    desired_name: Text
+    weight: float = Field(ge=0, le=MAX_WEIGHT, allow_inf_nan=False)
+    group_size: int = Field(ge=1, le=MAX_SIZE)
     min_batch_allocation: float | None = Field(default=None, ge=0, le=1)
     #: runwatch extension (old clients omit it): staleness bound of this env's groups,
     #: in trainer steps; None falls back to the server's default.
-    max_off_policy_steps: int | None = Field(default=None, ge=0)
+    max_off_policy_steps: int | None = Field(default=None, ge=0, le=MAX_STEP)
 
 
 class EnvIdentifier(BaseModel):

@@ -173,10 +173,18 @@ def _command_sink(args: argparse.Namespace, term: Terminal):  # type: ignore[no-
     return EmbeddedSink(EmbeddedLog(log_dir))
 
 
+def build_app(store, keys, commands=None):  # type: ignore[no-untyped-def]
+    """The query API app as served: :func:`projections.api.create_app` with the 422
+    handler that renders any input (:mod:`runwatch.apps.http_errors`)."""
+    from projections.api import create_app
+    from runwatch.apps.http_errors import install
+
+    return install(create_app(store, keys, commands=commands))
+
+
 def serve(args: argparse.Namespace, term: Terminal) -> int:
     import uvicorn
 
-    from projections.api import create_app
     from projections.engine import ProjectionEngine
     from projections.exporter import make_registry, start_metrics_server
     from projections.keys import ApiKeys
@@ -228,7 +236,7 @@ def serve(args: argparse.Namespace, term: Terminal) -> int:
     commands = _command_sink(args, term) if args.commands and not args.no_follow else None
     term.progress(f"query API on http://{args.host}:{args.port} (OpenAPI at /docs)")
     try:
-        app = create_app(store, keys, commands=commands)
+        app = build_app(store, keys, commands=commands)
         uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
     finally:
         if stop_follower:

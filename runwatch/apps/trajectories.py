@@ -10,7 +10,9 @@ Wiring (no domain logic here):
    decoded (undecodable records are skipped and counted), deduplicated by ``event_id``,
    folded by :class:`~stream_processors.batching.BatchingFold`, then it and its derived
    events are applied to :class:`~projections.trajectory_view.TrajectoryView`; a request
-   this instance is waiting on is answered from there.
+   this instance is waiting on is answered from there. A record the fold raises on (one
+   the API would refuse now, written before or by another producer) is skipped, counted
+   and logged: it used to end the tail task, and with it every later ``/batch``.
 3. Derived events of this instance's own inputs (from this incarnation on) are published
    to ``runwatch.batches`` in the background, for detectors and dashboards. They are a
    deterministic function of the partition, which stays the source of truth.
@@ -69,6 +71,7 @@ from projections.trajectory_view import SpillPayloads, TrajectoryView
 from projections.trajectory_view.router import build_router as build_serving
 from projections.trajectory_view.store import CorruptPayload
 from projections.trajectory_view.view import Location
+from runwatch.apps.http_errors import install as install_422
 from stream_processors.batching import BatchingFold
 
 log = logging.getLogger(__name__)
@@ -423,10 +426,15 @@ class TrajectoryHost:
             return
         if not self._dedupe.first_time(ev.event_id):
             return
-        self.state, derived = self.fold.apply(self.state, ev)
-        self.view.apply(ev)
-        for d in derived:
-            self.view.apply(d)
+        try:  # the fold is pure: a record it cannot take changes nothing
+            self.state, derived = self.fold.apply(self.state, ev)
+            self.view.apply(ev)
+            for d in derived:
+                self.view.apply(d)
+        except Exception as exc:  # a poison record: skipped and said, the tail goes on
+            self.skipped += 1
+            log.error("skipping record at offset %s the fold cannot take: %r", rec.offset, exc)
+            return
         mine = ev.producer == self.producer
         group = isinstance(ev, (ScoredDataGroupStored, ScoredDataGroupAccepted))
         if mine and group and rec.offset > self.ready_offset:
@@ -651,7 +659,7 @@ def build_app(host: TrajectoryHost) -> FastAPI:
     app.include_router(build_ingress(host))
     app.include_router(build_serving(host))
     app.state.host = host
-    return app
+    return install_422(app)
 
 
 def open_backend(kafka: str | None, log_dir: str | None) -> LogBackend:

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from runwatch.cli.terminal import Abort, Terminal
+from sandbox.batch import MAX_BATCH_BYTES, validate_batch
 
 HELP = "check or score a tenant reward function in the sandbox"
 
@@ -117,18 +118,27 @@ def _client(args: argparse.Namespace, path: Path) -> Any:
 
 #: Exit code for an unusable batch file (nothing was run).
 BAD_INPUT = 2
+#: Largest batch file read (JSON escapes and whitespace around a batch that encodes to at
+#: most ``sandbox.batch.MAX_BATCH_BYTES``).
+MAX_BATCH_FILE_BYTES = 4 * MAX_BATCH_BYTES
 
 
 def read_batch(path: Path) -> list[dict[str, Any]]:
     """Read a JSONL batch; any bad line aborts (exit 2) with its line number and the
     reason, nothing is dropped and nothing is run. Whatever the file holds, the error is a
     message, never a traceback."""
-    from sandbox.batch import validate_batch
 
     try:
-        data = path.read_bytes()
+        with open(path, "rb") as fh:
+            data = fh.read(MAX_BATCH_FILE_BYTES + 1)  # bounded: /dev/zero is a "file" too
     except OSError as exc:
         raise Abort(f"cannot read batch file {path}: {exc}", BAD_INPUT) from None
+    if len(data) > MAX_BATCH_FILE_BYTES:
+        raise Abort(
+            f"{path}: larger than {MAX_BATCH_FILE_BYTES} bytes (a batch encodes to at most "
+            f"{MAX_BATCH_BYTES})",
+            BAD_INPUT,
+        )
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -137,7 +147,9 @@ def read_batch(path: Path) -> list[dict[str, Any]]:
             f"{path}:{no}: not UTF-8 text ({exc.reason} at byte {exc.start})", BAD_INPUT
         ) from None
     batch: list[dict[str, Any]] = []
-    for no, line in enumerate(text.splitlines(), 1):
+    # lines end at "\n" only: str.splitlines() would also cut inside a JSON string that
+    # holds a raw U+2028, U+0085 or \x1c (valid JSON text)
+    for no, line in enumerate(text.split("\n"), 1):
         if not line.strip():
             continue
         try:

@@ -11,12 +11,15 @@ sandbox. Order matters:
 5. serve ``score`` requests until EOF or ``shutdown``. Before each batch it reaps the
    zombies of processes the host killed (as pid 1, orphans are its children); after each
    batch it reports ``threads``: more than one means tenant code left a thread running,
-   and the host retires the worker instead of reusing it.
+   and the host retires the worker instead of reusing it. The host does not trust this
+   report (tenant code can rewrite this module): it counts the worker's threads itself,
+   and keeps the worker stopped (SIGSTOP) between batches.
 
 Framing and messages: see ``sandbox/protocol.py`` (this file must stay import-free of the
 project: the project tree is not visible in the sandbox).
 """
 
+import collections
 import errno
 import json
 import os
@@ -100,8 +103,36 @@ def classify(exc):
 
 
 def describe(exc):
-    tb = traceback.format_exception(type(exc), exc, exc.__traceback__)
-    return "".join(tb[-6:])[-2000:]
+    """The last frames, the exception's type and its message, bounded (2,000 characters).
+
+    The message is cut before anything is formatted: a tenant may raise one of 100 MB,
+    which ``traceback.format_exception`` would copy several times over, past the memory
+    limit (the worker died and the message was lost); and only the last frames are
+    formatted (a recursion 190,000 deep took a second to format whole). Never raises."""
+    try:
+        tail = collections.deque(maxlen=5)  # the last frames; only those are formatted
+        tb = exc.__traceback__
+        while tb is not None:
+            tail.append(tb)
+            tb = tb.tb_next
+        frames = "".join(traceback.format_list(traceback.extract_tb(tail[0]))) if tail else ""
+    except BaseException:
+        frames = ""
+    try:
+        text = str(exc)  # an exact str argument comes back as itself: no copy
+        if not isinstance(text, str):
+            text = "<exception str() failed>"
+    except BaseException:
+        text = "<exception str() failed>"
+    if len(text) > 1200:
+        text = f"{text[:600]} ... [{len(text) - 1200} characters cut] ... {text[-600:]}"
+    try:
+        name, module = type(exc).__qualname__, type(exc).__module__
+        if module not in ("builtins", "__main__"):
+            name = f"{module}.{name}"
+    except BaseException:
+        name = "exception"
+    return f"{frames}{name}: {text}\n"[-2000:]
 
 
 def reap_children():
@@ -172,9 +203,16 @@ def main():
         rid = msg.get("id")
         reap_children()
         try:
-            scores = fn(msg.get("batch"))
+            batch = msg.get("batch")
+            scores = fn(batch)
             if isinstance(scores, tuple):
                 scores = list(scores)
+            if isinstance(scores, list) and len(scores) != len(batch):
+                # refused by the host's gate anyway; not encoding a list of 10**7 floats
+                # spares the deadline and the memory limit (the host still judges)
+                wrong = f"wrong shape: {len(scores)} scores for a batch of {len(batch)}"
+                send(fd, {"op": "error", "id": rid, "kind": "bad_output", "message": wrong})
+                continue
             send(fd, {"op": "result", "id": rid, "scores": scores, "threads": thread_count()})
         except BaseException as exc:
             send(fd, {"op": "error", "id": rid, "kind": classify(exc), "message": describe(exc)})

@@ -49,8 +49,9 @@ def verify(
         return False
     try:
         ts = int(timestamp)
-    except ValueError:
+        if abs(now - ts) > tolerance_s:  # a 4000-digit ts: OverflowError, not a bool
+            return False
+    except (ValueError, OverflowError):
         return False
-    if abs(now - ts) > tolerance_s:
-        return False
-    return hmac.compare_digest(signature(secret, ts, body), signature_header.strip())
+    given = signature_header.strip().encode("utf-8", "replace")  # headers may be any bytes
+    return hmac.compare_digest(signature(secret, ts, body).encode(), given)

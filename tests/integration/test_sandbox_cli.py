@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 import subprocess
 import sys
@@ -155,6 +156,22 @@ HOSTILE_BATCHES = {
     "lone_surrogate": (b'{"prompt": "\\ud800", "completion": "c"}\n', "lone surrogate"),
     "not_an_object": (b"[1, 2]\n", ":1: expected an object, got list"),
     "empty": (b"\n\n", "empty batch"),
+    # not JSON at all, or not JSON lines (#19 item 4)
+    "gzip": (gzip.compress(b'{"prompt": "a", "completion": "b"}\n'), ":1: not UTF-8 text"),
+    "plain_text": (b"the answer is 4\n", ":1: not JSON"),
+    "nul_bytes": (b"\x00" * 64, ":1: not JSON"),
+    "truncated_line": (
+        b'{"prompt": "a", "completion": "b"}\n{"prompt": "a", "comp',
+        ":2: not JSON",
+    ),
+    "one_pretty_json_document": (
+        b'[\n  {"prompt": "a", "completion": "b"}\n]\n',
+        ":1: not JSON",
+    ),
+    "integer_beyond_json": (
+        b'{"prompt": "p", "completion": "c", "n": ' + b"1" * 5000 + b"}\n",
+        ":1: not JSON",
+    ),
 }
 
 
@@ -183,6 +200,30 @@ def test_hostile_batch_files_are_refused_by_the_real_cli(tmp_path: Path, case: s
         assert err.startswith(f"error: {batch}") and why in err, err
         assert err.count("\n") == 1 and len(err) < 500  # one clear line
         assert proc.stdout == b""
+
+
+@pytest.mark.parametrize("where", ["directory", "dev_zero"])
+def test_a_batch_path_that_is_no_file_is_refused(tmp_path: Path, where: str) -> None:
+    """A directory, or a "file" without end (/dev/zero): read within a bound, refused with
+    exit 2 and one line, never a traceback or a process that eats memory until killed."""
+    batch = tmp_path if where == "directory" else Path("/dev/zero")
+    proc = _cli("score", str(write_reward(tmp_path, GOOD)), "--batch", str(batch))
+    err = proc.stderr.decode("utf-8")
+    assert proc.returncode == 2 and "Traceback" not in err, err[-2000:]
+    assert err.startswith("error: ") and str(batch) in err and err.count("\n") == 1, err
+    assert ("Is a directory" if where == "directory" else "larger than") in err
+
+
+def test_a_line_with_a_raw_line_separator_inside_a_string_is_one_line(tmp_path: Path) -> None:
+    """U+2028 and U+0085 are valid raw inside a JSON string; the batch reader used
+    to split lines there too (str.splitlines) and refuse a valid file as "not JSON"."""
+    require_sandbox()
+    batch = tmp_path / "batch.jsonl"
+    batch.write_text('{"prompt": "a\u2028b\x85c", "completion": "xyz"}\n', "utf-8")
+    assert "\u2028" in batch.read_text("utf-8")  # raw, not an escape
+    proc = _cli("score", str(write_reward(tmp_path, GOOD)), "--batch", str(batch), "--json")
+    assert proc.returncode == 0, proc.stderr.decode()[-2000:]
+    assert json.loads(proc.stdout)["scores"] == [0.3]
 
 
 HOSTILE_REWARDS = {
