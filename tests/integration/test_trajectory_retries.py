@@ -56,9 +56,9 @@ class KeyedPusher(threading.Thread):
     """Pushes lists of 4 groups, each push under its own Idempotency-Key, and retries a
     push (same body, same key) until it gets a 200; stops between pushes when told."""
 
-    def __init__(self, n: int, url: str, tally: Tally) -> None:
+    def __init__(self, n: int, url: str, tally: Tally, pause_s: float = 0.0) -> None:
         super().__init__(daemon=True)
-        self.n, self.url, self.tally = n, url, tally
+        self.n, self.url, self.tally, self.pause_s = n, url, tally, pause_s
         self.halt = threading.Event()
         self.deadline = float("inf")
 
@@ -70,6 +70,7 @@ class KeyedPusher(threading.Thread):
                 markers = range(first, first + GROUPS_PER_PUSH)
                 self.send(client, f"pusher{self.n}-push{push}", markers)
                 push += 1
+                time.sleep(self.pause_s)
 
     def send(self, client: httpx.Client, key: str, markers: range) -> None:
         body, tries = groups(markers), 0
