@@ -97,7 +97,11 @@ class Probes:
 class Worker:
     """``runwatch process --kafka`` as a child process group."""
 
-    def __init__(self, bootstrap: str, app_id: str, extra: list[str], logdir: Path) -> None:
+    def __init__(
+        self, bootstrap: str, app_id: str, extra: list[str], logdir: Path, name: str
+    ) -> None:
+        self.name = name
+        self.marks: list[tuple[float, str]] = []  # (monotonic time, what happened)
         self.cmd = [
             sys.executable, "-m", "runwatch.cli.main", "process", "--kafka", bootstrap,
             "--app-id", app_id, *extra,
@@ -109,18 +113,20 @@ class Worker:
     def start(self) -> float:
         self.starts += 1
         env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
-        with open(self.logdir / f"worker-{self.starts}.log", "wb") as out:
+        with open(self.logdir / f"{self.name}-{self.starts}.log", "wb") as out:
             self.proc = subprocess.Popen(
                 self.cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
                 start_new_session=True,
             )  # fmt: skip
-        return time.monotonic()
+        self.marks.append((time.monotonic(), f"start {self.starts}"))
+        return self.marks[-1][0]
 
     def kill9(self) -> float:
         assert self.proc is not None
         t = time.monotonic()
         os.killpg(self.proc.pid, signal.SIGKILL)
         self.proc.wait()
+        self.marks.append((t, "kill -9"))
         return t
 
     def terminate(self, timeout_s: float = 60.0) -> float:
@@ -133,6 +139,8 @@ class Worker:
         except subprocess.TimeoutExpired:
             os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait()
+        self.marks.append((t, "SIGTERM"))
+        self.marks.append((time.monotonic(), "exited"))
         return t
 
     def stop(self) -> None:
@@ -150,12 +158,10 @@ async def measure(args: argparse.Namespace, bootstrap: str) -> dict[str, Any]:
     tag = uuid.uuid4().hex[:8]
     probes = Probes(tag)
     producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=0)
-    consumer = AIOKafkaConsumer(
-        "runwatch.alerts", bootstrap_servers=bootstrap, auto_offset_reset="latest"
-    )
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap)
     await producer.start()
     await consumer.start()
-    await consumer.getmany(timeout_ms=500)  # positioned at the end before probes go out
+    await at_end(consumer, "runwatch.alerts")
 
     async def read() -> None:
         while True:
@@ -177,26 +183,38 @@ async def measure(args: argparse.Namespace, bootstrap: str) -> dict[str, Any]:
             await asyncio.sleep(args.interval)
 
     tasks = [asyncio.create_task(read()), asyncio.create_task(publish())]
+    t0 = time.monotonic()
     logdir = Path(tempfile.mkdtemp(prefix="rw-recovery-"))
     out: dict[str, Any] = {"kill": [], "clean": [], "defaults_kill": [], "logs": str(logdir)}
+    workers: list[Worker] = []
     try:
-        tuned = Worker(bootstrap, f"rw-recovery-{tag}", args.worker_arg, logdir)
-        await warm(tuned, probes)
+        tuned = Worker(bootstrap, f"rw-recovery-{tag}", args.worker_arg, logdir, "tuned")
+        workers.append(tuned)
+        await warm(tuned, probes, args.timeout)
         for _ in range(args.rounds):
             out["kill"].append(await kill_round(tuned, probes, args.timeout))
             out["clean"].append(await clean_round(tuned, probes, args.timeout))
         # nothing lost: every probe sent so far gets its alert from the last worker
         out["unanswered"] = await drain(probes, time.monotonic(), args.timeout)
+        out["lost_at"] = [  # when each unanswered probe was sent, beside the worker's marks
+            (round(probes.sent[r] - t0, 3), r) for r in out["unanswered"]
+        ]
+        out["marks"] = [(round(t - t0, 3), what) for t, what in tuned.marks]
         out["duplicate_alerts"] = sum(n - 1 for n in probes.alert_ids.values())
         out["probes"] = len(probes.sent)
         tuned.stop()
         if args.faust_defaults_rounds:  # (a new group: it folds every probe again)
-            legacy = Worker(bootstrap, f"rw-recovery-defaults-{tag}", FAUST_DEFAULTS, logdir)
-            await warm(legacy, probes)
+            legacy = Worker(
+                bootstrap, f"rw-recovery-defaults-{tag}", FAUST_DEFAULTS, logdir, "defaults"
+            )
+            workers.append(legacy)
+            await warm(legacy, probes, args.timeout)
             for _ in range(args.faust_defaults_rounds):
                 out["defaults_kill"].append(await kill_round(legacy, probes, args.timeout))
             legacy.stop()
     finally:
+        for w in workers:  # (a failed round must not leave a worker folding the broker)
+            w.stop()
         for t in tasks:
             t.cancel()
             with contextlib.suppress(BaseException):
@@ -204,6 +222,21 @@ async def measure(args: argparse.Namespace, bootstrap: str) -> dict[str, Any]:
         await consumer.stop()
         await producer.stop()
     return out
+
+
+async def at_end(consumer: Any, topic: str) -> None:
+    """Assign every partition of ``topic`` and resolve each position to its end now, so
+    no alert written after this call is skipped (a lazily resolved "latest" could land
+    past one)."""
+    from aiokafka import TopicPartition
+
+    from events.topics import spec
+
+    tps = [TopicPartition(topic, p) for p in range(spec(topic).partitions)]
+    consumer.assign(tps)
+    ends = await consumer.end_offsets(tps)
+    for tp in tps:
+        consumer.seek(tp, ends[tp])
 
 
 async def drain(probes: Probes, until: float, timeout_s: float) -> list[str]:
@@ -218,9 +251,9 @@ async def drain(probes: Probes, until: float, timeout_s: float) -> list[str]:
     return sorted(left)
 
 
-async def warm(worker: Worker, probes: Probes) -> None:
+async def warm(worker: Worker, probes: Probes, timeout_s: float) -> None:
     t0 = worker.start()
-    await probes.first_alert_after(t0, timeout_s=180)
+    await probes.first_alert_after(t0, timeout_s)
     await asyncio.sleep(2.0)  # a steady state: offsets committed, changelogs written
 
 
@@ -265,6 +298,8 @@ def report(out: dict[str, Any]) -> None:
     print(f"ratio kill / clean restart: {kill / clean:.2f} (goal: kill <= 10 s)")
     if out["defaults_kill"]:
         print(f"faust defaults, kill -9 -> resumed:      {_fmt(out['defaults_kill'], 'resumed_s')}")
+    if out["unanswered"]:
+        print(f"lost probes (sent at s): {out['lost_at']}; worker marks: {out['marks']}")
     print(
         f"tuned worker: {out['probes']} probes, {len(out['unanswered'])} never answered (lost), "
         f"{out['duplicate_alerts']} alerts derived again after a kill (same event id: "

@@ -17,6 +17,7 @@ already delivered; the slot then holds the record's event id and it derives noth
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -129,7 +130,9 @@ def run_worker(
     )
     ensure_topics(folds, bootstrap, app_id)
     topo = build_topology(folds, bootstrap, app_id, **group)
-    worker = faust.Worker(topo.app, loglevel="WARNING", quiet=True)
+    # $RUNWATCH_FAUST_LOGLEVEL=INFO shows faust's rebalances, seeks and recoveries
+    loglevel = os.environ.get("RUNWATCH_FAUST_LOGLEVEL", "WARNING")
+    worker = faust.Worker(topo.app, loglevel=loglevel, quiet=True)
     worker.execute_from_commandline()
 
 

@@ -34,6 +34,7 @@ import time
 import uuid
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -129,11 +130,11 @@ async def _first_probe_alert(bootstrap: str, prefix: str, timeout_s: float) -> f
     from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
     producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=0)
-    consumer = AIOKafkaConsumer("runwatch.alerts", bootstrap_servers=bootstrap)
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap)
     await producer.start()
     await consumer.start()
     try:
-        await consumer.getmany(timeout_ms=300)  # positioned at the end first
+        await at_end(consumer, "runwatch.alerts")
         deadline, n = time.monotonic() + timeout_s, 0
         while time.monotonic() < deadline:
             n += 1
@@ -148,6 +149,19 @@ async def _first_probe_alert(bootstrap: str, prefix: str, timeout_s: float) -> f
     finally:
         await consumer.stop()
         await producer.stop()
+
+
+async def at_end(consumer: Any, topic: str) -> None:
+    """Assign every partition of ``topic``, each positioned at its end now."""
+    from aiokafka import TopicPartition
+
+    from events.topics import spec
+
+    tps = [TopicPartition(topic, p) for p in range(spec(topic).partitions)]
+    consumer.assign(tps)
+    ends = await consumer.end_offsets(tps)
+    for tp in tps:
+        consumer.seek(tp, ends[tp])
 
 
 def first_probe_alert(bootstrap: str, prefix: str, timeout_s: float) -> float:
