@@ -111,12 +111,18 @@ class InFlight:
 
     def __init__(self) -> None:
         self._running: dict[str, asyncio.Future[tuple[dict[str, Any], tuple[int, ...]] | None]] = {}
+        #: requests waiting on another attempt of their key right now
+        self.waiting = 0
 
     async def first(self, key: str) -> tuple[dict[str, Any], tuple[int, ...]] | None:
         """Wait out attempts with ``key`` in flight here; the (answer, CRC-32s) of the
         one that succeeded, or None when none is (left) in flight."""
         while (running := self._running.get(key)) is not None:
-            done = await asyncio.shield(running)
+            self.waiting += 1
+            try:
+                done = await asyncio.shield(running)
+            finally:
+                self.waiting -= 1
             if done is not None:
                 return done
         return None

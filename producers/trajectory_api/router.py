@@ -144,9 +144,11 @@ def group_event(
     )
 
 
-def build_router(host: IngressHost) -> APIRouter:
+def build_router(host: IngressHost, inflight: once.InFlight | None = None) -> APIRouter:
+    """The write endpoints over ``host``; ``inflight``: the table of keyed pushes being
+    made durable (one per app; a new one if not given)."""
     router = APIRouter()
-    inflight = once.InFlight()
+    inflight = inflight if inflight is not None else once.InFlight()
 
     async def push(request: Request, many: bool) -> Response | dict[str, Any]:
         key = request.headers.get(once.HEADER)

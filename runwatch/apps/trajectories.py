@@ -64,7 +64,7 @@ from events.log.base import Appended, LogBackend, Record
 from events.log.segments import write_atomically
 from producers.trajectory_api import AccessMiddleware, BodyBudget, RequestBodyMiddleware
 from producers.trajectory_api import build_router as build_ingress
-from producers.trajectory_api.once import DEFAULT_WINDOW_GROUPS
+from producers.trajectory_api.once import DEFAULT_WINDOW_GROUPS, InFlight
 from producers.trajectory_api.request_body import MAX_BODY_BYTES, MAX_INFLIGHT_BODY_BYTES
 from projections.trajectory_view import SpillPayloads, TrajectoryView
 from projections.trajectory_view.router import build_router as build_serving
@@ -670,9 +670,11 @@ def build_app(host: TrajectoryHost) -> FastAPI:
             allow_headers=["Authorization", "Content-Type", "Content-Encoding"],
             max_age=600,
         )
-    app.include_router(build_ingress(host))
+    inflight = InFlight()
+    app.include_router(build_ingress(host, inflight))
     app.include_router(build_serving(host))
     app.state.host = host
+    app.state.inflight = inflight
     return app
 
 

@@ -111,7 +111,11 @@ def test_a_retry_that_overtakes_its_first_attempt_waits_for_it(tmp_path: Path) -
         assert entered.wait(10)
         for t in threads[1:]:
             t.start()
-        time.sleep(0.3)  # the retries are waiting on the first attempt
+        inflight = c.app.state.inflight  # type: ignore[attr-defined]
+        deadline = time.monotonic() + 10
+        while inflight.waiting < 2:  # both retries wait on the first attempt
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
         gate.set()
         for t in threads:
             t.join(20)
