@@ -4,7 +4,9 @@ The fold (``stream_processors.batching``) keeps a run's queue; every API instanc
 every accepted group and every ``/batch`` request. This measures, at backlogs of
 ``--backlogs`` queued groups (8 sequences each; ``batch_size`` 64):
 
-- accept: the fold's time per ``ScoredDataGroupStored``;
+- accept: the fold's time per ``ScoredDataGroupStored``; ``accept_keyed``: the same with
+  an ``Idempotency-Key`` on every push of 25 groups (the fold checks and records each
+  group's identity; the key map then holds backlog / 25 keys);
 - request: its time per ``TrajectoryBatchRequested`` (a batch served), with no staleness
   limit and with ``max_off_policy_steps`` set (every group fresh);
 - anchor, measured in the same run: copying a tuple of that many queued groups, which is
@@ -47,10 +49,11 @@ def registered(max_off_policy_steps: int | None) -> TrajectoryTrainerRegistered:
     )  # fmt: skip
 
 
-def stored(i: int) -> ScoredDataGroupStored:
+def stored(i: int, keyed: bool = False) -> ScoredDataGroupStored:
+    key = {"idempotency_key": f"push-{i // 25}", "key_index": i % 25, "dedupe_window": 10**5}
     return ScoredDataGroupStored(
         **envelope(), group_id=f"g{i}", num_sequences=8, payload_partition=0,
-        payload_offset=i, payload_bytes=1, payload_crc=0,
+        payload_offset=i, payload_bytes=1, payload_crc=0, **(key if keyed else {}),
     )  # fmt: skip
 
 
@@ -68,6 +71,9 @@ def measure(backlog: int, limit: int | None, probe: int = 1000) -> dict[str, obj
     state, _ = fold.apply(fold.initial(), registered(limit))
     state, _ = per_event(fold, state, [stored(i) for i in range(backlog - probe)])
     state, accept_s = per_event(fold, state, [stored(backlog + i) for i in range(probe)])
+    keyed, _ = fold.apply(fold.initial(), registered(limit))
+    keyed, _ = per_event(fold, keyed, [stored(i, True) for i in range(backlog - probe)])
+    _, keyed_s = per_event(fold, keyed, [stored(backlog + i, True) for i in range(probe)])
     requests: list[EventBase] = [
         TrajectoryBatchRequested(**envelope(), request_id=f"r{i}") for i in range(100)
     ]
@@ -81,6 +87,7 @@ def measure(backlog: int, limit: int | None, probe: int = 1000) -> dict[str, obj
         "backlog": backlog,
         "max_off_policy_steps": limit,
         "accept_us": round(accept_s * 1e6, 2),
+        "accept_keyed_us": round(keyed_s * 1e6, 2),
         "anchor_tuple_copy_us": round(copy_s * 1e6, 2),
         "request_ms": round(request_s * 1e3, 3),
     }

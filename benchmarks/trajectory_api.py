@@ -206,16 +206,21 @@ def wait_up(url: str, proc: subprocess.Popen[bytes], timeout_s: float = 300.0) -
     raise RuntimeError(f"server at {url} did not come up")
 
 
-async def push(urls: list[str], bodies: list[bytes], concurrency: int) -> float:
-    """Push every body; request i goes to ``urls[i % len(urls)]`` (a round-robin balancer)."""
-    queue: asyncio.Queue[tuple[str, bytes]] = asyncio.Queue()
+async def push(
+    urls: list[str], bodies: list[bytes], concurrency: int, keyed: bool = False
+) -> float:
+    """Push every body; request i goes to ``urls[i % len(urls)]`` (a round-robin balancer);
+    with ``keyed``, each request carries an ``Idempotency-Key`` of its own."""
+    queue: asyncio.Queue[tuple[str, bytes, int]] = asyncio.Queue()
     for i, b in enumerate(bodies):
-        queue.put_nowait((urls[i % len(urls)], b))
-    headers = {"Content-Type": "application/json"}
+        queue.put_nowait((urls[i % len(urls)], b, i))
+    plain = {"Content-Type": "application/json"}
+    run = uuid.uuid4().hex[:8]
 
     async def worker(client: httpx.AsyncClient) -> None:
         while not queue.empty():
-            url, body = queue.get_nowait()
+            url, body, i = queue.get_nowait()
+            headers = {**plain, "Idempotency-Key": f"{run}-{i}"} if keyed else plain
             while True:
                 r = await client.post(url + "/scored_data_list", content=body, headers=headers)
                 if r.status_code == 503:
@@ -278,9 +283,11 @@ def run_servers(
     urls: list[str],
     args: argparse.Namespace,
     bodies: list[bytes],
+    keyed: bool = False,
 ) -> Result:
     """Start one process per command (instances of one buffer), push round-robin across
-    them, drain through the first; RSS is the largest instance's peak."""
+    them, drain through the first; RSS is the largest instance's peak. ``keyed``: every
+    push carries an ``Idempotency-Key``."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     # start from a settled machine: the previous server's files (log segments, payload
     # caches) are written back now, not by the kernel during this server's push
@@ -293,7 +300,7 @@ def run_servers(
             wait_up(url, proc)
         register(urls[0], args.batch_groups * args.seqs)
         cpu0 = sum(cpu_seconds(p.pid) for p in procs)
-        push_s = asyncio.run(push(urls, bodies, args.concurrency))
+        push_s = asyncio.run(push(urls, bodies, args.concurrency, keyed=keyed))
         cpu_s = sum(cpu_seconds(p.pid) for p in procs) - cpu0
         latencies, served, dups = drain(urls[0], args.groups, args.seqs)
         rss = max(peak_rss_mb(p.pid) for p in procs)
@@ -431,6 +438,11 @@ def main() -> int:
         help="measure every server this many times, in turn, and report each round and the "
         "medians (a shared machine's load moves between runs)",
     )
+    ap.add_argument(
+        "--keyed",
+        action="store_true",
+        help="also measure one runwatch instance with an Idempotency-Key on every push",
+    )
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
 
@@ -466,7 +478,8 @@ def main() -> int:
                 label = "atroposlib 0.4.0 (in-memory)"
                 results.append(run_servers(label, [cmd], [url], args, bodies))
             if args.only != "reference":
-                for n in sorted({1, args.instances}):
+                variants = [(n, False) for n in sorted({1, args.instances})]
+                for n, keyed in variants + ([(1, True)] if args.keyed else []):
                     run_id = f"bench-{uuid.uuid4().hex[:8]}"
                     cmds, urls = [], []
                     for i in range(n):
@@ -475,11 +488,12 @@ def main() -> int:
                             sys.executable, "-m", "runwatch.cli.main", "serve", "trajectories",
                             "--port", str(port), "--kafka", bootstrap, "--run-id", run_id,
                             "--instance", f"bench-{i}",
-                            "--state-dir", str(scratch / f"state-{r}-{n}-{i}"),
+                            "--state-dir", str(scratch / f"state-{r}-{n}-{i}{'-k' * keyed}"),
                         ])  # fmt: skip
                         urls.append(f"http://127.0.0.1:{port}")
                     label = "runwatch (Kafka, durable)" + (f" x{n} instances" if n > 1 else "")
-                    results.append(run_servers(label, cmds, urls, args, bodies))
+                    label += ", Idempotency-Key" if keyed else ""
+                    results.append(run_servers(label, cmds, urls, args, bodies, keyed))
             rounds.append(results)
             if args.rounds > 1 and not args.json:
                 print(f"-- round {r + 1}/{args.rounds} (load average {os.getloadavg()[0]:.2f})")

@@ -78,3 +78,13 @@ def _cancelled_v1_to_v2(raw: dict[str, Any]) -> dict[str, Any]:
     """v1 did not name the request it answered: ``request_id`` is set to "" when absent."""
     raw.setdefault("request_id", "")
     return raw
+
+
+@upcaster("ScoredDataGroupStored", 1)
+def _stored_v1_to_v2(raw: dict[str, Any]) -> dict[str, Any]:
+    """v1 carried no push identity: no key, no digest, nothing for the fold to remember."""
+    raw.setdefault("idempotency_key", None)
+    raw.setdefault("key_index", 0)
+    raw.setdefault("content_digest", None)
+    raw.setdefault("dedupe_window", 0)
+    return raw

@@ -27,6 +27,11 @@ from projections.views import Fleet, Points, RunView, flat_points
 
 Positions = dict[str, int]  # "topic:partition" -> next offset to read
 
+#: A series point SQLite gives back as NULL: SQLite stores a NaN REAL as NULL, and no
+#: other point is NULL (absent metrics are not written), so it is a NaN metric (a fact
+#: worth reporting: a NaN loss) and reads back as one, as it does from memory.
+_NAN = float("nan")
+
 
 @dataclass
 class Batch:
@@ -378,7 +383,7 @@ class SqliteReadModel(ReadModel):
         con = self._con()
         return {
             m: [
-                (s, v)
+                (s, _NAN if v is None else v)
                 for s, v in con.execute(
                     "SELECT step, value FROM series WHERE run_id = ? AND metric = ? AND step >= ?"
                     " ORDER BY step LIMIT ?",
@@ -394,7 +399,7 @@ class SqliteReadModel(ReadModel):
             "SELECT metric, step, value FROM series WHERE run_id = ? ORDER BY metric, step",
             (run_id,),
         ):
-            out.setdefault(m, []).append((s, v))
+            out.setdefault(m, []).append((s, _NAN if v is None else v))
         return out
 
     def all_views(self) -> list[RunView]:

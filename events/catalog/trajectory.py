@@ -13,8 +13,9 @@ Two topics:
   (acks=all) before the small ``ScoredDataGroupStored`` that points at them, so the
   ordered partition, which every instance folds, carries only metadata.
 - ``runwatch.batches`` holds what the batching fold *derived*: batches served, requests
-  that found no batch, groups rejected (can never fit, stale), batches requeued after a
-  crash. Detectors and dashboards read rollout quality from here.
+  that found no batch, groups rejected (can never fit, stale), groups not queued because
+  they were accepted before (a retried push), batches requeued after a crash. Detectors
+  and dashboards read rollout quality from here.
 
 ``request_id`` ties a request (``TrajectoryBatchRequested``, ``TrajectoryEnvRegistered``)
 to its answer. Envelope ``step`` of a scored group is the trainer step the accepting
@@ -55,10 +56,25 @@ class ScoredDataGroupStored(EventBase):
     partition ``payload_partition`` of ``runwatch.trajectory-payloads``, appended
     (acks=all) before this event. ``payload_bytes`` and ``payload_crc`` (zlib CRC-32)
     let a reader check what it fetched. Successor of :class:`ScoredDataGroupAccepted`
-    (inline payload), which folds the same way and is still read."""
+    (inline payload), which folds the same way and is still read.
 
+    v2 adds what makes a retried push exactly once (the batching fold queues a group only
+    the first time its identity comes within the window; later ones it reports as
+    :class:`TrajectoryGroupDeduplicated`):
+
+    - ``idempotency_key``: the push's ``Idempotency-Key`` header (None: none sent) and
+      ``key_index``, the group's place in that push's body: (key, index) is the group's
+      identity, so a retry of a push that reached the log only in part stores the rest;
+    - ``content_digest``: BLAKE2b-128 (hex) of the payload, set only by a server run with
+      ``--dedupe-content``: a byte-identical group is the same group;
+    - ``dedupe_window``: how many further accepted groups the fold remembers this
+      group's key and digest (the accepting server's setting, carried so that every
+      folder of the partition forgets at the same place)."""
+
+    SCHEMA_VERSION: ClassVar[int] = 2
     TOPIC: ClassVar[str] = TRAJECTORIES_TOPIC
     type: Literal["ScoredDataGroupStored"] = "ScoredDataGroupStored"
+    schema_version: int = 2
     group_id: str
     env_id: int | None = None
     num_sequences: int
@@ -67,6 +83,10 @@ class ScoredDataGroupStored(EventBase):
     payload_offset: int
     payload_bytes: int
     payload_crc: int
+    idempotency_key: str | None = None
+    key_index: int = 0
+    content_digest: str | None = None
+    dedupe_window: int = 0
 
 
 class TrajectoryTrainerRegistered(EventBase):
@@ -193,6 +213,24 @@ class TrajectoryGroupRejected(EventBase):
     num_sequences: int
     reason: RejectReason
     detail: str = ""
+
+
+class TrajectoryGroupDeduplicated(EventBase):
+    """A scored group the batching fold did not queue because the same group was
+    accepted within the window: the same ``Idempotency-Key`` and index (``by`` =
+    ``"idempotency_key"``: a retried push), or, with content dedupe on, the same bytes
+    (``"content"``). It is never served; the key and index, or the digest, say which
+    earlier group it repeats."""
+
+    TOPIC: ClassVar[str] = BATCHES_TOPIC
+    type: Literal["TrajectoryGroupDeduplicated"] = "TrajectoryGroupDeduplicated"
+    group_id: str
+    env_id: int | None = None
+    num_sequences: int
+    by: Literal["idempotency_key", "content"]
+    idempotency_key: str | None = None
+    key_index: int = 0
+    content_digest: str | None = None
 
 
 class TrajectoryGroupBuffered(EventBase):

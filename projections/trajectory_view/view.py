@@ -4,8 +4,8 @@
 Inputs, in log order: everything on ``runwatch.trajectories`` for the run (registrations,
 accepted groups, batch requests, deliveries, resets) interleaved with what the batching
 processor derived from each of them (``runwatch.batches``: served, unavailable,
-rejected, requeued). The host feeds an input event and then its derived events, so the
-view always reflects the batching decisions up to that input.
+rejected, deduplicated, requeued). The host feeds an input event and then its derived
+events, so the view always reflects the batching decisions up to that input.
 
 The view never decides anything: queue membership, steps and batches come from the
 processor's derived events; env ids are ordinals of registrations since the last reset,
@@ -36,6 +36,7 @@ from events.catalog.trajectory import (
     TrajectoryEnvDisconnected,
     TrajectoryEnvRegistered,
     TrajectoryGroupBuffered,
+    TrajectoryGroupDeduplicated,
     TrajectoryGroupRejected,
     TrajectoryGroupsAdmitted,
     TrajectoryTrainerRegistered,
@@ -130,7 +131,7 @@ class TrajectoryView:
                 meta = self.buffered.pop(gid, None)
                 if meta is not None:
                     self._enqueue(gid, *meta)
-        elif isinstance(ev, TrajectoryGroupRejected):
+        elif isinstance(ev, (TrajectoryGroupRejected, TrajectoryGroupDeduplicated)):
             self._dequeue(ev.group_id)
             self.locations.pop(ev.group_id, None)
             self.payloads.drop((ev.group_id,))

@@ -66,6 +66,7 @@ from events.log.base import Appended, LogBackend, Record
 from events.log.segments import write_atomically
 from producers.trajectory_api import AccessMiddleware, BodyBudget, RequestBodyMiddleware
 from producers.trajectory_api import build_router as build_ingress
+from producers.trajectory_api.once import DEFAULT_WINDOW_GROUPS, InFlight
 from producers.trajectory_api.request_body import MAX_BODY_BYTES, MAX_INFLIGHT_BODY_BYTES
 from projections.trajectory_view import SpillPayloads, TrajectoryView
 from projections.trajectory_view.router import build_router as build_serving
@@ -73,6 +74,12 @@ from projections.trajectory_view.store import CorruptPayload
 from projections.trajectory_view.view import Location
 from runwatch.apps.http_errors import install as install_422
 from stream_processors.batching import BatchingFold
+from stream_processors.batching.push_keys import (
+    PushRecord,
+    content_slot,
+    idempotency_slot,
+    live,
+)
 
 log = logging.getLogger(__name__)
 
@@ -105,6 +112,12 @@ class TrajectorySettings:
     snapshot_every_records: int = 2000
     snapshot_every_s: float = 5.0
     dedupe_window: int = 200_000
+    #: Accepted groups after which a push's ``Idempotency-Key`` (and, with
+    #: ``dedupe_content``, its groups' digests) is forgotten: a retry later than that is
+    #: stored again. Stamped on each keyed group, so every instance forgets alike.
+    idempotency_window: int = DEFAULT_WINDOW_GROUPS
+    #: Store byte-identical groups once within the window (off: see docs/trajectory-api.md).
+    dedupe_content: bool = False
 
 
 #: Payloads of other instances' groups read ahead of ``/batch`` (at most this many held).
@@ -123,6 +136,8 @@ class TrajectoryHost:
         self.max_off_policy_steps = settings.max_off_policy_steps
         self.max_queue_groups = settings.max_queue_groups
         self.vocab_size = settings.vocab_size
+        self.dedupe_window = settings.idempotency_window
+        self.dedupe_content = settings.dedupe_content
         self.body_budget = BodyBudget(settings.max_inflight_body_bytes)
         self.batch_timeout_s = settings.batch_timeout_s
         self.gzip_level = settings.gzip_level
@@ -190,6 +205,13 @@ class TrajectoryHost:
         if env_id is None or not 0 <= env_id < len(self.view.envs):
             return None
         return int(self.view.envs[env_id]["group_size"])
+
+    def pushed(self, key: str) -> PushRecord | None:
+        """What the fold kept of an ``Idempotency-Key`` (as folded so far)."""
+        return live(self.state.keys, idempotency_slot(key), self.state.arrivals)
+
+    def content_pushed(self, digest: str) -> bool:
+        return live(self.state.keys, content_slot(digest), self.state.arrivals) is not None
 
     def backlog_groups(self) -> int:
         """Queued groups as folded, plus this instance's appended-but-not-folded ones."""
@@ -656,9 +678,11 @@ def build_app(host: TrajectoryHost) -> FastAPI:
             allow_headers=["Authorization", "Content-Type", "Content-Encoding"],
             max_age=600,
         )
-    app.include_router(build_ingress(host))
+    inflight = InFlight()
+    app.include_router(build_ingress(host, inflight))
     app.include_router(build_serving(host))
     app.state.host = host
+    app.state.inflight = inflight
     return install_422(app)
 
 

@@ -6,7 +6,10 @@
   line each; not with ``--json``). State and positions live in
   ``DIR/_groups/<fold>.state.json``.
 - ``--kafka BOOTSTRAP``: the faust-streaming app (one agent per fold, tables keyed by
-  run id) as a worker on that broker, until interrupted.
+  run id) as a worker on that broker, until interrupted; a static member of its consumer
+  group with a 10 s session (``--instance-id``, ``--session-timeout``;
+  :mod:`runwatch.hosting.membership`), so a worker killed and restarted takes its
+  partitions back in seconds.
 """
 
 from __future__ import annotations
@@ -43,6 +46,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="no run controller: alerts inform, nothing pauses",
     )
     parser.add_argument("--app-id", default="runwatch-processors", help="faust app id")
+    parser.add_argument(
+        "--instance-id",
+        metavar="NAME",
+        help="faust: static group membership under this id, unique among the app's live "
+        "workers and kept across restarts, so a restarted worker takes its partitions back "
+        "at once (default: <host>-<n>, the first slot free on this host; '' for a dynamic "
+        "member)",
+    )
+    parser.add_argument(
+        "--session-timeout",
+        type=float,
+        metavar="S",
+        help="faust: seconds without a heartbeat before the group drops a worker (default 10)",
+    )
     parser.add_argument("--json", action="store_true", help="print the summary as JSON")
 
 
@@ -58,7 +75,13 @@ def run(args: argparse.Namespace, term: Terminal) -> int:
         from runwatch.hosting.faust_host import run_worker
 
         term.progress(f"faust worker {args.app_id} on {args.kafka}: {[f.name for f in folds]}")
-        run_worker(folds, args.kafka, app_id=args.app_id)
+        run_worker(
+            folds,
+            args.kafka,
+            app_id=args.app_id,
+            instance_id=args.instance_id,
+            session_timeout_s=args.session_timeout,
+        )
         return 0
     from events.log.embedded import EmbeddedLog
     from runwatch.hosting.embedded import EmbeddedHost

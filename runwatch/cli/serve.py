@@ -101,6 +101,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="the model's vocabulary size: pushed token ids must be below it (default: "
         "only negative ids are refused)",
     )
+    t.add_argument(
+        "--idempotency-window",
+        type=int,
+        default=100_000,
+        metavar="GROUPS",
+        help="a push's Idempotency-Key (and, with --dedupe-content, its digests) is "
+        "remembered until this many more groups were accepted; a retry within it is "
+        "answered with the first push's answer and stores nothing (default 100000)",
+    )
+    t.add_argument(
+        "--dedupe-content",
+        action="store_true",
+        help="store a group byte-identical to one accepted within the window once, and "
+        "answer the repeat as a duplicate (for clients that send no Idempotency-Key; off "
+        "by default: it also drops real repeats, see docs/trajectory-api.md)",
+    )
 
 
 #: Environment variable holding the trajectory API's token (when --token-file is not given).
@@ -157,6 +173,8 @@ def _trajectories(args: argparse.Namespace, term: Terminal) -> int:
         raise Abort("--max-inflight-body-bytes must be at least --max-body-bytes")
     if args.vocab_size is not None and args.vocab_size < 1:
         raise Abort("--vocab-size must be at least 1")
+    if args.idempotency_window < 1:
+        raise Abort("--idempotency-window must be at least 1")
     token = _trajectory_token(args)
     instance = args.instance or f"{args.host}:{args.port}"
     state_dir = args.state_dir
@@ -177,6 +195,8 @@ def _trajectories(args: argparse.Namespace, term: Terminal) -> int:
         state_dir=None if state_dir == "none" else state_dir,
         gzip_level=args.gzip_level,
         snapshot_every_s=args.snapshot_every_s,
+        idempotency_window=args.idempotency_window,
+        dedupe_content=args.dedupe_content,
     )
     backend = open_backend(kafka, args.log)
     where = f"Kafka at {kafka}" if kafka else f"embedded log {settings.log_dir(args.log)}"

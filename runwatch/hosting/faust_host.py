@@ -17,7 +17,9 @@ already delivered; the slot then holds the record's event id and it derives noth
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 from events.codec import decode, encode
@@ -104,15 +106,33 @@ def fold_agent(app: Any, fold: Fold[Any], source: Any, table: Any, sinks: Mappin
     return agent
 
 
-def run_worker(folds: list[Fold[Any]], bootstrap: str, app_id: str) -> None:
-    """Run the processors as a faust worker until SIGINT/SIGTERM (blocks)."""
+def run_worker(
+    folds: list[Fold[Any]],
+    bootstrap: str,
+    app_id: str,
+    instance_id: str | None = None,
+    session_timeout_s: float | None = None,
+) -> None:
+    """Run the processors as a faust worker until SIGINT/SIGTERM (blocks).
+
+    Group membership (:mod:`runwatch.hosting.membership`): static, under
+    ``instance_id`` (None: ``<host>-<slot>``, see :func:`membership.instance_id`; "":
+    a dynamic member), with a ``session_timeout_s`` session (None: 10 s)."""
     import faust
 
-    from runwatch.hosting.faust_topology import build_topology
+    from runwatch.hosting import membership
+    from runwatch.hosting.faust_topology import _datadir, build_topology
 
+    if instance_id is None:
+        instance_id = membership.instance_id(app_id, Path(_datadir(app_id)).parent / "slots")
+    group = membership.group_settings(
+        instance_id, session_timeout_s or membership.SESSION_TIMEOUT_S
+    )
     ensure_topics(folds, bootstrap, app_id)
-    topo = build_topology(folds, bootstrap, app_id)
-    worker = faust.Worker(topo.app, loglevel="WARNING", quiet=True)
+    topo = build_topology(folds, bootstrap, app_id, **group)
+    # $RUNWATCH_FAUST_LOGLEVEL=INFO shows faust's rebalances, seeks and recoveries
+    loglevel = os.environ.get("RUNWATCH_FAUST_LOGLEVEL", "WARNING")
+    worker = faust.Worker(topo.app, loglevel=loglevel, quiet=True)
     worker.execute_from_commandline()
 
 

@@ -14,7 +14,14 @@ group accepted under step ``s`` is dropped as stale once ``step - s`` exceeds it
 ``max_off_policy_steps`` (or the registration's default). A group's ``s`` is the step
 the accepting instance reported, capped by the fold's own step at arrival.
 
-Exactly once: a batch is decided here, at the request's place in the order, so every
+Exactly once in: a group whose push identity the fold has seen within its window (the
+same ``Idempotency-Key`` and index: a retried push; or, from a server deduping by
+content, the same payload digest) is not queued but reported
+(``TrajectoryGroupDeduplicated``). The identities live in the state
+(:mod:`stream_processors.batching.push_keys`), so a restarted or a second instance
+knows them; the window is counted in accepted groups, as each event states it.
+
+Exactly once out: a batch is decided here, at the request's place in the order, so every
 folder of the partition (every API instance, a replay) decides the same. It stays
 *reserved* until its instance commits ``TrajectoryBatchDelivered``. It is requeued, at
 its groups' original arrival positions, when the instance releases it
@@ -44,12 +51,14 @@ from events.catalog.trajectory import (
     TrajectoryEnvDisconnected,
     TrajectoryEnvRegistered,
     TrajectoryGroupBuffered,
+    TrajectoryGroupDeduplicated,
     TrajectoryGroupRejected,
     TrajectoryGroupsAdmitted,
     TrajectoryTrainerRegistered,
 )
 from events.envelope import EventBase, derive_envelope
 from stream_processors.batching.backlog import EMPTY, Backlog
+from stream_processors.batching.push_keys import EMPTY_KEYS, PushKeys, note_buffered, screen
 from stream_processors.batching.selection import Queued, select_batch, subset_sum, unbatchable
 
 
@@ -77,6 +86,7 @@ class BatchingState(NamedTuple):
     arrivals: int = 0
     reserved: tuple[Reservation, ...] = ()
     buffered: tuple[Queued, ...] = ()  # size-mismatched groups, all envs, arrival order
+    keys: PushKeys = EMPTY_KEYS  # push identities within their window (kept over resets)
 
 
 Derived = list[EventBase]
@@ -133,12 +143,45 @@ class BatchingFold:
                 e._replace(connected=False) if e.env_id == event.env_id else e for e in state.envs
             )
             return state._replace(envs=envs), []
-        if isinstance(event, TrajectoryDataReset):
-            return BatchingState(arrivals=state.arrivals), []
+        if isinstance(event, TrajectoryDataReset):  # (a push stays once: keys are kept)
+            return BatchingState(arrivals=state.arrivals, keys=state.keys), []
         return state, []
 
     # -- groups in ------------------------------------------------------------------------
     def _accept(
+        self, state: BatchingState, ev: ScoredDataGroupStored | ScoredDataGroupAccepted
+    ) -> tuple[BatchingState, Derived]:
+        if type(ev) is ScoredDataGroupStored and (ev.idempotency_key or ev.content_digest):
+            return self._accept_identified(state, ev)
+        return self._queue(state, ev)
+
+    def _accept_identified(
+        self, state: BatchingState, ev: ScoredDataGroupStored
+    ) -> tuple[BatchingState, Derived]:
+        """A group with a push identity: reported if that identity was seen within the
+        window, else recorded and queued (and its push's record told if it buffered)."""
+        keys, by = screen(state.keys, state.arrivals, ev)
+        if by is not None:
+            return state._replace(keys=keys), [
+                TrajectoryGroupDeduplicated(
+                    **{**derive_envelope(ev, self.name, "duplicate"), "step": state.step},
+                    group_id=ev.group_id,
+                    env_id=ev.env_id,
+                    num_sequences=ev.num_sequences,
+                    by=by,
+                    idempotency_key=ev.idempotency_key,
+                    key_index=ev.key_index,
+                    content_digest=ev.content_digest,
+                )
+            ]
+        state, derived = self._queue(state._replace(keys=keys), ev)
+        buffered = next((d for d in derived if type(d) is TrajectoryGroupBuffered), None)
+        if buffered is not None and ev.idempotency_key:
+            keys = note_buffered(state.keys, ev.idempotency_key, buffered.buffer_sequences)
+            state = state._replace(keys=keys)
+        return state, derived
+
+    def _queue(
         self, state: BatchingState, ev: ScoredDataGroupStored | ScoredDataGroupAccepted
     ) -> tuple[BatchingState, Derived]:
         step = state.step if ev.step is None else min(ev.step, state.step)
@@ -295,7 +338,7 @@ class BatchingFold:
 
     # -- persistence ----------------------------------------------------------------------
     def dump_state(self, state: BatchingState) -> bytes:
-        flat = state._replace(queue=tuple(state.queue))
+        flat = state._replace(queue=tuple(state.queue), keys=state.keys.dump())
         return json.dumps(flat, separators=(",", ":")).encode()
 
     def load_state(self, raw: bytes) -> BatchingState:
@@ -310,6 +353,7 @@ class BatchingFold:
             d[6],
             tuple(Reservation(r[0], r[1], tuple(Queued(*g) for g in r[2])) for r in d[7]),
             tuple(Queued(*g) for g in d[8]),
+            PushKeys.load(d[9]) if len(d) > 9 else EMPTY_KEYS,  # (older snapshots: none)
         )
 
 
