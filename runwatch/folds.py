@@ -21,11 +21,15 @@ def processor_folds(
     then only inform). A bad policy file is a ``ValueError``. The controller comes last:
     it reads the alerts the detectors derive in the same pass.
     """
+    from projections.policy import Prices
     from stream_processors.detectors import RunHealthFold, load_catalog
     from stream_processors.profiling import ProfilingFold
 
+    # the dead-run alert's money: the accounting price list, so the alert and the bill agree
+    prices = Prices.load()
+    detectors = load_catalog(catalog).with_prices(prices.usd_per_gpu_second, prices.version)
     # profiling first: its per-step RolloutBatchCompleted feed the detectors' drift input
-    folds: list[Fold[Any]] = [ProfilingFold(), RunHealthFold(load_catalog(catalog))]
+    folds: list[Fold[Any]] = [ProfilingFold(), RunHealthFold(detectors)]
     if control:
         from stream_processors.control import ControlPolicy, RunControllerFold
 
