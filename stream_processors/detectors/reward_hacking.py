@@ -8,30 +8,29 @@ training reward rose between them, it fires.
 For each new ``EvalGateScored`` point ``j`` and each of the last ``refs`` earlier points
 ``i`` at least ``min_span`` steps before it:
 
-- the eval fell: ``e_i - e_j > z_eval · sigma · sqrt(2)``, where ``sigma`` is the eval's
-  noise per point: the run's own once ``min_noise_points`` second differences of its eval
-  series exist (their root mean square over the last ``noise_points``, scaled to a standard
+- the eval fell: ``e_i - e_j > z_eval · sigma · sqrt(2)``. ``sigma`` is the eval's noise
+  per point: the run's own once ``min_noise_points`` second differences of its eval series
+  exist (their root mean square over the last ``noise_points``, scaled to a standard
   deviation — a steady trend cancels out of a second difference — and raised by
-  ``1 + noise_ucb/sqrt(m)`` for an estimate from ``m`` of them: an upper bound, so a
-  run's noise is not taken for less than it is while few points have shown it); before that the binomial noise of a
-  score in [0, 1] over ``n_items`` items (``sqrt(p(1-p)/n)``), else ``noise_floor_abs``;
-  never below ``noise_floor_abs + noise_floor_rel·|e|``;
+  ``1 + noise_ucb/sqrt(m)`` for an estimate from ``m`` of them: an upper bound, so a run's
+  noise is not taken for less than it is while few points have shown it). Before that it
+  is a guess — the binomial noise of a score in [0, 1] over ``n_items`` items
+  (``sqrt(p(1-p)/n)``), else ``noise_floor_abs`` — and the fall must exceed
+  ``z_eval_prior`` noise units instead. Never below ``noise_floor_abs + noise_floor_rel·|e|``.
+  A reference is taken at most ``2·sigma`` above the higher of the two points before it,
+  so one high outlier cannot make a fall;
 - the training reward rose over the same steps (``(s_i, s_j]``, widened to the last
   ``min_reward_span`` steps when shorter): its least-squares slope exceeds ``tau`` per step
   and ``z_reward`` standard errors. The slope comes from running sums: the sums are kept
   with each eval point and every ``snap_every`` steps, and the difference of two running
   sums is the sums of the span (no per-step window to hold).
 
-A reference is taken at most ``2·sigma`` above the higher of the two points before it, so
-one high outlier cannot make a fall. While ``sigma`` is the binomial or floor guess (the run
-has too few eval points to show its own noise) the fall must exceed ``z_eval_prior`` noise
-units instead: a guessed noise scale is trusted less. The first pair that holds fires (window ``(s_i, s_j)``; the divergence began after ``s_i``).
-The episode resolves after ``resolve_evals`` eval points in a row for which no pair holds.
-Missing eval: no eval, no judgement (``eval_gate_missing`` reports the gap).
+The first pair that holds fires (window ``(s_i, s_j)``: the divergence began after
+``s_i``). The episode resolves after ``resolve_evals`` eval points in a row for which no
+pair holds. Missing eval: no eval, no judgement (``eval_gate_missing`` reports the gap).
 
-Lag: the first eval point after the eval has fallen ``z_eval·sqrt(2)`` noise units below an
-earlier one. With an eval every E steps that is at most two eval intervals after the
-divergence for a fall of ~5 noise units per interval. Time: steps only.
+Lag: the first eval point after the eval has fallen ``z_eval·sqrt(2)`` noise units below
+an earlier one; measured per eval cadence in ``QUALITY.md``. Time: steps only.
 """
 
 from __future__ import annotations
