@@ -5,8 +5,10 @@ when evals are sparse). Here every new eval point is judged at once against the 
 points before it: as soon as two eval points disagree beyond their noise while the
 training reward rose between them, it fires.
 
-For each new ``EvalGateScored`` point ``j`` and each of the last ``refs`` earlier points
-``i`` at least ``min_span`` steps before it:
+For each new ``EvalGateScored`` point ``j`` and each of the last ``refs`` reference points
+``i`` at least ``min_span`` steps before it (eval points are kept as references, and
+their second differences as noise samples, at least ``min_span`` steps apart, so an eval
+at every step is thinned rather than compared with its neighbour):
 
 - the eval fell: ``e_i - e_j > z_eval · sigma · sqrt(2)``. ``sigma`` is the eval's noise
   per point: the run's own once ``min_noise_points`` second differences of its eval series
@@ -26,8 +28,10 @@ For each new ``EvalGateScored`` point ``j`` and each of the last ``refs`` earlie
   sums is the sums of the span (no per-step window to hold).
 
 The first pair that holds fires (window ``(s_i, s_j)``: the divergence began after
-``s_i``). The episode resolves after ``resolve_evals`` eval points in a row for which no
-pair holds. Missing eval: no eval, no judgement (``eval_gate_missing`` reports the gap).
+``s_i``). The episode resolves after ``resolve_evals`` eval points in a row back within
+the noise of the eval it fell from (the damage undone, not merely a pause in the fall; a
+rollback resolves it too). Missing eval: no eval, no judgement (``eval_gate_missing``
+reports the gap).
 
 Lag: the first eval point after the eval has fallen ``z_eval·sqrt(2)`` noise units below
 an earlier one; measured per eval cadence in ``QUALITY.md``. Time: steps only.
@@ -89,6 +93,8 @@ class HackingState(NamedTuple):
     n_items: int = 0
     episode: str | None = None
     calm: int = 0
+    #: the open episode's reference eval (where the eval fell from)
+    fell_from: float = 0.0
 
 
 def _sub(a: Sums, b: Sums) -> Sums:
@@ -170,24 +176,30 @@ class RewardHacking:
             if slope > p.tau and t > p.z_reward:
                 found = (s_i, e_i, slope, t, span.n)
                 break
-        d2 = st.d2
-        if len(st.points) >= 2:
-            d2 = (*d2, abs(e - 2 * st.points[-1][1] + st.points[-2][1]))[-p.noise_points :]
-        points = (*st.points, (step, e, st.cum))[-(p.refs + 1) :]
+        d2, points = st.d2, st.points
+        if not points or step - points[-1][0] >= p.min_span:  # references: min_span apart
+            if len(points) >= 2:
+                d2 = (*d2, abs(e - 2 * points[-1][1] + points[-2][1]))[-p.noise_points :]
+            points = (*points, (step, e, st.cum))[-(p.refs + 1) :]
         st = st._replace(points=points, d2=d2, n_items=n_items)
         out: list[AlertEvent] = []
         if found is not None:
             if st.episode is None:
                 alert = self._fire(ev, cfg, step, e, sigma, found)
                 out.append(alert)
-                return st._replace(episode=alert.alert_id, calm=0), out
+                return st._replace(episode=alert.alert_id, calm=0, fell_from=found[1]), out
             return st._replace(calm=0), NO_ALERTS
         if st.episode is None:
             return st, NO_ALERTS
-        calm = st.calm + 1
+        # open episode: calm once the eval is back within its noise of where it fell from
+        below = st.fell_from - e > z * sigma * math.sqrt(2.0)
+        calm = 0 if below else st.calm + 1
         if calm < p.resolve_evals:
             return st._replace(calm=calm), NO_ALERTS
-        why = f"the eval no longer falls while the reward rises ({calm} eval points, now {e:.4g})"
+        why = (
+            f"the held-out eval is back to {e:.4g} (it fell from {st.fell_from:.4g}) for "
+            f"{calm} eval points"
+        )
         out.append(resolve(ev, cfg, st.episode, why))
         return st._replace(episode=None, calm=0), out
 
