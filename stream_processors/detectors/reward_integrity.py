@@ -133,7 +133,8 @@ class RewardIntegrity:
             if n < p.resolve_batches:
                 return st._replace(clean=n), NO_ALERTS
             why = f"the tenant's scores passed the integrity checks for {n} batches"
-            return st._replace(episode=None, clean=0), (resolve(ev, cfg, st.episode, why),)
+            # the evidence that fired is settled: a new episode needs new evidence
+            return IntegrityState(), (resolve(ev, cfg, st.episode, why),)
         found = self._evidence(st, p, ev)
         if found is None:
             return st, NO_ALERTS

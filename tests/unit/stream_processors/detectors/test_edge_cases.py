@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 from events.codec import encode
-from stream_processors.detectors import Catalog, RunHealthFold
+from stream_processors.detectors import RunHealthFold
 from tests.unit.stream_processors.detectors._builders import (
     Run,
     detector_state,
@@ -66,8 +66,7 @@ def test_gaps_in_steps_use_real_step_numbers() -> None:
 def test_missing_eval_blinds_hacking_and_is_reported() -> None:
     run = Run()
     events = [run.step(s, reward_mean=0.2 + 0.004 * s) for s in range(300)]
-    fold = RunHealthFold()
-    state, derived = fold_all(events, fold)
+    _, derived = fold_all(events)
     assert not fired(derived, "reward_hacking")
     gap = fired(derived, "eval_gate_missing")
     assert len(gap) == 1 and gap[0].step == 200 and gap[0].routing == "advisory"
