@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from events import AlertFired, CanaryProbeScored, PauseRequested
+from events import AlertFired, CanaryProbeScored
 from events.log.embedded import EmbeddedLog
 from projections.run_state import RunStateFold
 from tests.integration.sandbox_support import require_sandbox, write_reward
@@ -76,8 +76,6 @@ def test_inflated_canaries_page_reward_integrity_booked_to_the_tenant(tmp_path: 
     (alert,) = integrity
     assert alert.routing == "page" and 4 <= alert.step <= 8  # two inflated probe groups
     assert dict(alert.observed)["booked_to"] == "tenant_reward" and "canary" in alert.reason
-    # a page: the controller asked the run to pause (it had finished by then)
-    assert any(isinstance(e, PauseRequested) and e.alert_id == alert.alert_id for e in events)
     # the customer-facing state: the completed run is booked to the tenant's reward
     fold = RunStateFold()
     states: dict[str, object] = {}
