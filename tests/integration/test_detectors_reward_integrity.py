@@ -16,7 +16,7 @@ import yaml
 
 from events import AlertFired, CanaryProbeScored
 from events.log.embedded import EmbeddedLog
-from projections.run_state import RunStateFold
+from projections.replay import rebuild_from_log
 from tests.integration.sandbox_support import require_sandbox, write_reward
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
@@ -76,13 +76,12 @@ def test_inflated_canaries_page_reward_integrity_booked_to_the_tenant(tmp_path: 
     (alert,) = integrity
     assert alert.routing == "page" and 4 <= alert.step <= 8  # two inflated probe groups
     assert dict(alert.observed)["booked_to"] == "tenant_reward" and "canary" in alert.reason
-    # the customer-facing state: the completed run is booked to the tenant's reward
-    fold = RunStateFold()
-    states: dict[str, object] = {}
-    for ev in elog.iter_events(list(fold.inputs)):
-        if ev.run_id in ("inflating", "honest"):
-            states[ev.run_id], _ = fold.apply(states.get(ev.run_id) or fold.initial(), ev)
-    inflating, honest = states["inflating"].machine, states["honest"].machine  # type: ignore[attr-defined]
+    # the customer-facing state, as the projections rebuild it from the log (the terminal
+    # barrier applies the alert, earlier in event time, before the run's completion): the
+    # completed run is booked to the tenant's reward
+    store = rebuild_from_log(elog).store
+    inflating, honest = store.get_run("inflating"), store.get_run("honest")
+    assert inflating is not None and honest is not None
     assert (inflating.state, inflating.failure_class) == ("FAILED", "tenant_code_fault")
     assert "integrity check" in inflating.reason
     assert honest.state == "SUCCEEDED"
