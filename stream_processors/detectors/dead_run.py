@@ -154,6 +154,9 @@ class DeadRun:
             return st._replace(gpu_s=st.gpu_s + gpu, usd=usd, usage_seen=True), NO_ALERTS
         step: int = ev.step  # type: ignore[assignment]  (the composite drops step-less)
         r, k = ev.reward_mean, ev.kl_to_ref  # type: ignore[attr-defined]
+        quiet = self._quiet(ev, p, st, step, r, k)
+        if quiet is not None:
+            return quiet, NO_ALERTS
         out: list[AlertEvent] = []
         st = self._fast(ev, cfg, st, step, r, out)
         w = step // p.window
@@ -168,6 +171,46 @@ class DeadRun:
         if step % p.window == p.window - 1:
             st = self._close(ev, cfg, st, out)._replace(win=w + 1, reward=EMPTY_SUMS, kl=EMPTY_SUMS)
         return st, out
+
+    @staticmethod
+    def _quiet(
+        ev: EventBase, p: Params, st: DeadRunState, step: int, r: float | None, k: float | None
+    ) -> DeadRunState | None:
+        """The common step (hot path): nothing to fire, resolve or close; one new record.
+        ``None`` when the step needs the full treatment (:meth:`_fast`, :meth:`_close`)."""
+        if step // p.window != st.win or step % p.window == p.window - 1:
+            return None
+        frac = zero_std_fraction(ev, p.eps)
+        zero_run, zero_start = st.zero_run, st.zero_start
+        if frac is not None and frac >= p.zero_std_frac:
+            zero_run, zero_start = zero_run + 1, zero_start if zero_run else step
+        else:
+            zero_run = 0
+        const_run, const_start, last = st.const_run, st.const_start, st.last_reward
+        reward, kl = st.reward, st.kl
+        if r is not None and isfinite(r):
+            if last is not None and abs(r - last) <= p.eps * max(1.0, abs(r)):
+                const_run += 1
+            else:
+                const_run, const_start = 1, step
+            last = r
+            reward = reward.add(step, r)
+        dead = zero_run > 0 or const_run > 1
+        if st.episode is None:
+            if zero_run >= p.zero_std_steps or const_run >= p.constant_steps:
+                return None
+        elif st.fast and (not dead or st.spread_again):
+            return None  # an open fast episode sees the spread return (or stay)
+        if k is not None and isfinite(k):
+            kl = kl.add(step, k)
+        gpu0, usd0 = st.gpu_s_at_zero, st.usd_at_zero
+        if dead and not (st.zero_run > 0 or st.const_run > 1):
+            gpu0, usd0 = st.gpu_s, st.usd
+        return record(DeadRunState, (
+            st.win, reward, kl, st.flat, st.streak_start, st.gpu_s, st.usd, st.usage_seen,
+            st.gpu_s_at_streak, st.usd_at_streak, st.episode, zero_run, zero_start, const_run,
+            const_start, last, gpu0, usd0, st.fast, st.spread_again,
+        ))  # fmt: skip
 
     def _fast(
         self,

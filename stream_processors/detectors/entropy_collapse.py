@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from math import isfinite
+from math import isfinite, log
 from typing import ClassVar, NamedTuple
 
 from events.envelope import EventBase
@@ -84,11 +84,7 @@ class EntropyCollapse:
             return st, NO_ALERTS
         p = cfg.params
         step: int = ev.step  # type: ignore[assignment]  (the composite drops step-less)
-        f = sequential.update(
-            st.f, step, math.log(x if x > p.floor else p.floor), direction=-1.0,
-            alpha=p.alpha, beta=p.beta, k=p.k, clip=p.clip, warmup=p.warmup,
-            sigma_floor=p.sigma_floor, scale_gain=p.scale_gain,
-        )  # fmt: skip
+        f = sequential.update(st.f, step, log(x if x > p.floor else p.floor), -1.0, p)
         episode, calm = st.episode, st.calm
         if episode is None:
             if f.s <= sequential.threshold(p.k, p.fa_per_run, p.horizon_steps):

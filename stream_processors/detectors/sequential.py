@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import math
 from functools import lru_cache
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
 from stream_processors.detectors.base import EMPTY_SUMS, Sums, record, state_type
 
@@ -86,26 +86,27 @@ class Forecast(NamedTuple):
 FRESH = Forecast()
 
 
-def update(
-    f: Forecast,
-    step: int,
-    y: float,
-    *,
-    direction: float,
-    alpha: float,
-    beta: float,
-    k: float,
-    clip: float,
-    warmup: int,
-    sigma_floor: float,
-    scale_gain: float,
-) -> Forecast:
+class ForecastParams(Protocol):
+    """What :func:`update` reads from a detector's ``Params``."""
+
+    alpha: float
+    beta: float
+    k: float
+    clip: float
+    warmup: int
+    sigma_floor: float
+    scale_gain: float
+
+
+def update(f: Forecast, step: int, y: float, direction: float, p: ForecastParams) -> Forecast:
     """Fold one finite value ``y`` observed at ``step`` (steps increase).
 
-    ``direction`` +1 watches for a rise, -1 for a fall. ``alpha`` / ``beta``: Holt's level
-    and trend gains; ``scale_gain``: the gain of the running mean of ``|error|``;
-    ``sigma_floor``: the least noise scale assumed (a flat series has none).
+    ``direction`` +1 watches for a rise, -1 for a fall. ``p.alpha`` / ``p.beta``: Holt's
+    level and trend gains; ``p.scale_gain``: the gain of the running mean of ``|error|``;
+    ``p.sigma_floor``: the least noise scale assumed (a flat series has none); ``p.k``,
+    ``p.clip``, ``p.warmup``: the allowance, the clip and the values before judging.
     """
+    warmup, clip = p.warmup, p.clip
     n = f.n + 1
     if n <= warmup:
         x0 = step if n == 1 else f.x0
@@ -122,14 +123,14 @@ def update(
     pred = f.level + f.trend * dt
     err = y - pred
     sigma = f.abs_err * SQRT_HALF_PI
-    if sigma < sigma_floor:
-        sigma = sigma_floor
+    if sigma < p.sigma_floor:
+        sigma = p.sigma_floor
     z = direction * err / sigma
     if z > clip:
         z = clip
     elif z < -clip:
         z = -clip
-    s = f.s + z - k
+    s = f.s + z - p.k
     start, start_level = f.start, f.start_level
     if s <= 0.0:
         s, start = 0.0, -1
@@ -138,9 +139,10 @@ def update(
     abs_err = f.abs_err
     if s == 0.0:  # the noise scale learns only while no change is suspected
         bounded = min(abs(err), clip * sigma)
-        abs_err += scale_gain * (bounded - abs_err)
+        abs_err += p.scale_gain * (bounded - abs_err)
+    alpha = p.alpha
     level = pred + alpha * err
-    trend = f.trend + alpha * beta * err / dt
+    trend = f.trend + alpha * p.beta * err / dt
     return record(
         Forecast, (n, EMPTY_SUMS, level, trend, abs_err, s, start, start_level, f.x0, step)
     )

@@ -13,6 +13,7 @@ from events import CanaryProbeScored, RewardBatchFailed, RewardBatchScored
 from stream_processors.detectors import Catalog, RunHealthFold, load_catalog
 from stream_processors.detectors import sequential as seq
 from stream_processors.detectors.config import CatalogError, parse_catalog
+from stream_processors.detectors.entropy_collapse import Params as EntropyParams
 from stream_processors.detectors.registry import BY_NAME
 from tests.unit.stream_processors.detectors._builders import (
     Run,
@@ -41,18 +42,17 @@ def test_threshold_meets_its_false_alarm_budget_and_grows_with_it() -> None:
 
 
 def test_forecast_predicts_a_steady_trend_and_flags_a_bend() -> None:
-    kw = dict(direction=-1.0, alpha=0.3, beta=0.1, k=0.5, clip=4.0, warmup=20,
-              sigma_floor=1e-4, scale_gain=0.05)  # fmt: skip
+    p = EntropyParams(sigma_floor=1e-4)
     h = seq.threshold(0.5, 0.001, 1000)
     noise = _noisy(400, 1, 0.01)
     f = seq.FRESH
     for t in range(400):  # a steady fall of 0.3% a step: predicted, never flagged
-        f = seq.update(f, t, -0.003 * t + noise[t], **kw)
+        f = seq.update(f, t, -0.003 * t + noise[t], -1.0, p)
         assert f.s <= h
     f, hit = seq.FRESH, None
     for t in range(400):  # then it bends down 3% a step from t = 200
         y = -0.003 * t - (0.03 * (t - 200) if t >= 200 else 0.0) + noise[t]
-        f = seq.update(f, t, y, **kw)
+        f = seq.update(f, t, y, -1.0, p)
         if hit is None and f.s > h:
             hit = (t, f.start)
     assert hit is not None and 200 <= hit[0] <= 210 and 195 <= hit[1] <= 205, hit
