@@ -180,7 +180,13 @@ class DeadRun:
         ``None`` when the step needs the full treatment (:meth:`_fast`, :meth:`_close`)."""
         if step // p.window != st.win or step % p.window == p.window - 1:
             return None
-        frac = zero_std_fraction(ev, p.eps)
+        if ev.extra:  # type: ignore[attr-defined]
+            frac = zero_std_fraction(ev, p.eps)
+        else:  # inlined for the common step: no extra keys, a finite spread
+            std = ev.reward_std  # type: ignore[attr-defined]
+            frac = (1.0 if std <= p.eps else None) if std is not None and std == std else (
+                zero_std_fraction(ev, p.eps)
+            )  # fmt: skip
         zero_run, zero_start = st.zero_run, st.zero_start
         if frac is not None and frac >= p.zero_std_frac:
             zero_run, zero_start = zero_run + 1, zero_start if zero_run else step

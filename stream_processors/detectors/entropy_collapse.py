@@ -87,7 +87,7 @@ class EntropyCollapse:
         f = sequential.update(st.f, step, log(x if x > p.floor else p.floor), -1.0, p)
         episode, calm = st.episode, st.calm
         if episode is None:
-            if f.s <= sequential.threshold(p.k, p.fa_per_run, p.horizon_steps):
+            if f.s == 0.0 or f.s <= sequential.threshold(p.k, p.fa_per_run, p.horizon_steps):
                 return record(EntropyState, (f, None, 0)), NO_ALERTS
             span = step - f.start + 1
             rate = (f.start_level - f.level) / span  # log units per step: relative fall

@@ -68,6 +68,9 @@ class RewardBandState(NamedTuple):
     run_start: int = 0
     episode: str | None = None
     inside: int = 0  # consecutive steps back inside while firing
+    #: the band already holds its noise floor (computed the first time a value falls
+    #: outside the IQR band after a refresh: most steps never need it)
+    widened: bool = False
 
 
 class RewardExplosionCollapse:
@@ -91,6 +94,11 @@ class RewardExplosionCollapse:
         step: int = ev.step  # type: ignore[assignment]  (the composite drops step-less)
         out: tuple[AlertEvent, ...] = NO_ALERTS
         side = (1 if r > st.hi else -1 if r < st.lo else 0) if st.ready else 0
+        if side and not st.widened:  # the step-to-step noise floor, now that it matters
+            half = p.k_noise * _step_noise(st.history)
+            lo, hi = min(st.lo, st.median - half), max(st.hi, st.median + half)
+            st = st._replace(lo=lo, hi=hi, widened=True)
+            side = 1 if r > hi else -1 if r < lo else 0
         run = st.run + 1 if side and side == st.side else (1 if side else 0)
         run_start = st.run_start if side and side == st.side else step
         episode, inside = st.episode, st.inside
@@ -129,20 +137,20 @@ class RewardExplosionCollapse:
         refreshed = len(recent) >= p.refresh
         if refreshed:
             history, recent = (history + recent)[-p.window :], ()
-        median, lo, hi, ready = st.median, st.lo, st.hi, st.ready
+        median, lo, hi, ready, widened = st.median, st.lo, st.hi, st.ready, st.widened
         if refreshed and len(history) >= p.min_points:
             median, iqr = median_iqr(history)
-            steps = sorted(abs(b - a) for a, b in pairwise(history))
-            sigma = steps[len(steps) // 2] / _MEDIAN_ABS_DIFF  # step-to-step noise
-            half = max(p.k * iqr, p.k_noise * sigma, p.min_band_abs, p.min_band_rel * abs(median))
-            lo, hi, ready = median - half, median + half, True
-        return (
-            record(
-                RewardBandState,
-                (history, recent, median, lo, hi, ready, side, run, run_start, episode, inside),
-            ),
-            out,
-        )
+            half = max(p.k * iqr, p.min_band_abs, p.min_band_rel * abs(median))
+            lo, hi, ready, widened = median - half, median + half, True, False
+        fields = (history, recent, median, lo, hi, ready, side, run, run_start, episode, inside,
+                  widened)  # fmt: skip
+        return record(RewardBandState, fields), out
+
+
+def _step_noise(history: tuple[float, ...]) -> float:
+    """The step-to-step noise of ``history`` (median absolute first difference, scaled)."""
+    steps = sorted(abs(b - a) for a, b in pairwise(history))
+    return steps[len(steps) // 2] / _MEDIAN_ABS_DIFF if steps else 0.0
 
 
 DETECTOR = RewardExplosionCollapse()
