@@ -34,6 +34,7 @@ from stream_processors.detectors.base import (
     Settings,
     alert_id,
     fire,
+    record,
     resolve,
     state_type,
 )
@@ -58,6 +59,14 @@ class DriftState(NamedTuple):
     unparse: float = 0.0
     refs: tuple[tuple[float, float, float], ...] = ()
     episode: str | None = None
+    #: the mean of ``refs`` once they are ``ref_windows`` (what the open window is judged
+    #: against; kept so each batch compares three numbers)
+    ref: tuple[float, float, float] | None = None
+
+
+def _mean(refs: tuple[tuple[float, float, float], ...]) -> tuple[float, float, float]:
+    n = len(refs)
+    return (sum(r[0] for r in refs) / n, sum(r[1] for r in refs) / n, sum(r[2] for r in refs) / n)
 
 
 def _ok(x: float) -> bool:
@@ -94,14 +103,18 @@ class RolloutDrift:
         length, trunc, unp = ev.mean_length, ev.truncation_rate, ev.unparseable_rate  # type: ignore[attr-defined]
         if not (_ok(length) and _ok(trunc) and _ok(unp)):
             return st, out  # the nan_metric detector reports it
-        st = st._replace(
-            n=st.n + 1,
-            length=st.length + length,
-            trunc=st.trunc + trunc,
-            unparse=st.unparse + unp,
-        )
-        if st.episode is None and st.n >= p.min_batches and len(st.refs) >= p.ref_windows:
-            st = self._judge(ev, cfg, st, out, closing=False)
+        n = st.n + 1
+        length, trunc, unp = st.length + length, st.trunc + trunc, st.unparse + unp
+        st = record(DriftState, (st.win, n, length, trunc, unp, st.refs, st.episode, st.ref))
+        ref = st.ref
+        if st.episode is None and n >= p.min_batches and ref is not None:
+            rl = ref[0]
+            if (
+                abs(length / n - rl) > p.length_rel * max(abs(rl), 1.0)
+                or abs(trunc / n - ref[1]) > p.trunc_abs
+                or abs(unp / n - ref[2]) > p.unparse_abs
+            ):
+                st = self._judge(ev, cfg, st, out, closing=False)
         return st, out
 
     def _close(
@@ -113,10 +126,11 @@ class RolloutDrift:
             return empty
         cur = (st.length / st.n, st.trunc / st.n, st.unparse / st.n)
         refs = (*st.refs, cur)[-p.ref_windows :]
-        if len(st.refs) < p.ref_windows:
-            return empty._replace(refs=refs)
+        ref = _mean(refs) if len(refs) >= p.ref_windows else None
+        if st.ref is None:
+            return empty._replace(refs=refs, ref=ref)
         judged = self._judge(ev, cfg, st, out, closing=True)
-        return empty._replace(refs=refs, episode=judged.episode)
+        return empty._replace(refs=refs, episode=judged.episode, ref=ref)
 
     def _judge(
         self,
@@ -130,7 +144,7 @@ class RolloutDrift:
         """Compare the (open or closing) window's means with the reference windows'."""
         p = cfg.params
         cur = (st.length / st.n, st.trunc / st.n, st.unparse / st.n)
-        ref = tuple(sum(r[i] for r in st.refs) / len(st.refs) for i in range(3))
+        ref = st.ref if st.ref is not None else _mean(st.refs)
         shifted = []
         if abs(cur[0] - ref[0]) > p.length_rel * max(abs(ref[0]), 1.0):
             shifted.append(f"mean length {ref[0]:.4g} -> {cur[0]:.4g}")
