@@ -100,6 +100,9 @@ class DeadRunState(NamedTuple):
     #: the open episode came from the fast evidence; steps with spread since
     fast: bool = False
     spread_again: int = 0
+    #: spend (GPU-s, USD) when the current run of equal reward means began
+    gpu_s_at_const: float = 0.0
+    usd_at_const: float = 0.0
 
 
 def _flat(s: Sums, window: int, abs_tol: float, rel_tol: float) -> bool:
@@ -173,13 +176,12 @@ class DeadRun:
         return st, out
 
     @staticmethod
-    def _quiet(
-        ev: EventBase, p: Params, st: DeadRunState, step: int, r: float | None, k: float | None
-    ) -> DeadRunState | None:
-        """The common step (hot path): nothing to fire, resolve or close; one new record.
-        ``None`` when the step needs the full treatment (:meth:`_fast`, :meth:`_close`)."""
-        if step // p.window != st.win or step % p.window == p.window - 1:
-            return None
+    def _evidence(ev: EventBase, p: Params, st: DeadRunState, step: int, r: float | None) -> tuple:
+        """The step's fast evidence folded into the state's counters: ``(zero_run,
+        zero_start, const_run, const_start, last, gpu0, usd0, gpu_c, usd_c, dead)``;
+        ``gpu0``/``usd0`` is the spend when the evidence began (what the fault burned is
+        the spend since), ``gpu_c``/``usd_c`` the spend when the current run of equal
+        reward means began."""
         if ev.extra:  # type: ignore[attr-defined]
             frac = zero_std_fraction(ev, p.eps)
         else:  # inlined for the common step: no extra keys, a finite spread
@@ -193,29 +195,48 @@ class DeadRun:
         else:
             zero_run = 0
         const_run, const_start, last = st.const_run, st.const_start, st.last_reward
-        reward, kl = st.reward, st.kl
+        gpu_c, usd_c = st.gpu_s_at_const, st.usd_at_const
         if r is not None and isfinite(r):
-            if last is not None and abs(r - last) <= p.eps * max(1.0, abs(r)):
+            if last is not None and abs(r - last) <= p.eps * (abs(r) if abs(r) > 1.0 else 1.0):
                 const_run += 1
-            else:
-                const_run, const_start = 1, step
+            else:  # a new value: a run of equal means would start here
+                const_run, const_start, gpu_c, usd_c = 1, step, st.gpu_s, st.usd
             last = r
-            reward = reward.add(step, r)
         dead = zero_run > 0 or const_run > 1
+        gpu0, usd0 = st.gpu_s_at_zero, st.usd_at_zero
+        if dead and not (st.zero_run > 0 or st.const_run > 1):
+            gpu0, usd0 = (gpu_c, usd_c) if const_run > 1 else (st.gpu_s, st.usd)
+        return zero_run, zero_start, const_run, const_start, last, gpu0, usd0, gpu_c, usd_c, dead
+
+    def _quiet(
+        self,
+        ev: EventBase,
+        p: Params,
+        st: DeadRunState,
+        step: int,
+        r: float | None,
+        k: float | None,
+    ) -> DeadRunState | None:
+        """The common step (hot path): nothing to fire, resolve or close; one new record.
+        ``None`` when the step needs the full treatment (:meth:`_fast`, :meth:`_close`)."""
+        if step // p.window != st.win or step % p.window == p.window - 1:
+            return None
+        found = self._evidence(ev, p, st, step, r)
+        zero_run, zero_start, const_run, const_start, last, gpu0, usd0, gpu_c, usd_c, dead = found
         if st.episode is None:
             if zero_run >= p.zero_std_steps or const_run >= p.constant_steps:
                 return None
         elif st.fast and (not dead or st.spread_again):
             return None  # an open fast episode sees the spread return (or stay)
+        reward, kl = st.reward, st.kl
+        if r is not None and isfinite(r):
+            reward = reward.add(step, r)
         if k is not None and isfinite(k):
             kl = kl.add(step, k)
-        gpu0, usd0 = st.gpu_s_at_zero, st.usd_at_zero
-        if dead and not (st.zero_run > 0 or st.const_run > 1):
-            gpu0, usd0 = st.gpu_s, st.usd
         return record(DeadRunState, (
             st.win, reward, kl, st.flat, st.streak_start, st.gpu_s, st.usd, st.usage_seen,
             st.gpu_s_at_streak, st.usd_at_streak, st.episode, zero_run, zero_start, const_run,
-            const_start, last, gpu0, usd0, st.fast, st.spread_again,
+            const_start, last, gpu0, usd0, st.fast, st.spread_again, gpu_c, usd_c,
         ))  # fmt: skip
 
     def _fast(
@@ -229,26 +250,13 @@ class DeadRun:
     ) -> DeadRunState:
         """The per-step evidence: groups without reward spread, identical reward means."""
         p = cfg.params
+        found = self._evidence(ev, p, st, step, r)
+        zero_run, zero_start, const_run, const_start, last, gpu0, usd0, gpu_c, usd_c, dead = found
         frac = zero_std_fraction(ev, p.eps)
-        zero_run, zero_start = st.zero_run, st.zero_start
-        const_run, const_start, last = st.const_run, st.const_start, st.last_reward
-        if frac is not None and frac >= p.zero_std_frac:
-            zero_run, zero_start = zero_run + 1, zero_start if zero_run else step
-        else:
-            zero_run = 0
-        if r is not None and isfinite(r):
-            same = last is not None and abs(r - last) <= p.eps * max(1.0, abs(r))
-            const_run, const_start = (const_run + 1, const_start) if same else (1, step)
-            last = r
-        was = st.zero_run > 0 or st.const_run > 1
-        dead = zero_run > 0 or const_run > 1
-        if dead and not was:  # the spend from here on is what the fault burns
-            gpu0, usd0 = st.gpu_s, st.usd
-        else:
-            gpu0, usd0 = st.gpu_s_at_zero, st.usd_at_zero
         st = st._replace(
             zero_run=zero_run, zero_start=zero_start, const_run=const_run,
             const_start=const_start, last_reward=last, gpu_s_at_zero=gpu0, usd_at_zero=usd0,
+            gpu_s_at_const=gpu_c, usd_at_const=usd_c,
         )  # fmt: skip
         if st.episode is not None:
             if not st.fast:
