@@ -113,10 +113,11 @@ def judge(
         problems.append(f"{c.expected_alert} did not fire (fired: {', '.join(fired_names)})")
     transitions = view.transitions if view else []
     # the state in effect when the alert fired (another alert may have moved it first),
-    # and every state after it
+    # and every state from the alert's step on (the pause, even the tenant's cancel, can
+    # land in the alert's own step: an eval point judged before the step's metrics)
     at = fired or 0
-    before = [t for t in transitions if (t.get("step") or 0) <= at]
-    after = before[-1:] + [t for t in transitions if (t.get("step") or 0) > at]
+    before = [t for t in transitions if (t.get("step") or 0) < at]
+    after = before[-1:] + [t for t in transitions if (t.get("step") or 0) >= at]
     reached: str | None = None
     if c.expected_states is not None:
         reached = next((t["to_state"] for t in after if t["to_state"] in c.expected_states), None)
