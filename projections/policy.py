@@ -7,6 +7,9 @@ audit trail.
 
 Policy semantics (all windows in training steps, never wall-clock):
 
+- ``detectors[name].failure_class``: whom a run that ends while the alert is active is
+  booked to (default ``algorithmic_non_convergence``; the reward-integrity alert says
+  ``tenant_code_fault``: its evidence is about the tenant's reward, not the training).
 - ``detectors[name].action``: what a firing alert of that detector does to a running run:
   ``degrade`` (RUNNING -> DEGRADED(reason)), ``pause`` (DEGRADED now, and
   PAUSED_BY_GATE(reason) once the trainer confirms ``RunPaused`` — whether the run is
@@ -32,6 +35,8 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
+from events.catalog.lifecycle import FailureClass
+
 Action = Literal["degrade", "pause", "pause_at_checkpoint", "advisory"]
 
 HERE = Path(__file__).parent
@@ -47,6 +52,8 @@ class DetectorRule(_Frozen):
     action: Action = "degrade"
     #: Customer-facing text; ``{reason}`` is the alert's own reason.
     customer_reason: str = "{reason}"
+    #: The class of a run that fails or ends while this alert is active.
+    failure_class: FailureClass = "algorithmic_non_convergence"
 
 
 class CompletionRule(_Frozen):

@@ -50,8 +50,8 @@ def run(args: argparse.Namespace, term: Terminal) -> int:
     tails = log.torn_tails()
     warn_torn(tails, term)
     try:
-        folds = processor_folds(args.catalog)
-    except CatalogError as exc:
+        folds = processor_folds(args.catalog, prices=args.prices)
+    except (CatalogError, ValueError) as exc:
         raise Abort(str(exc)) from None
     count = 0
     for event in replay(log, folds):
