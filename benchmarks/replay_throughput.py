@@ -34,10 +34,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from events.codec import decode
 from events.log.embedded import EmbeddedLog
-from projections.engine import INPUTS
-from projections.replay import rebuild_from_log
-from projections.sharded import rebuild_sharded
 from projections.store import SqliteReadModel
+from runwatch.hosting.read_model import INPUTS
+from runwatch.hosting.replay import rebuild_from_log, replay_log
 from tests.projection_runs import synth_fleet, write_log
 
 
@@ -112,13 +111,13 @@ def main() -> int:
         cpu_noop_s = best.cpu  # type: ignore[attr-defined]
 
         shard_mem_s, sharded = best(
-            lambda: rebuild_sharded(root, workers=args.workers, collect=False), args.repeat
+            lambda: replay_log(root, workers=args.workers, collect=False), args.repeat
         )
         cpu_shard_mem_s = best.cpu  # type: ignore[attr-defined]
 
         def sharded_sqlite():
             out = Path(tmp) / f"s{time.perf_counter_ns()}.sqlite"
-            return rebuild_sharded(root, out, workers=args.workers, collect=False)
+            return replay_log(root, store_path=out, workers=args.workers, collect=False)
 
         shard_s, _ = best(sharded_sqlite, args.repeat)
         cpu_shard_s = best.cpu  # type: ignore[attr-defined]
@@ -138,7 +137,7 @@ def main() -> int:
     summary = result.summary()  # type: ignore[union-attr]
     print(
         f"runs by state: {summary['runs_by_state']}; SQLite replay applied "
-        f"{sql_result.engine.applied}, the repeated replay applied {noop.engine.applied}"
+        f"{sql_result.host.view.applied}, the repeated replay applied {noop.host.view.applied}"
     )
     same = sharded.summary()["runs_by_state"] == summary["runs_by_state"]  # type: ignore[union-attr]
     goal = 100_000

@@ -41,6 +41,11 @@ def decode(raw: bytes) -> EventBase | DeadLetter:
     return _decode_slow(raw)
 
 
+def decode_many(values: Iterable[bytes]) -> list[EventBase | DeadLetter]:
+    """:func:`decode` of each record (what a host calls once per batch of records)."""
+    return [decode(v) for v in values]
+
+
 def decode_or_raise(raw: bytes) -> EventBase:
     """Like :func:`decode` but raises ``ValueError`` with the dead letter's reason."""
     result = decode(raw)

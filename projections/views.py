@@ -1,7 +1,7 @@
 """The materialized views: one document per run, per-step series, and fleet aggregates.
 
-These are the *read* side (mutable, owned by :class:`~projections.engine.ProjectionEngine`);
-the decisions live in the pure folds. Every update here is commutative across topics
+These are the *read* side (mutable, owned by a host's :class:`~projections.materializer.
+Materializer`); the decisions live in the pure folds. Every update here is commutative across topics
 (maxima, sums, keyed maps, or values from one totally ordered topic), so a view does not
 depend on how the host interleaved the input topics.
 
@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -37,8 +37,6 @@ from events import (
     WeightSyncCompleted,
 )
 from events.envelope import EventBase
-from projections.accounting import RunUsage
-from projections.policy import Prices
 from projections.run_state import RunStatus
 
 CUSTOMER_METRICS = ("reward_mean", "kl_to_ref", "eval_score", "spend_usd")
@@ -128,9 +126,6 @@ class Fleet:
     @classmethod
     def from_doc(cls, doc: dict[str, Any]) -> Fleet:
         return cls(**{k: v for k, v in doc.items() if k != "pending"})
-
-    def observe_phase(self, phase: str, seconds: float) -> None:
-        self.pending.setdefault(phase, []).append(seconds)
 
     def flush(self) -> None:
         """Bucket the pending timings: non-cumulative counts per bucket (the last slot is
@@ -374,7 +369,28 @@ def sync_status(view: RunView, status: RunStatus) -> None:
     view.mechanics["rejected"] = [list(r) for r in m.rejected[-20:]]
 
 
-def sync_usage(view: RunView, usage: RunUsage, prices: Prices) -> None:
+class PriceList(Protocol):
+    """What a view needs of tenant accounting's price list (``stream_processors/
+    accounting``: the read model shows its totals, it does not import the room)."""
+
+    version: str
+
+
+class UsageTotals(Protocol):
+    """What a view shows of one run's accounting state (tenant accounting's ``RunUsage``)."""
+
+    gpu_seconds_by_phase: tuple[tuple[str, float], ...]
+    tokens_generated: int
+    tokens_trained: int
+    committed_steps: int
+
+    def by_pool(self) -> tuple[tuple[str, float], ...]: ...
+
+    def spend_usd(self, prices: Any) -> float: ...
+
+
+def sync_usage(view: RunView, usage: UsageTotals, prices: PriceList) -> None:
+    """Copy tenant accounting's running totals (and its price list's version) into the view."""
     spend = usage.spend_usd(prices)
     view.usage = {
         "gpu_seconds_by_pool": dict(usage.by_pool()),

@@ -46,7 +46,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 async def _verify_kafka(live, bootstrap, policy, prices):  # type: ignore[no-untyped-def]
     from events.log.kafka import KafkaLog
-    from projections.replay import verify_backend
+    from runwatch.hosting.audit import verify_backend
 
     backend = KafkaLog(bootstrap, client_id="runwatch-audit", create_registry_topics=False)
     await backend.start()
@@ -57,9 +57,10 @@ async def _verify_kafka(live, bootstrap, policy, prices):  # type: ignore[no-unt
 
 
 def run(args: argparse.Namespace, term: Terminal) -> int:
-    from projections.policy import Prices, RunStatePolicy
-    from projections.replay import verify
+    from projections.policy import RunStatePolicy
     from projections.store import SqliteReadModel
+    from runwatch.hosting.audit import verify
+    from stream_processors.accounting import Prices
 
     store_path = Path(args.store)
     if not store_path.is_file():
@@ -100,7 +101,7 @@ def run(args: argparse.Namespace, term: Terminal) -> int:
     report = {
         "identical": result.identical,
         "records_replayed": result.replay.records,
-        "runs": len(result.replay.engine.views),
+        "runs": len(result.replay.host.view.views),  # type: ignore[union-attr]
         "positions": result.positions,
         "first_difference": None,
         "torn_tails": tails,

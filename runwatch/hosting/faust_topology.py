@@ -8,7 +8,7 @@ idea), so tests and the CLI assemble the same graph:
 - one table per fold, ``<app>-<fold>-state``, keyed by run id (raw bytes), holding the
   key's slot (:mod:`runwatch.hosting.core`); its partitions equal the inputs' (faust needs
   co-partitioning: the registry gives every run-keyed input the same count);
-- one agent per fold (:func:`runwatch.hosting.faust_host.fold_agent`);
+- one agent per fold (:func:`runwatch.hosting.faust_agent.fold_agent`);
 - one sink topic per output topic, raw bytes, keyed by run id.
 
 Guarantee: at-least-once (``processing_guarantee``); consumers dedupe by event id.
@@ -25,6 +25,7 @@ import faust
 
 from events.fold import Fold
 from events.topics import DEAD_LETTER_TOPIC, TOPICS, spec
+from runwatch.hosting.faust_agent import fold_agent
 
 
 @dataclass
@@ -35,7 +36,7 @@ class Topology:
     sinks: dict[str, Any] = field(default_factory=dict)
 
 
-def _datadir(app_id: str) -> str:
+def datadir(app_id: str) -> str:
     """faust's local data directory (stores are in memory; it still writes metadata),
     kept out of the working directory: ``$RUNWATCH_FAUST_DIR`` or the user cache."""
     root = os.environ.get("RUNWATCH_FAUST_DIR") or os.path.join(
@@ -46,7 +47,7 @@ def _datadir(app_id: str) -> str:
 
 
 def build_app(bootstrap: str, app_id: str, **conf: Any) -> faust.App:
-    conf.setdefault("datadir", _datadir(app_id))
+    conf.setdefault("datadir", datadir(app_id))
     return faust.App(
         app_id,
         broker=f"kafka://{bootstrap}",
@@ -65,8 +66,6 @@ def build_app(bootstrap: str, app_id: str, **conf: Any) -> faust.App:
 
 
 def build_topology(folds: list[Fold[Any]], bootstrap: str, app_id: str, **conf: Any) -> Topology:
-    from runwatch.hosting.faust_host import fold_agent
-
     app = build_app(bootstrap, app_id, **conf)
     topo = Topology(app)
     topo.sinks = {

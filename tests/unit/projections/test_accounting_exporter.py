@@ -5,12 +5,12 @@ from __future__ import annotations
 import pytest
 
 from events import TrainerStepCompleted, UsageRecorded
-from projections.accounting import AccountingFold
-from projections.engine import ProjectionEngine
 from projections.exporter import OTHER, make_registry
 from projections.keys import ApiKeys, digest
-from projections.policy import Prices, RunStatePolicy
+from projections.policy import RunStatePolicy
 from projections.store import InMemoryReadModel
+from runwatch.hosting.read_model import read_model_host
+from stream_processors.accounting import AccountingFold, Prices
 from tests.projection_runs import RunFactory, synth_fleet, synth_run
 
 PRICES = Prices(usd_per_gpu_second={"trainer": 0.002, "rollout_fleet": 0.001})
@@ -85,7 +85,7 @@ def test_usage_with_a_negative_seq_is_never_billed():
 
 def _store(events):
     store = InMemoryReadModel()
-    engine = ProjectionEngine(store, prices=PRICES)
+    engine = read_model_host(store, prices=PRICES)
     engine.process_events((type(e).TOPIC, 0, e) for e in events)
     engine.release_held()
     engine.checkpoint()
@@ -96,7 +96,7 @@ def test_exporter_reads_the_read_model_at_scrape_time():
     store = InMemoryReadModel()
     registry = make_registry(store)
     assert registry.get_sample_value("runwatch_runs", {"state": "RUNNING"}) == 0
-    engine = ProjectionEngine(store, prices=PRICES)
+    engine = read_model_host(store, prices=PRICES)
     engine.process_events(
         (type(e).TOPIC, 0, e) for e in synth_run("r1", "acme", "platform", steps=20)
     )
@@ -151,7 +151,7 @@ def test_tenant_counters_never_move_between_labels_as_spend_changes():
         }
 
     before = spend()
-    engine = ProjectionEngine(store, prices=PRICES)
+    engine = read_model_host(store, prices=PRICES)
     engine.process_events((type(e).TOPIC, 0, e) for e in late)
     engine.release_held()
     engine.checkpoint()

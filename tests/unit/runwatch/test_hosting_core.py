@@ -10,8 +10,8 @@ from events.codec import encode
 from events.dead_letter import DeadLetter
 from events.log.embedded import EmbeddedLog
 from runwatch.hosting.core import RecentIds, dump_slot, load_slot
-from runwatch.hosting.embedded import replay
-from runwatch.hosting.faust_host import SlotCache, fold_record
+from runwatch.hosting.faust_agent import SlotCache, fold_record
+from runwatch.hosting.replay import replay_processors
 from stream_processors.detectors import RunHealthFold
 from stream_processors.detectors.scenarios import synthetic_run
 
@@ -35,7 +35,7 @@ def test_faust_record_handler_matches_embedded_replay(tmp_path: Path) -> None:
     log.open_sync()
     for _, group in itertools.groupby(events, key=lambda e: type(e).TOPIC):
         log.append_events_sync(list(group))  # keep the cross-topic order
-    expected = [encode(e) for e in replay(log, [RunHealthFold()])]
+    expected = [encode(e) for e in replay_processors(log, [RunHealthFold()])]
     assert [v for _, _, v in sent] == expected and len(expected) >= 2
     assert {t for t, _, _ in sent} == {"runwatch.alerts"}
     (topic, key, value), = bad  # fmt: skip
