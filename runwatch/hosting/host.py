@@ -5,7 +5,7 @@ with the positions it reflects.
 
 1. *position*: a record before the host's position of its ``topic:partition`` was applied
    already and is skipped (a redelivered tail, a repeated replay into the same store);
-2. *decode*, once for every fold that reads the topic (:func:`events.codec.decode_many`);
+2. *decode*, once for every fold that reads the topic (:func:`events.fast_decode.decode_many`);
    a record that does not decode is a :class:`~events.dead_letter.DeadLetter`, located
    where it was read and kept in :attr:`Host.dead_letters` for the caller to publish;
 3. *own* (option ``owns``, a key-sharded replay): a record of another shard's run is not
@@ -37,9 +37,9 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from events.codec import decode_many
 from events.dead_letter import DeadLetter
 from events.envelope import EventBase
+from events.fast_decode import decode_many
 from events.fold import Fold
 from events.log.base import Record
 from runwatch.hosting.barrier import TerminalBarrier

@@ -29,8 +29,9 @@ from dataclasses import dataclass, field
 from itertools import islice
 from typing import Any
 
-from events.codec import decode_many, encode
+from events.codec import encode
 from events.envelope import EventBase
+from events.fast_decode import decode_many
 from events.fold import Fold
 from runwatch.hosting.barrier import BARRIER_TOPICS
 from runwatch.hosting.host import Host
