@@ -106,7 +106,9 @@ class _Twin:
         )
         self.cls = cls
         self.decoder = msgspec.json.Decoder(struct)
-        self.fields_set = frozenset(cls.model_fields)
+        #: one set shared by every event this twin decodes: frozen models never add to
+        #: it, and ``model_copy`` copies it before it adds (a test holds both)
+        self.fields_set = set(cls.model_fields)
         self.version = cls.SCHEMA_VERSION
 
     def decode(self, raw: bytes) -> EventBase | None:
@@ -123,7 +125,7 @@ class _Twin:
         _set(event, "__dict__", values)
         # pydantic would record the fields present in the record; every field is set on
         # the model either way, and nothing here reads the difference
-        _set(event, "__pydantic_fields_set__", set(self.fields_set))
+        _set(event, "__pydantic_fields_set__", self.fields_set)
         _set(event, "__pydantic_extra__", None)
         _set(event, "__pydantic_private__", None)
         return event

@@ -46,7 +46,7 @@ class RecentIds(Deduplicator):
             self.first_time(i)
 
     def pack(self) -> bytes:
-        return b"".join(self._seen)
+        return b"".join(self.ids())
 
     @classmethod
     def unpack(cls, raw: bytes) -> RecentIds:
@@ -191,7 +191,7 @@ class HostedFold:
     def take_dirty(self) -> dict[str, bytes]:
         """The changed keys' persisted bytes; clears the changed set."""
         out = {key: self.dump(key) for key in self.dirty}
-        self.dirty = set()
+        self.dirty.clear()  # in place: hosts hold on to the set
         return out
 
 

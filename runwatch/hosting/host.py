@@ -43,7 +43,7 @@ from events.fast_decode import decode_many
 from events.fold import Fold
 from events.log.base import Record
 from runwatch.hosting.barrier import TerminalBarrier
-from runwatch.hosting.core import FoldSet, HostedFold
+from runwatch.hosting.core import FoldSet, HostedFold, RecentIds, Slot
 
 Position = tuple[str, int]  # (topic, partition)
 #: The rank of what a record derives directly (before any run it releases at the barrier).
@@ -134,6 +134,7 @@ class Host:
         #: shards' outputs back into one process's order by them)
         self.tags: list[tuple[int, Any, tuple[float, str]]] | None = None
         self.source: Any = None
+        self._plans: dict[str, tuple[tuple[Any, ...], ...]] = {}
         loaded = store.load(self.folds)
         self.positions: dict[Position, int] = dict(loaded.positions)
         for hf in self.folds:
@@ -154,7 +155,17 @@ class Host:
 
     def process(self, records: Iterable[Record]) -> list[EventBase]:
         """Apply records (any topics, any interleaving); the derived events, in order."""
-        fresh = [rec for rec in records if self._accept(rec)]
+        routes, positions = self.folds.routes, self.positions
+        fresh: list[Record] = []
+        for rec in records:
+            if rec.topic not in routes:
+                continue
+            where = (rec.topic, rec.partition)
+            if rec.offset < positions.get(where, 0):
+                self.skipped += 1
+                continue
+            positions[where] = rec.offset + 1
+            fresh.append(rec)
         return self.process_decoded(fresh, decode_many([r.value for r in fresh]))
 
     def accept(
@@ -162,20 +173,20 @@ class Host:
     ) -> tuple[list[Record], list[EventBase | DeadLetter]]:
         """The records (with their decoded events) this host reads and has not applied
         yet, its positions moved past them: what :meth:`process_decoded` takes."""
-        keep = [i for i, rec in enumerate(records) if self._accept(rec)]
+        routes, positions = self.folds.routes, self.positions
+        keep = []
+        for i, rec in enumerate(records):
+            if rec.topic not in routes:
+                continue
+            where = (rec.topic, rec.partition)
+            if rec.offset < positions.get(where, 0):
+                self.skipped += 1
+                continue
+            positions[where] = rec.offset + 1
+            keep.append(i)
         if len(keep) == len(records):
             return list(records), list(events)
         return [records[i] for i in keep], [events[i] for i in keep]
-
-    def _accept(self, rec: Record) -> bool:
-        if rec.topic not in self.folds.routes:
-            return False
-        where = (rec.topic, rec.partition)
-        if rec.offset < self.positions.get(where, 0):
-            self.skipped += 1
-            return False
-        self.positions[where] = rec.offset + 1
-        return True
 
     def process_decoded(
         self, records: Sequence[Record], events: Sequence[EventBase | DeadLetter]
@@ -199,7 +210,10 @@ class Host:
                 continue
             topic = rec.topic
             advanced = topic in barrier.topic_set and barrier.advance(topic, rec.partition, ev.ts)
-            if barrier.admit(topic, rec.partition, ev):
+            # nothing held and not a lifecycle fact: nothing to hold (the common case)
+            if (not barrier.held and topic != barrier.lifecycle) or barrier.admit(
+                topic, rec.partition, ev
+            ):
                 apply(topic, ev, out, -1)
             if advanced and barrier.due(rec.partition):
                 barrier.release(lambda t, e: apply(t, e, out, -1), force=False)
@@ -258,7 +272,29 @@ class Host:
             barrier.release(lambda t, e: self._apply(t, e, out, -1), force=False)
         return False
 
+    def _plan(self, topic: str) -> tuple[tuple[Any, ...], ...]:
+        """Per fold of ``topic``, what :meth:`_apply` needs, looked up once."""
+        plan = self._plans.get(topic)
+        if plan is None:
+            plan = self._plans[topic] = tuple(
+                (
+                    hf,
+                    hf.dedupe,
+                    hf.fold.apply,
+                    hf.fold.key_of,
+                    hf.fold.initial,
+                    hf.slots if hf.dedupe else hf.states,
+                    hf.dirty,
+                    hf.emit,
+                    hf.emitted if hf.collect else None,
+                )
+                for hf in self.folds.routes[topic]
+            )
+        return plan
+
     def _apply(self, topic: str, ev: EventBase, out: list[EventBase], offset: int) -> None:
+        """Fold one event into the view and every fold of its topic (the hot path: what
+        :meth:`HostedFold.feed` does per key is inlined for folds without dedupe)."""
         view = self.view
         target = None
         if view is not None:
@@ -266,16 +302,34 @@ class Host:
             if target is None:
                 return  # a run id claimed by another tenant: never merged
         duplicate = False
-        for hf in self.folds.routes[topic]:
+        for hf, dedupe, apply, key_of, initial, states, dirty, emit, emitted in self._plan(topic):
             if offset >= 0 and hf.behind(topic, offset):
                 continue
-            derived = hf.feed(ev)
-            if derived is None:
-                duplicate = True
-            elif derived:
+            key = key_of(ev)
+            if dedupe:
+                slot = states.get(key)
+                if slot is None:
+                    slot = states[key] = Slot(initial(), RecentIds())
+                if not slot.recent.first_time(ev.event_id):
+                    hf.duplicates += 1
+                    duplicate = True
+                    continue
+                slot.state, derived = apply(slot.state, ev)
+                dirty.add(key)
+            else:
+                before = states.get(key)
+                if before is None:
+                    before = initial()
+                state, derived = apply(before, ev)
+                if state is not before:
+                    states[key] = state
+                    dirty.add(key)
+            if derived and emitted is not None:
+                emitted.extend(derived)
+            if derived:
                 if target is not None:
                     view.derived(target, derived)  # type: ignore[union-attr]
-                if hf.emit:
+                if emit:
                     out.extend(derived)
                     if self.tags is not None:
                         self._tag(hf, len(derived))

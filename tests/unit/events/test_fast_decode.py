@@ -111,6 +111,17 @@ def test_old_versions_are_upcast_by_the_codec() -> None:
     assert ev.pool == "rollout_fleet"
 
 
+def test_a_decoded_event_copies_like_any_other() -> None:
+    """The twins share one fields-set per type: a copy with changes must not touch it."""
+    raws = [encode(sample(CLASSES["UsageRecorded"], i)) for i in range(2)]
+    a, b = decode_fast(raws[0]), decode_fast(raws[1])
+    changed = a.model_copy(update={"seq": 99})
+    assert changed.seq == 99 and a.seq != 99 and encode(b) == raws[1]
+    assert a.model_fields_set == set(UsageRecorded.model_fields)
+    with pytest.raises(ValueError):
+        a.seq = 5  # type: ignore[misc]  (frozen: nothing adds to the shared set)
+
+
 def test_many_keeps_the_order() -> None:
     raws = [encode(sample(CLASSES[n])) for n in NAMES] + [b"{not json"]
     out = decode_many(raws)
