@@ -151,12 +151,8 @@ def _trajectories(args: argparse.Namespace, term: Terminal) -> int:
     import uvicorn
 
     from producers.trajectory_api.request_body import MAX_BODY_BYTES, MAX_INFLIGHT_BODY_BYTES
-    from runwatch.apps.trajectories import (
-        TrajectoryHost,
-        TrajectorySettings,
-        build_app,
-        open_backend,
-    )
+    from runwatch.apps.trajectories import TrajectoryHost, TrajectorySettings
+    from runwatch.apps.trajectory_app import build_app, open_backend
 
     kafka = None
     if args.kafka is not None:

@@ -115,6 +115,7 @@ class HostedFold:
         "slots",
         "starts",
         "states",
+        "window",
     )
 
     def __init__(
@@ -124,8 +125,10 @@ class HostedFold:
         dedupe: bool = True,
         emit: bool = True,
         collect: bool = False,
+        window: int = DEDUPE_WINDOW,
     ) -> None:
         self.fold = fold
+        self.window = window
         self.name: str = fold.name
         self.dedupe = dedupe
         self.emit = emit
@@ -146,7 +149,7 @@ class HostedFold:
         if self.dedupe:
             slot = self.slots.get(key)
             if slot is None:
-                slot = self.slots[key] = new_slot(fold)
+                slot = self.slots[key] = Slot(fold.initial(), RecentIds(capacity=self.window))
             if not slot.recent.first_time(event.event_id):
                 self.duplicates += 1
                 return None
@@ -164,6 +167,23 @@ class HostedFold:
         if derived and self.collect:
             self.emitted.extend(derived)
         return derived
+
+    def state_for(self, key: str) -> Any:
+        """``key``'s state (its initial state if none was folded yet)."""
+        state = self.state_of(key)
+        return self.fold.initial() if state is None else state
+
+    def put_state(self, key: str, state: Any) -> None:
+        """Replace ``key``'s state (a host restoring a snapshot); its remembered ids stay."""
+        if self.dedupe:
+            slot = self.slots.get(key)
+            if slot is None:
+                self.slots[key] = Slot(state, RecentIds(capacity=self.window))
+            else:
+                slot.state = state
+        else:
+            self.states[key] = state
+        self.dirty.add(key)
 
     def behind(self, topic: str, offset: int) -> bool:
         """Was the record at ``offset`` of ``topic`` folded here already?"""

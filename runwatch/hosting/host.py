@@ -309,7 +309,7 @@ class Host:
             if dedupe:
                 slot = states.get(key)
                 if slot is None:
-                    slot = states[key] = Slot(initial(), RecentIds())
+                    slot = states[key] = Slot(initial(), RecentIds(capacity=hf.window))
                 if not slot.recent.first_time(ev.event_id):
                     hf.duplicates += 1
                     duplicate = True
