@@ -25,7 +25,7 @@ import socket
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from socketserver import ThreadingMixIn
-from typing import Any
+from typing import Any, get_args
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from prometheus_client import make_wsgi_app
@@ -37,22 +37,15 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import CollectorRegistry
 
+from events.catalog.derived import RunState
 from projections.run_state import TERMINAL
 from projections.store import ReadModel
 from projections.views import PHASE_BUCKETS, RunView
 
 OTHER = "other"
-STATES = (
-    "SUBMITTED",
-    "QUEUED",
-    "PROVISIONING",
-    "RUNNING",
-    "DEGRADED",
-    "PAUSED_BY_GATE",
-    "SUCCEEDED",
-    "FAILED",
-    "CANCELLED",
-)
+#: Every run state, in the order of the append-only enum (derived from it: a state added
+#: there is exported here without an edit).
+STATES: tuple[str, ...] = get_args(RunState)
 
 
 def bounded_tenants(views: list[RunView], top: int) -> dict[str, str]:
