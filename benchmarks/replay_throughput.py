@@ -75,6 +75,67 @@ def best(fn: Callable[[], Any], repeat: int) -> tuple[float, float, Any]:
     return min(walls), min(cpus), out
 
 
+def measure(root: Path, tmp: Path, repeat: int, workers: int) -> dict[str, Any]:
+    """Every figure on the log at ``root``: CPU seconds one process, wall seconds sharded."""
+    reader = EmbeddedLog(root, readonly=True)
+    _, read_cpu, records = best(lambda: list(reader.iter_records(list(INPUTS))), repeat)
+    values = [r.value for r in records]
+    del records
+    _, decode_cpu, _ = best(lambda: [decode(v) for v in values], repeat)
+    _, fast_cpu, _ = best(lambda: [decode_fast(v) for v in values], repeat)
+    _, mem_cpu, result = best(lambda: rebuild_from_log(root, collect=False), repeat)
+    folds = processor_folds()
+    _, all_cpu, _ = best(lambda: replay_log(root, processors=folds, collect=False), repeat)
+
+    def to_sqlite() -> tuple[Any, Path]:
+        path = tmp / f"p{time.perf_counter_ns()}.sqlite"
+        return rebuild_from_log(root, SqliteReadModel(path), collect=False), path
+
+    _, sql_cpu, (_, path) = best(to_sqlite, repeat)
+    _, noop_cpu, noop = best(
+        lambda: rebuild_from_log(root, SqliteReadModel(path), collect=False), 1
+    )
+    shards = []
+    for w in range(1, max(1, workers) + 1):
+        wall, _, sharded = best(lambda w=w: replay_log(root, workers=w, collect=False), repeat)
+        same = sharded.summary()["runs_by_state"] == result.summary()["runs_by_state"]
+        shards.append((w, wall, same))
+    return {
+        "rows": [
+            ("anchor: codec decode (pydantic)", decode_cpu),
+            ("read records (no decode)", read_cpu),
+            ("hosts' fast decode", fast_cpu),
+            ("replay -> in-memory read model", mem_cpu),
+            ("replay, all folds + read model", all_cpu),
+            ("replay -> SQLite read model", sql_cpu),
+            ("replay again into that SQLite (no-op)", noop_cpu),
+        ],
+        "shards": shards,
+        "noop_applied": noop.host.view.applied,
+    }
+
+
+def report(n: int, m: dict[str, Any]) -> None:
+    rows = dict(m["rows"])
+    decode_cpu = rows["anchor: codec decode (pydantic)"]
+    print(f"{'one process':40s} {'CPU s':>8s} {'ev/CPU-s':>10s} {'x anchor':>9s}")
+    for name, cpu in m["rows"]:
+        print(f"{name:40s} {cpu:8.3f} {n / cpu:10.0f} {decode_cpu / cpu:9.2f}")
+    print(f"\n{'key-sharded, in memory':40s} {'wall s':>8s} {'ev/s':>10s} {'x 1 shard':>9s}")
+    one = m["shards"][0][1]
+    for workers, wall, same in m["shards"]:
+        name = f"{workers} worker{'s' if workers > 1 else ''} (same read model: {same})"
+        print(f"{name:40s} {wall:8.3f} {n / wall:10.0f} {one / wall:9.2f}")
+    mem_cpu = rows["replay -> in-memory read model"]
+    ratio, all_ratio = decode_cpu / mem_cpu, decode_cpu / rows["replay, all folds + read model"]
+    print(
+        f"\nfigure: read-model replay {n / mem_cpu:.0f} events/CPU-s = {ratio:.2f}x the codec "
+        f"decode rate ({n / decode_cpu:.0f}/CPU-s) of the same events (goal >= 0.5x: "
+        f"{'MET' if ratio >= 0.5 else 'NOT MET'}); all folds {all_ratio:.2f}x; "
+        f"the no-op replay applied {m['noop_applied']}"
+    )
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=120)
@@ -82,7 +143,6 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--workers", type=int, default=os.cpu_count() or 2, help="most shards")
     args = ap.parse_args()
-
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp) / "log"
         log = EmbeddedLog(root, sync=False)
@@ -95,57 +155,8 @@ def main() -> int:
             f"log: {n} events, {args.runs} runs x {args.steps} steps; "
             f"cpus={os.cpu_count()} load={os.getloadavg()[0]:.1f}"
         )
-        reader = EmbeddedLog(root, readonly=True)
-        rows = []
-        _, read_cpu, records = best(lambda: list(reader.iter_records(list(INPUTS))), args.repeat)
-        values = [r.value for r in records]
-        del records
-        _, decode_cpu, _ = best(lambda: [decode(v) for v in values], args.repeat)
-        _, fast_cpu, _ = best(lambda: [decode_fast(v) for v in values], args.repeat)
-        _, mem_cpu, result = best(lambda: rebuild_from_log(root, collect=False), args.repeat)
-        folds = processor_folds()
-        _, all_cpu, _ = best(lambda: replay_log(root, processors=folds, collect=False), args.repeat)
-
-        def to_sqlite() -> tuple[Any, Path]:
-            path = Path(tmp) / f"p{time.perf_counter_ns()}.sqlite"
-            return rebuild_from_log(root, SqliteReadModel(path), collect=False), path
-
-        _, sql_cpu, (_, path) = best(to_sqlite, args.repeat)
-        _, noop_cpu, noop = best(
-            lambda: rebuild_from_log(root, SqliteReadModel(path), collect=False), 1
-        )
-        rows += [
-            ("anchor: codec decode (pydantic)", decode_cpu),
-            ("read records (no decode)", read_cpu),
-            ("hosts' fast decode", fast_cpu),
-            ("replay -> in-memory read model", mem_cpu),
-            ("replay, all folds + read model", all_cpu),
-            ("replay -> SQLite read model", sql_cpu),
-            ("replay again into that SQLite (no-op)", noop_cpu),
-        ]
-        shards = []
-        for workers in range(1, max(1, args.workers) + 1):
-            wall, cpu, sharded = best(
-                lambda w=workers: replay_log(root, workers=w, collect=False), args.repeat
-            )
-            same = sharded.summary()["runs_by_state"] == result.summary()["runs_by_state"]
-            shards.append((workers, wall, cpu, same))
-
-    print(f"{'one process':40s} {'CPU s':>8s} {'ev/CPU-s':>10s} {'x anchor':>9s}")
-    for name, cpu in rows:
-        print(f"{name:40s} {cpu:8.3f} {n / cpu:10.0f} {decode_cpu / cpu:9.2f}")
-    print(f"\n{'key-sharded, in memory':40s} {'wall s':>8s} {'ev/s':>10s} {'x 1 shard':>9s}")
-    one = shards[0][1]
-    for workers, wall, _, same in shards:
-        name = f"{workers} worker{'s' if workers > 1 else ''} (same read model: {same})"
-        print(f"{name:40s} {wall:8.3f} {n / wall:10.0f} {one / wall:9.2f}")
-    ratio = decode_cpu / mem_cpu
-    print(
-        f"\nfigure: read-model replay {n / mem_cpu:.0f} events/CPU-s = {ratio:.2f}x the codec "
-        f"decode rate ({n / decode_cpu:.0f}/CPU-s) of the same events (goal >= 0.5x: "
-        f"{'MET' if ratio >= 0.5 else 'NOT MET'}); all folds {decode_cpu / all_cpu:.2f}x; "
-        f"the no-op replay applied {noop.host.view.applied}"
-    )
+        m = measure(root, Path(tmp), args.repeat, args.workers)
+    report(n, m)
     return 0
 
 

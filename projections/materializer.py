@@ -20,20 +20,71 @@ fact is not applied (not by the view, not by any fold) and counted in
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from dataclasses import asdict
+from typing import Any, Protocol
 
 from events.dead_letter import DeadLetter
 from events.envelope import EventBase
+from projections.fleet import Fleet
+from projections.run_state import RunStatus
 from projections.store import Batch, Snapshot
-from projections.views import (
-    Fleet,
-    Points,
-    RunView,
-    apply_derived,
-    apply_primary,
-    sync_status,
-    sync_usage,
-)
+from projections.views import Points, RunView, apply_derived, apply_primary
+
+
+def sync_status(view: RunView, status: RunStatus) -> None:
+    """Copy the run-state fold's decisions into the view."""
+    m = status.machine
+    view.state, view.reason, view.failure_class = m.state, m.reason, m.failure_class
+    view.attribution = asdict(m.attribution) if m.attribution else None
+    led = status.ledger
+    view.ledger = {
+        "samples": led.counts(),
+        "ok_batches": led.ok_batches,
+        "failed_batches": led.failed_batches,
+        "examples": [x[3] for x in led.examples],
+    }
+    view.counters = {
+        "rejected_transitions": len(m.rejected),
+        "corrections": status.corrections,
+        "late_after_terminal": m.late_after_terminal,
+    }
+    view.mechanics["rejected"] = [list(r) for r in m.rejected[-20:]]
+
+
+class PriceList(Protocol):
+    """What a view needs of tenant accounting's price list (``stream_processors/
+    accounting``: the read model shows its totals, it does not import the room)."""
+
+    version: str
+
+
+class UsageTotals(Protocol):
+    """What a view shows of one run's accounting state (tenant accounting's ``RunUsage``)."""
+
+    gpu_seconds_by_phase: tuple[tuple[str, float], ...]
+    tokens_generated: int
+    tokens_trained: int
+    committed_steps: int
+
+    def by_pool(self) -> tuple[tuple[str, float], ...]: ...
+
+    def spend_usd(self, prices: Any) -> float: ...
+
+
+def sync_usage(view: RunView, usage: UsageTotals, prices: PriceList) -> None:
+    """Copy tenant accounting's running totals (and its price list's version) into the view."""
+    spend = usage.spend_usd(prices)
+    view.usage = {
+        "gpu_seconds_by_pool": dict(usage.by_pool()),
+        "gpu_seconds_by_phase": dict(usage.gpu_seconds_by_phase),
+        "tokens_generated": usage.tokens_generated,
+        "tokens_trained": usage.tokens_trained,
+        "committed_steps": usage.committed_steps,
+        "spend_usd": spend,
+        "cost_per_step_usd": spend / usage.committed_steps if usage.committed_steps else None,
+        "prices_version": prices.version,
+    }
+
 
 #: fold name -> how its state shows in a run's view: ``(view, state, fold)``.
 SYNC: dict[str, Callable[[RunView, Any, Any], None]] = {

@@ -1,32 +1,16 @@
 """The one host: records in, decoded once, folds applied, derived events out, state committed
-with the positions it reflects.
+with the positions it reflects (``docs/hosting.md``).
 
-:class:`Host` runs a list of folds over records of any log backend. Per record:
-
-1. *position*: a record before the host's position of its ``topic:partition`` was applied
-   already and is skipped (a redelivered tail, a repeated replay into the same store);
-2. *decode*, once for every fold that reads the topic (:func:`events.fast_decode.decode_many`);
-   a record that does not decode is a :class:`~events.dead_letter.DeadLetter`, located
-   where it was read and kept in :attr:`Host.dead_letters` for the caller to publish;
-3. *own* (option ``owns``, a key-sharded replay): a record of another shard's run is not
-   applied (its barrier facts still move the barrier's watermarks);
-4. *barrier* (option ``barrier``, :mod:`runwatch.hosting.barrier`): a run's terminal and
-   the records after it wait until the barrier topics passed it in event time;
-5. *view* (option ``view``, a read model's :class:`~projections.materializer.Materializer`):
-   the fact goes into its run's view (a foreign tenant's claim stops it here);
-6. *apply*: each fold that reads the topic folds it into its key's state
-   (:class:`~runwatch.hosting.core.HostedFold`; with ``dedupe``, once per event id); what
-   it derives goes to the view and, unless the fold is hosted for the view only, out.
-
-:meth:`Host.checkpoint` commits through the host's :class:`StateStore` everything that
-changed — fold states, positions, held records, the view's batch — in one atomic write, so
-state can never run ahead of (or behind) the positions it reflects.
-
-Which store: the embedded state files (:class:`~runwatch.hosting.stores.StateFiles`), a
-read model (:class:`~runwatch.hosting.stores.ReadModelState`), or nothing
-(:class:`~runwatch.hosting.stores.NoState`, a read-only replay). The faust app keeps
-state in its tables instead and uses the per-record core directly
-(:mod:`runwatch.hosting.faust_agent`).
+Per record: skip it if it is before the host's position of its ``topic:partition``;
+decode it once for every fold that reads it (:func:`events.fast_decode.decode_many`; a
+dead letter is located and kept in :attr:`Host.dead_letters` for the caller); with the
+options, apply only the shard's runs (``owns``), hold it at the terminal barrier
+(``barrier``, :mod:`runwatch.hosting.barrier`), fold it into its run's view (``view``,
+:class:`projections.materializer.Materializer`: a foreign tenant's claim stops it there);
+then every fold of its topic folds it (:class:`~runwatch.hosting.core.HostedFold`; with
+``dedupe``, once per event id) and what it derives goes to the view and out.
+:meth:`Host.checkpoint` commits fold states, positions, held records and the view's batch
+through the host's store (:mod:`runwatch.hosting.stores`) in one atomic write.
 
 Time: nothing here reads a clock (the follower's settle time is its caller's).
 """
@@ -34,8 +18,7 @@ Time: nothing here reads a clock (the follower's settle time is its caller's).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 from events.dead_letter import DeadLetter
 from events.envelope import EventBase
@@ -44,56 +27,7 @@ from events.fold import Fold
 from events.log.base import Record
 from runwatch.hosting.barrier import TerminalBarrier
 from runwatch.hosting.core import FoldSet, HostedFold, RecentIds, Slot
-
-Position = tuple[str, int]  # (topic, partition)
-#: The rank of what a record derives directly (before any run it releases at the barrier).
-DIRECT = (float("-inf"), "")
-
-
-@dataclass
-class Loaded:
-    """What a store gives a host to resume from."""
-
-    #: (topic, partition) -> next offset to apply
-    positions: dict[Position, int] = field(default_factory=dict)
-    #: fold name -> topic -> next offset that fold has to fold (state files keep one each)
-    fold_starts: dict[str, dict[str, int]] = field(default_factory=dict)
-    #: fold name -> key -> persisted state
-    fold_states: dict[str, dict[str, bytes]] = field(default_factory=dict)
-    held: dict[str, Any] | None = None
-    #: the store's own snapshot, for the view (a read model's)
-    snapshot: Any = None
-
-
-@dataclass
-class Commit:
-    positions: dict[Position, int]
-    #: fold name -> changed key -> persisted state
-    fold_states: dict[str, dict[str, bytes]]
-    #: the barrier's document when it changed, else None
-    held: dict[str, Any] | None = None
-    #: the view's batch (a read model's), else None
-    view: Any = None
-
-
-class StateStore(Protocol):
-    def load(self, folds: FoldSet) -> Loaded: ...
-
-    def commit(self, commit: Commit) -> None: ...
-
-
-class View(Protocol):
-    """A read model's side of the host (:class:`projections.materializer.Materializer`)."""
-
-    def admit(self, topic: str, ev: EventBase) -> Any | None: ...
-
-    def derived(self, view: Any, events: Sequence[EventBase]) -> None: ...
-
-    def dead_letter(self, letter: DeadLetter) -> None: ...
-
-    def sync(self, fold: Any, key: str, state: Any) -> None: ...
-
-    def take_batch(self) -> Any: ...
+from runwatch.hosting.ports import DIRECT, Commit, Position, StateStore, View
 
 
 class Host:
@@ -134,7 +68,6 @@ class Host:
         #: shards' outputs back into one process's order by them)
         self.tags: list[tuple[int, Any, tuple[float, str]]] | None = None
         self.source: Any = None
-        self._plans: dict[str, tuple[tuple[Any, ...], ...]] = {}
         loaded = store.load(self.folds)
         self.positions: dict[Position, int] = dict(loaded.positions)
         for hf in self.folds:
@@ -142,11 +75,7 @@ class Host:
             for key, raw in loaded.fold_states.get(hf.name, {}).items():
                 hf.load(key, raw)
         #: folds whose saved positions are ahead of the host's (they skip what they did)
-        self._catching_up = any(
-            hf.starts.get(t, 0) > self.positions.get((t, 0), 0)
-            for hf in self.folds
-            for t in hf.fold.inputs
-        )
+        self._catching_up = self._ahead()
         if barrier is not None:
             barrier.load_doc(loaded.held)
         self.view: View | None = view(loaded.snapshot) if view is not None else None
@@ -155,6 +84,22 @@ class Host:
 
     def process(self, records: Iterable[Record]) -> list[EventBase]:
         """Apply records (any topics, any interleaving); the derived events, in order."""
+        fresh = self._fresh(records)
+        return self.process_decoded(fresh, decode_many([r.value for r in fresh]))
+
+    def accept(
+        self, records: Sequence[Record], events: Sequence[EventBase | DeadLetter]
+    ) -> tuple[list[Record], list[EventBase | DeadLetter]]:
+        """The records (with their decoded events) this host reads and has not applied
+        yet, its positions moved past them: what :meth:`process_decoded` takes."""
+        index = {id(rec): i for i, rec in enumerate(records)}
+        fresh = self._fresh(records)
+        if len(fresh) == len(records):
+            return list(records), list(events)
+        return fresh, [events[index[id(rec)]] for rec in fresh]
+
+    def _fresh(self, records: Iterable[Record]) -> list[Record]:
+        """The records of this host's topics not applied yet; positions moved past them."""
         routes, positions = self.folds.routes, self.positions
         fresh: list[Record] = []
         for rec in records:
@@ -166,27 +111,7 @@ class Host:
                 continue
             positions[where] = rec.offset + 1
             fresh.append(rec)
-        return self.process_decoded(fresh, decode_many([r.value for r in fresh]))
-
-    def accept(
-        self, records: Sequence[Record], events: Sequence[EventBase | DeadLetter]
-    ) -> tuple[list[Record], list[EventBase | DeadLetter]]:
-        """The records (with their decoded events) this host reads and has not applied
-        yet, its positions moved past them: what :meth:`process_decoded` takes."""
-        routes, positions = self.folds.routes, self.positions
-        keep = []
-        for i, rec in enumerate(records):
-            if rec.topic not in routes:
-                continue
-            where = (rec.topic, rec.partition)
-            if rec.offset < positions.get(where, 0):
-                self.skipped += 1
-                continue
-            positions[where] = rec.offset + 1
-            keep.append(i)
-        if len(keep) == len(records):
-            return list(records), list(events)
-        return [records[i] for i in keep], [events[i] for i in keep]
+        return fresh
 
     def process_decoded(
         self, records: Sequence[Record], events: Sequence[EventBase | DeadLetter]
@@ -208,37 +133,35 @@ class Host:
             if barrier is None:
                 apply(rec.topic, ev, out, rec.offset if catching_up else -1)
                 continue
-            topic = rec.topic
-            advanced = topic in barrier.topic_set and barrier.advance(topic, rec.partition, ev.ts)
-            # nothing held and not a lifecycle fact: nothing to hold (the common case)
-            if (not barrier.held and topic != barrier.lifecycle) or barrier.admit(
-                topic, rec.partition, ev
-            ):
-                apply(topic, ev, out, -1)
-            if advanced and barrier.due(rec.partition):
-                barrier.release(lambda t, e: apply(t, e, out, -1), force=False)
+            self._route(rec.topic, rec.partition, ev, out)
         if catching_up:
-            self._catching_up = any(
-                hf.starts.get(t, 0) > self.positions.get((t, 0), 0)
-                for hf in self.folds
-                for t in hf.fold.inputs
-            )
+            self._catching_up = self._ahead()
         return out
+
+    def _ahead(self) -> bool:
+        """Is a fold's saved position ahead of the host's (embedded state files only)?"""
+        pos = self.positions
+        return any(hf.starts.get(t, 0) > pos.get((t, 0), 0) for hf in self.folds for t in hf.starts)
 
     def process_events(self, items: Iterable[tuple[str, int, EventBase]]) -> list[EventBase]:
         """Apply decoded events ``(topic, partition, event)``, without positions."""
         out: list[EventBase] = []
-        barrier = self.barrier
         for topic, partition, ev in items:
-            if barrier is None:
-                self._apply(topic, ev, out, -1)
-                continue
-            advanced = topic in barrier.topic_set and barrier.advance(topic, partition, ev.ts)
-            if barrier.admit(topic, partition, ev):
-                self._apply(topic, ev, out, -1)
-            if advanced and barrier.due(partition):
-                barrier.release(lambda t, e: self._apply(t, e, out, -1), force=False)
+            self._route(topic, partition, ev, out)
         return out
+
+    def _route(self, topic: str, partition: int, ev: EventBase, out: list[EventBase]) -> None:
+        """Apply ``ev`` now or hold it at the barrier; release what its time frees."""
+        barrier = self.barrier
+        if barrier is None:
+            self._apply(topic, ev, out, -1)
+            return
+        advanced = topic in barrier.topic_set and barrier.advance(topic, partition, ev.ts)
+        # nothing held and not a lifecycle fact: nothing to hold (the common case)
+        if (not barrier.held and topic != barrier.lifecycle) or barrier.admit(topic, partition, ev):
+            self._apply(topic, ev, out, -1)
+        if advanced and barrier.due(partition):
+            barrier.release(lambda t, e: self._apply(t, e, out, -1), force=False)
 
     def release_held(self, force: bool = True) -> list[EventBase]:
         """Apply the runs held at the barrier (``force``: all of them); what they derived."""
@@ -272,26 +195,6 @@ class Host:
             barrier.release(lambda t, e: self._apply(t, e, out, -1), force=False)
         return False
 
-    def _plan(self, topic: str) -> tuple[tuple[Any, ...], ...]:
-        """Per fold of ``topic``, what :meth:`_apply` needs, looked up once."""
-        plan = self._plans.get(topic)
-        if plan is None:
-            plan = self._plans[topic] = tuple(
-                (
-                    hf,
-                    hf.dedupe,
-                    hf.fold.apply,
-                    hf.fold.key_of,
-                    hf.fold.initial,
-                    hf.slots if hf.dedupe else hf.states,
-                    hf.dirty,
-                    hf.emit,
-                    hf.emitted if hf.collect else None,
-                )
-                for hf in self.folds.routes[topic]
-            )
-        return plan
-
     def _apply(self, topic: str, ev: EventBase, out: list[EventBase], offset: int) -> None:
         """Fold one event into the view and every fold of its topic (the hot path: what
         :meth:`HostedFold.feed` does per key is inlined for folds without dedupe)."""
@@ -302,7 +205,9 @@ class Host:
             if target is None:
                 return  # a run id claimed by another tenant: never merged
         duplicate = False
-        for hf, dedupe, apply, key_of, initial, states, dirty, emit, emitted in self._plan(topic):
+        for hf, dedupe, apply, key_of, initial, states, dirty, emit, emitted in self.folds.plan(
+            topic
+        ):
             if offset >= 0 and hf.behind(topic, offset):
                 continue
             key = key_of(ev)

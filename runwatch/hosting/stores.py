@@ -19,7 +19,7 @@ from typing import Any
 from events.log.embedded import GROUPS_DIR, EmbeddedLog
 from events.log.segments import write_atomically
 from runwatch.hosting.core import FoldSet
-from runwatch.hosting.host import Commit, Loaded, Position
+from runwatch.hosting.ports import Commit, Loaded, Position
 
 
 class NoState:
