@@ -72,6 +72,8 @@ def replay_log(
         raise ValueError(f"workers must be at least 1, not {workers}")
     if store is not None and store_path is not None:
         raise ValueError("give a store or a store path, not both")
+    if store is not None and workers > 1:
+        raise ValueError("a key-sharded replay builds a new store: give a store path")
     from projections.store import SqliteReadModel
     from stream_processors.accounting import Prices
 
