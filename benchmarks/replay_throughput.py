@@ -42,7 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from events.codec import decode
 from events.fast_decode import decode_fast
 from events.log.embedded import EmbeddedLog
-from projections.store import SqliteReadModel
+from projections.sqlite_store import SqliteReadModel
 from runwatch.folds import processor_folds
 from runwatch.hosting.read_model import INPUTS
 from runwatch.hosting.replay import rebuild_from_log, replay_log

@@ -1,5 +1,5 @@
-"""Read-model backends behind one ABC: in-memory (tests) and SQLite (durable,
-:mod:`projections.sqlite_store`).
+"""Read-model backends behind one ABC: in-memory (tests, here) and SQLite (durable:
+:class:`projections.sqlite_store.SqliteReadModel`).
 
 The engine writes a :class:`Batch` — the changed run views, new series points, fold
 states, fleet aggregates, held records and the *consumed positions* — with one
@@ -246,13 +246,3 @@ class InMemoryReadModel(ReadModel):
     def positions(self) -> Positions:
         with self._lock:
             return dict(self._positions)
-
-
-def __getattr__(name: str) -> Any:
-    """``SqliteReadModel`` lives in :mod:`projections.sqlite_store` (imported on first use,
-    so a reader of the in-memory model never loads sqlite3's backend)."""
-    if name == "SqliteReadModel":
-        from projections.sqlite_store import SqliteReadModel
-
-        return SqliteReadModel
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -58,7 +58,7 @@ async def _verify_kafka(live, bootstrap, policy, prices):  # type: ignore[no-unt
 
 def run(args: argparse.Namespace, term: Terminal) -> int:
     from projections.policy import RunStatePolicy
-    from projections.store import SqliteReadModel
+    from projections.sqlite_store import SqliteReadModel
     from stream_processors.accounting import Prices
 
     store_path = Path(args.store)

@@ -42,7 +42,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace, term: Terminal) -> int:
     from events.codec import encode
     from projections.policy import RunStatePolicy
-    from projections.store import SqliteReadModel
+    from projections.sqlite_store import SqliteReadModel
     from runwatch.cli.log import open_readonly, warn_torn
     from runwatch.folds import processor_folds
     from runwatch.hosting.replay import replay_log

@@ -62,7 +62,7 @@ def serve(args: argparse.Namespace, term: Terminal) -> int:
 
     from projections.keys import ApiKeys
     from projections.policy import RunStatePolicy
-    from projections.store import SqliteReadModel
+    from projections.sqlite_store import SqliteReadModel
     from runwatch.apps.query_api import build_app, read_token, watch_keys
     from stream_processors.accounting import Prices
 
@@ -91,7 +91,7 @@ def serve(args: argparse.Namespace, term: Terminal) -> int:
 def _follow(args: argparse.Namespace, term: Terminal, store: object, config: tuple):  # type: ignore[no-untyped-def,type-arg]
     """The follower thread of the store (``config``: the policy and the prices); returns
     its stop."""
-    from projections.store import SqliteReadModel
+    from projections.sqlite_store import SqliteReadModel
     from runwatch.apps.query_api import open_backend, start_follower
     from runwatch.hosting.read_model import read_model_host
 

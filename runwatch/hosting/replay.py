@@ -74,7 +74,7 @@ def replay_log(
         raise ValueError("give a store or a store path, not both")
     if store is not None and workers > 1:
         raise ValueError("a key-sharded replay builds a new store: give a store path")
-    from projections.store import SqliteReadModel
+    from projections.sqlite_store import SqliteReadModel
     from stream_processors.accounting import Prices
 
     started = time.perf_counter()

@@ -35,7 +35,8 @@ def replay_sharded(
     job: Job, workers: int, store_path: str | os.PathLike[str] | None, until: Positions | None
 ) -> ReplayResult:
     """``job`` by ``workers`` processes, into memory or the new SQLite file ``store_path``."""
-    from projections.store import Batch, InMemoryReadModel, SqliteReadModel
+    from projections.sqlite_store import SqliteReadModel
+    from projections.store import Batch, InMemoryReadModel
 
     if store_path is not None:
         target = SqliteReadModel(store_path)

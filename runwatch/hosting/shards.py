@@ -111,7 +111,8 @@ def _owns(shard: int, workers: int) -> Callable[[bytes | None], bool] | None:
 def run_shard(job: Job, store: Any = None) -> Shard:
     """Replay ``job`` (into ``store`` when given: a read model to resume, for one shard)."""
     from events.log.embedded import EmbeddedLog
-    from projections.store import InMemoryReadModel, SqliteReadModel
+    from projections.sqlite_store import SqliteReadModel
+    from projections.store import InMemoryReadModel
 
     gc_was_enabled = gc.isenabled()
     # The cyclic GC is paused for the replay: views, fold states and events form no

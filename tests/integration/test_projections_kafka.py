@@ -20,7 +20,7 @@ import pytest
 from events import encode
 from events.codec import decode
 from events.log.kafka import KafkaLog
-from projections.store import SqliteReadModel
+from projections.sqlite_store import SqliteReadModel
 from runwatch.hosting.audit import first_difference
 from runwatch.hosting.follow import follow
 from runwatch.hosting.read_model import read_model_host

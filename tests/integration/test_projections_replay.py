@@ -10,7 +10,8 @@ import pytest
 
 from events import encode
 from events.log.embedded import EmbeddedLog
-from projections.store import InMemoryReadModel, SqliteReadModel
+from projections.sqlite_store import SqliteReadModel
+from projections.store import InMemoryReadModel
 from runwatch.hosting.audit import first_difference, verify
 from runwatch.hosting.read_model import INPUTS, read_model_host
 from runwatch.hosting.replay import rebuild_from_log, replay_log
