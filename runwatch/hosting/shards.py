@@ -111,8 +111,6 @@ def _owns(shard: int, workers: int) -> Callable[[bytes | None], bool] | None:
 def run_shard(job: Job, store: Any = None) -> Shard:
     """Replay ``job`` (into ``store`` when given: a read model to resume, for one shard)."""
     from events.log.embedded import EmbeddedLog
-    from projections.sqlite_store import SqliteReadModel
-    from projections.store import InMemoryReadModel
 
     gc_was_enabled = gc.isenabled()
     # The cyclic GC is paused for the replay: views, fold states and events form no
@@ -120,21 +118,10 @@ def run_shard(job: Job, store: Any = None) -> Shard:
     # of millions of live series points cost a third of the replay's CPU time.
     gc.disable()
     try:
-        owns = _owns(job.shard, job.workers)
-        tagging = job.workers > 1 and job.collect
-        proc = proj = None
-        if job.processors:
-            proc = Host(list(job.processors), NoState(), owns=owns, collect=job.collect)
-        if job.projections:
-            if store is None:
-                store = SqliteReadModel(job.sqlite_out) if job.sqlite_out else InMemoryReadModel()
-            proj = read_model_host(store, job.policy, job.prices, owns=owns)
+        out = _hosts(job, store)
+        proc, proj = out.processors, out.projection
         hosts = [h for h in (proc, proj) if h is not None]
-        if tagging:
-            for h in hosts:
-                h.tags = []
-        out = Shard(proc, proj)
-        log = EmbeddedLog(job.log_dir, readonly=True)
+        tagging = job.workers > 1 and job.collect
         topics = sorted({t for h in hosts for t in h.folds.topics})
         starts = {t: 0 for t in topics}
         floors: dict[str, int] = {}  # what the read model holds already: not handed to it
@@ -144,9 +131,10 @@ def run_shard(job: Job, store: Any = None) -> Shard:
                 starts.update({t: n for t, n in floors.items() if t in starts})
                 floors = {}
         keys = None
-        if owns is not None:
+        if job.workers > 1:
             passes = _Passes(job.shard, job.workers).__getitem__
             keys = {t: passes for t in topics if t not in BARRIER_TOPICS}
+        log = EmbeddedLog(job.log_dir, readonly=True)
         chunks = log.merged_chunks(topics, starts, keys, job.ends, out.reached)
         for chunk in _batches(chunks, job.commit_every):
             out.records += _feed(hosts, chunk, out, tagging, job.collect, floors)
@@ -169,6 +157,26 @@ def run_shard(job: Job, store: Any = None) -> Shard:
     finally:
         if gc_was_enabled:
             gc.enable()
+
+
+def _hosts(job: Job, store: Any) -> Shard:
+    """The shard's hosts: the processors' (nothing kept) and the read model's."""
+    from projections.sqlite_store import SqliteReadModel
+    from projections.store import InMemoryReadModel
+
+    owns = _owns(job.shard, job.workers)
+    proc = proj = None
+    if job.processors:
+        proc = Host(list(job.processors), NoState(), owns=owns, collect=job.collect)
+    if job.projections:
+        if store is None:
+            store = SqliteReadModel(job.sqlite_out) if job.sqlite_out else InMemoryReadModel()
+        proj = read_model_host(store, job.policy, job.prices, owns=owns)
+    if job.workers > 1 and job.collect:
+        for h in (proc, proj):
+            if h is not None:
+                h.tags = []
+    return Shard(proc, proj)
 
 
 def _batches(chunks: Iterator[list[Any]], n: int) -> Iterator[list[Any]]:
