@@ -24,7 +24,7 @@ Reward hacking by eval cadence: the gameable fault in runs with an eval every 10
 
 Money before detection: the synthetic runs bill 8 GPUs x each step's wall time (10-60 s)
 as ``UsageRecorded``; the GPU-seconds from the fault to its alert are priced at the
-trainer pool's price in ``projections/prices.yaml`` (the same list the bill and the
+trainer pool's price in ``stream_processors/accounting/prices.yaml`` (the same list the bill and the
 dead-run alert use). The ``8 GPUs, 1 step/min`` column prices the p90 lag for a run of
 that shape instead.
 
@@ -46,7 +46,7 @@ from typing import Any
 
 import numpy as np
 
-from projections.policy import Prices
+from stream_processors.accounting import Prices
 from stream_processors.detectors import DETECTORS, RunHealthFold, load_catalog
 from stream_processors.detectors.scenarios import FAULTS, SHAPES, synthetic_run
 
@@ -282,8 +282,8 @@ def main() -> None:
         "`checkpoint_writer_stuck` the first checkpoint that was due and not written, and "
         "for `no_eval_gate` the first eval that was due. Money: the run's own usage (8 GPUs "
         f"x the step's wall time) from that step to the alert, at the trainer pool's "
-        f"${price:g}/GPU-s (`projections/prices.yaml`); the last money column is the p90 "
-        f"lag at {GPUS} GPUs and one step a minute (${per_step:.2f} a step).",
+        f"${price:g}/GPU-s (`stream_processors/accounting/prices.yaml`); the last money "
+        f"column is the p90 lag at {GPUS} GPUs and one step a minute (${per_step:.2f} a step).",
         "",
         "## Reward hacking by eval cadence (gameable reward, "
         f"{args.faulty} runs each, {2 * args.steps} steps)",

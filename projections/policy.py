@@ -1,9 +1,9 @@
-"""The run-state policy and the price list: configuration, not code (principle 5).
+"""The run-state policy: configuration, not code (principle 5).
 
-Both are frozen pydantic models loaded from YAML (defaults ship beside this module:
-``run_state_policy.yaml`` and ``prices.yaml``). Every derived event and attribution names
-the policy ``version`` it was decided under, so a changed threshold is visible in the
-audit trail.
+A frozen pydantic model loaded from YAML (the default ships beside this module:
+``run_state_policy.yaml``). Every derived event and attribution names the policy
+``version`` it was decided under, so a changed threshold is visible in the audit trail.
+(The price list is tenant accounting's: ``stream_processors/accounting/prices.py``.)
 
 Policy semantics (all windows in training steps, never wall-clock):
 
@@ -41,7 +41,6 @@ Action = Literal["degrade", "pause", "pause_at_checkpoint", "advisory"]
 
 HERE = Path(__file__).parent
 DEFAULT_POLICY_PATH = HERE / "run_state_policy.yaml"
-DEFAULT_PRICES_PATH = HERE / "prices.yaml"
 
 
 class _Frozen(BaseModel):
@@ -86,22 +85,6 @@ class RunStatePolicy(_Frozen):
     @classmethod
     def load(cls, path: str | Path | None = None) -> RunStatePolicy:
         return cls.model_validate(_read_yaml(path or DEFAULT_POLICY_PATH))
-
-
-class Prices(_Frozen):
-    """USD prices. GPU-seconds are priced per pool; tokens per million (optional)."""
-
-    version: str = "default"
-    usd_per_gpu_second: dict[str, float] = Field(default_factory=dict)
-    usd_per_million_tokens_generated: float = 0.0
-    usd_per_million_tokens_trained: float = 0.0
-
-    def gpu_price(self, pool: str) -> float:
-        return self.usd_per_gpu_second.get(pool, 0.0)
-
-    @classmethod
-    def load(cls, path: str | Path | None = None) -> Prices:
-        return cls.model_validate(_read_yaml(path or DEFAULT_PRICES_PATH))
 
 
 def _read_yaml(path: str | Path) -> dict:

@@ -70,9 +70,6 @@ PRODUCER = "projections/run_state"
 PAUSING: frozenset[str] = frozenset({"pause", "pause_at_checkpoint"})
 TERMINAL: frozenset[str] = frozenset({"SUCCEEDED", "FAILED", "CANCELLED"})
 ACTIVE: frozenset[str] = frozenset({"RUNNING", "DEGRADED"})
-_ANY_LIVE = frozenset(
-    {"SUBMITTED", "QUEUED", "PROVISIONING", "RUNNING", "DEGRADED", "PAUSED_BY_GATE"}
-)
 #: from-state -> the states it may move to (``None``: a run never seen before).
 LEGAL: dict[str | None, frozenset[str]] = {
     None: frozenset({"SUBMITTED", "QUEUED", "CANCELLED", "FAILED"}),

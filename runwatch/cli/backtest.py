@@ -50,7 +50,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace, term: Terminal) -> int:
-    from projections.policy import Prices
+    from stream_processors.accounting import Prices
     from stream_processors.detectors import CatalogError, RunHealthFold, load_catalog
     from stream_processors.detectors.backtest import backtest
 

@@ -22,10 +22,10 @@ Either fires only while money is being spent: GPU-seconds from ``UsageRecorded``
 during the stretch, or no usage was ever reported (committed steps are assumed to cost).
 The alert states the money burned since the signal died and in the whole run, priced per
 pool at ``usd_per_gpu_second`` (the composition root fills it from the accounting price
-list, ``projections/prices.yaml``; ``prices_version`` names it; without prices the alert
-states GPU-seconds only). An episode resolves when its evidence ends: for the fast kind,
-``resolve_steps`` steps in a row with spread again; for the windowed kind, a window that is
-not flat.
+list, ``stream_processors/accounting/prices.yaml``; ``prices_version`` names it; without
+prices the alert states GPU-seconds only). An episode resolves when its evidence ends: for
+the fast kind, ``resolve_steps`` steps in a row with spread again; for the windowed kind, a
+window that is not flat.
 """
 
 from __future__ import annotations

@@ -19,9 +19,10 @@ import pytest
 from events import AlertFired, DeadLetter
 from events.codec import decode, encode
 from events.log.embedded import EmbeddedLog
-from projections.policy import Prices
 from runwatch.folds import processor_folds
-from runwatch.hosting.embedded import EmbeddedHost, replay
+from runwatch.hosting.embedded import EmbeddedHost
+from runwatch.hosting.replay import replay_processors
+from stream_processors.accounting import Prices
 from stream_processors.detectors.scenarios import synthetic_run
 
 
@@ -90,7 +91,7 @@ def test_import_process_replay_verl_history(tmp_path: Path) -> None:
     # the mean is exactly 0.0 from step 120: 8 equal means in a row (verl logs no spread)
     assert len(dead) == 1 and dead[0].step == 127 and dead[0].window_start == 120
     assert "burned since step 120" in dead[0].reason and "$" in dead[0].reason
-    # 30 s x 8 GPUs per step at the trainer pool's price in projections/prices.yaml, every
+    # 30 s x 8 GPUs per step at the trainer pool's price in the accounting price list, every
     # step before the alert counted once (the alert's own step bills after it)
     price = Prices.load().gpu_price("trainer")
     observed = dict(dead[0].observed)
@@ -157,7 +158,8 @@ def test_embedded_host_resumes_dedupes_and_dead_letters(tmp_path: Path) -> None:
     stats = EmbeddedHost(log, processor_folds()).run_once()
     assert stats.duplicates == 50
     stored = [encode(a) for a in log.iter_events(["runwatch.alerts"])]
-    expected = [encode(a) for a in replay(_single(events, tmp_path), processor_folds())]
+    replayed = replay_processors(_single(events, tmp_path), processor_folds())
+    expected = [encode(a) for a in replayed if type(a).TOPIC == "runwatch.alerts"]
     assert stored == expected and any(b"kl_blowup" in a for a in stored)
     dead = list(log.read_sync("runwatch.dead-letters"))
     assert len(dead) == 1

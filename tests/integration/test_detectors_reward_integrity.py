@@ -16,7 +16,7 @@ import yaml
 
 from events import AlertFired, CanaryProbeScored
 from events.log.embedded import EmbeddedLog
-from projections.replay import rebuild_from_log
+from runwatch.hosting.replay import rebuild_from_log
 from tests.integration.sandbox_support import require_sandbox, write_reward
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
