@@ -92,10 +92,10 @@ class Host:
     ) -> tuple[list[Record], list[EventBase | DeadLetter]]:
         """The records (with their decoded events) this host reads and has not applied
         yet, its positions moved past them: what :meth:`process_decoded` takes."""
-        index = {id(rec): i for i, rec in enumerate(records)}
         fresh = self._fresh(records)
         if len(fresh) == len(records):
-            return list(records), list(events)
+            return fresh, list(events)
+        index = {id(rec): i for i, rec in enumerate(records)}
         return fresh, [events[index[id(rec)]] for rec in fresh]
 
     def _fresh(self, records: Iterable[Record]) -> list[Record]:
