@@ -132,8 +132,8 @@ class Host:
                 continue
             if barrier is None:
                 apply(rec.topic, ev, out, rec.offset if catching_up else -1)
-            elif not barrier.held and rec.topic not in barrier.guarded:
-                apply(rec.topic, ev, out, -1)  # nothing held, nothing to hold (the usual)
+            elif rec.topic not in barrier.guarded and ev.run_id not in barrier.held:
+                apply(rec.topic, ev, out, -1)  # its run not held, nothing to hold (the usual)
             else:
                 route(rec.topic, rec.partition, ev, out)
         if catching_up:
