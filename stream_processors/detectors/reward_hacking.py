@@ -158,6 +158,9 @@ class HackingState(NamedTuple):
 class Fall(NamedTuple):
     """One eval fall that held: what the alert reports."""
 
+    #: the first reference point judged against (the window's start)
+    s_first: int
+    #: the change-point estimate: the newest reference still at or above the level
     s_ref: int
     level: float
     t_eval: float
@@ -321,7 +324,8 @@ class RewardHacking:
         if rise is None:
             return None, limit, sigma
         slope, t_r, phi, n = rise
-        fall = Fall(refs[-1][0], level, t_eval, threshold, dof, alpha, slope, t_r, phi, n)
+        s_ref = next((pt[0] for pt in reversed(refs) if pt[1] >= level), refs[0][0])
+        fall = Fall(refs[0][0], s_ref, level, t_eval, threshold, dof, alpha, slope, t_r, phi, n)
         return fall, limit, sigma
 
     def _prior_fall(
@@ -354,7 +358,8 @@ class RewardHacking:
             if rise is not None:
                 slope, t_r, phi, n = rise
                 t_eval = (e_i - e) / (sigma * math.sqrt(2.0))
-                fall = Fall(ref[0], e_i, t_eval, p.z_eval_prior, 0.0, 0.0, slope, t_r, phi, n)
+                z = p.z_eval_prior
+                fall = Fall(ref[0], ref[0], e_i, t_eval, z, 0.0, 0.0, slope, t_r, phi, n)
                 return fall, limit, sigma
         return None, limit, sigma
 
@@ -410,7 +415,7 @@ class RewardHacking:
             "tau": p.tau,
         }
         regime = (
-            f"the mean of the eval points up to step {f.s_ref}"
+            f"the mean of the eval points since step {f.s_first}"
             if f.dof
             else f"the eval at step {f.s_ref} (noise guessed: few eval points yet)"
         )
