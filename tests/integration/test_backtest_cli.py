@@ -48,7 +48,7 @@ def test_backtest_case_pages_before_the_incident_or_exits_1(case: str) -> None:
     (run,) = doc["runs"]
     assert doc["passed"] is must_page and run["passed"] is must_page
     assert run["incident_step"] == incident
-    assert run["config_version"].startswith(load_catalog().version + "#")
+    assert run["config_version"] == load_catalog().version
     if not must_page:
         assert run["first_page"] is None
         # what it did say: the run had no eval gate, so hacking was undetectable
