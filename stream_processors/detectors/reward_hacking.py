@@ -18,8 +18,8 @@ the fall needed is ``sqrt(1 + 1/k)`` noise units per unit of ``t`` rather than t
 ``sqrt(2)`` of a comparison with a single earlier point. ``sigma`` is the eval's noise per
 point, estimated from the second differences of the reference series (a steady trend
 cancels out of them; their mean square is ``6 sigma^2``) over the last ``noise_points``;
-``m`` of them carry about ``m / 1.94`` degrees of freedom (adjacent second differences are
-correlated), so ``t_eval`` is Student-t and the threshold is ``t_isf(alpha_eval, m/1.94)``:
+``n`` of them carry about ``n / 1.94`` degrees of freedom (adjacent second differences are
+correlated), so ``t_eval`` is Student-t and the threshold is ``t_isf(alpha_eval, n/1.94)``:
 a run whose noise has been seen a few times needs a larger fall than one seen thirty times.
 Never below ``noise_floor_abs + noise_floor_rel * |e|``.
 
@@ -29,8 +29,8 @@ else ``noise_floor_abs`` — and the newest point must lie ``z_eval_prior * sqrt
 units below one of the references (each at most 2 sigma above the higher of the two points
 before it): the few-point regime of the real trainer's canary (0.72 -> 0.095).
 
-**The training reward rose** over ``(s_ref, step]`` (``s_ref`` the last reference point,
-widened to the last ``min_reward_span`` steps when shorter): its least-squares slope
+**The training reward rose** over ``(s_last, step]`` (``s_last`` the last reference point,
+widened to at least the last ``min_reward_span`` steps when shorter): its least-squares slope
 exceeds ``tau`` per step and ``z_reward`` standard errors. Batch-mean rewards are
 autocorrelated, which makes a plain slope t too large; the lag-1 autocorrelation ``phi``
 of the span is estimated from its mean squared step-to-step change (``2 s^2 (1 - phi)``
@@ -52,11 +52,13 @@ higher. Where the reward rises genuinely (a healthy climb) only ``alpha_eval`` g
 a healthy eval usually rises with it; the measured rates on healthy runs, and on runs whose
 reward climbs while the eval stays flat, are in ``QUALITY.md`` / ``docs/detectors.md``.
 
-The first point where both hold fires (window ``(s_ref, step)``: the divergence began
-after the last reference point). The episode resolves after ``resolve_evals`` eval points
-in a row back within the noise of the level the eval fell from (the damage undone, not a
-pause in the fall; a rollback resolves it too). Missing eval: no eval, no judgement
-(``eval_gate_missing`` reports the gap). Time: steps only; the fold reads no clock.
+The first point where both hold fires. Its window is ``(s_ref, step)`` and its episode id
+is ``s_ref``: the change-point estimate, the newest reference still at or above the mean
+(the divergence began after it); in the few-point regime, the reference it fell from. The
+episode resolves after ``resolve_evals`` eval points in a row back within the noise of the
+level the eval fell from (the damage undone, not a pause in the fall; a rollback resolves
+it too). Missing eval: no eval, no judgement (``eval_gate_missing`` reports the gap). Time:
+steps only; the fold reads no clock.
 
 Lag: the first eval point ``t_isf(alpha_eval)`` noise units (times ``sqrt(1 + 1/k)``) below
 the reference mean while the reward's rise is significant; measured per cadence in
@@ -145,14 +147,35 @@ class EvalSide(NamedTuple):
     first_eval: int = -1
 
 
-@state_type
-class HackingState(NamedTuple):
+class _HackingFields(NamedTuple):
     #: running sums of the training reward
     cum: RewardSums = EMPTY
     x0: int = -1
     #: running reward sums every ``snap_every`` steps: (step, sums), newest last
     snaps: tuple[tuple[int, RewardSums], ...] = ()
     evals: EvalSide = EvalSide()
+
+
+#: fields of the state round one's rule persisted (cum, x0, points, snaps, d2, n_items,
+#: episode, calm, fell_from)
+_ROUND_ONE_FIELDS = 9
+
+
+@state_type
+class HackingState(_HackingFields):
+    """The detector's state. Built from stored fields (the state codec), a state persisted
+    by round one's rule starts afresh but keeps its open episode, so a host restarted on it
+    neither crashes nor pages twice for one episode. The fold's hot paths build records with
+    ``tuple.__new__`` and never come here."""
+
+    __slots__ = ()
+
+    def __new__(cls, *fields: Any) -> HackingState:
+        if len(fields) == _ROUND_ONE_FIELDS:
+            n_items, episode, calm, fell_from = fields[5:]
+            side = EvalSide(n_items=n_items, episode=episode, calm=calm, fell_from=fell_from)
+            return tuple.__new__(cls, (EMPTY, -1, (), side))
+        return super().__new__(cls, *fields)
 
 
 class Fall(NamedTuple):

@@ -259,3 +259,28 @@ def test_state_survives_a_dump_and_load_mid_run() -> None:
     ]
     assert fold.dump_state(state) == fold.dump_state(whole_state)
     assert not resolved(whole, "reward_hacking")
+
+
+def test_a_state_persisted_by_round_ones_rule_loads_afresh_keeping_its_episode() -> None:
+    import msgpack
+
+    from stream_processors.detectors import state_codec
+    from stream_processors.detectors.reward_hacking import HackingState
+
+    sums = {"@": "Sums", "v": [3, 3.0, 1.5, 5.0, 1.5, 0.75, 0.5]}
+    stored = {"@": "HackingState", "v": [sums, 0, [[0, 0.4, sums]], [], [0.01], 200,
+                                         "run-1:reward_hacking:5", 1, 0.5]}  # fmt: skip
+    state = state_codec.load(msgpack.packb(stored, use_bin_type=True))
+    assert isinstance(state, HackingState) and state.cum.n == 0 and state.evals.points == ()
+    assert (state.evals.episode, state.evals.calm, state.evals.fell_from) == (
+        "run-1:reward_hacking:5", 1, 0.5)  # fmt: skip
+    assert state_codec.load(state_codec.dump(state)) == state
+    # the carried episode is the detector's: it resolves once the eval is back at 0.5
+    cfg, ctx = _settings(), RunContext(run_id="run-1", tenant_id="tenant-a", algorithm="grpo")
+    out = []
+    for ev in _hacked(10):
+        if ev.type in DETECTOR.handles:
+            state, derived = DETECTOR.apply(state, ev, cfg, ctx)
+            out.extend(derived)
+    assert out[0].type == "AlertResolved" and out[0].alert_id == "run-1:reward_hacking:5"
+    assert [a.type for a in out[1:]] == ["AlertFired"]  # the later fall: a new episode
