@@ -68,9 +68,12 @@ the reference mean while the reward's rise is significant; measured per cadence 
 from __future__ import annotations
 
 import math
+from bisect import bisect_right
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 from math import isfinite
+from operator import mul
 from typing import Any, ClassVar, NamedTuple
 
 from events.envelope import EventBase
@@ -194,6 +197,12 @@ class Fall(NamedTuple):
     t_reward: float
     phi: float
     n: int
+
+
+@lru_cache(maxsize=64)
+def _alpha_reward(z_reward: float, dof: int) -> float:
+    """``P(T_dof > z_reward)``: how often a steady reward passes the rise test."""
+    return t_sf(z_reward, dof)
 
 
 def _sub(a: RewardSums, b: RewardSums) -> RewardSums:
@@ -329,15 +338,19 @@ class RewardHacking:
         d2 = st.evals.d2
         m = len(d2)
         floor = p.noise_floor_abs + p.noise_floor_rel * abs(e)
-        sigma = max(math.sqrt(sum(x * x for x in d2) / m / 6.0), floor)
+        sigma = max(math.sqrt(sum(map(mul, d2, d2)) / m / 6.0), floor)
         dof = m * D2_DOF
-        alpha_r = t_sf(p.z_reward, p.min_reward_span - 2)
-        alpha = min(0.25, p.fa_per_run * max(cadence, 1.0) / p.horizon_steps / alpha_r)
-        threshold = t_isf(alpha, dof)
+        alpha_r = _alpha_reward(p.z_reward, p.min_reward_span - 2)
+        # whole steps and whole degrees of freedom: few distinct (alpha, dof), so the
+        # quantile's bisection runs once per pair, not at every eval point
+        every = max(1, round(cadence))
+        alpha = min(0.25, p.fa_per_run * every / p.horizon_steps / alpha_r)
+        threshold = t_isf(alpha, int(dof))
         values = sorted(pt[1] for pt in refs)
         k = len(values)
         cap = values[k // 2] + 2.0 * sigma  # the median + 2 sigma: no single high outlier
-        level = sum(min(v, cap) for v in values) / k
+        j = bisect_right(values, cap)
+        level = (sum(values[:j]) + cap * (k - j)) / k
         unit = sigma * math.sqrt(1.0 + 1.0 / k)
         t_eval = (level - e) / unit
         limit = threshold * unit
