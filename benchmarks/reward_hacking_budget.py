@@ -17,6 +17,10 @@
    whose eval has fallen two units cannot be called by a rule that keeps healthy runs
    quiet (a healthy eval point falls that far by chance 2 % of the time).
 
+3. **Cost**: CPU per step event and per eval event of the detector alone over the first 100
+   fresh ``rising`` runs: all their events folded, then only their steps; the difference
+   over the eval events is an eval event's cost.
+
 Anchor: ``--baseline FILE`` is another version of ``reward_hacking.py`` (e.g. the one
 before #17 round two: ``git show 78d02b2:stream_processors/detectors/reward_hacking.py >
 /tmp/rh_before.py``) folded over the same runs with its own default params; the table
@@ -121,6 +125,26 @@ def gameable_runs(shape: str, steps: int, skip: int) -> list[tuple[int, list[Eve
     return out
 
 
+def costs(module: Any, cfg: Settings[Any], runs: list[list[EventBase]]) -> tuple[float, float]:
+    """(us per step event, us per eval event) of ``module``'s detector, best of 3."""
+    handled = [[e for e in ev if e.type in module.DETECTOR.handles] for ev in runs]
+    steps = [[e for e in ev if e.type == "TrainerStepCompleted"] for ev in handled]
+    n_steps = sum(map(len, steps))
+    n_evals = sum(map(len, handled)) - n_steps
+
+    def cpu(batches: list[list[EventBase]]) -> float:
+        best = math.inf
+        for _ in range(3):
+            t0 = time.process_time()
+            for events in batches:
+                fires(module, cfg, events)
+            best = min(best, time.process_time() - t0)
+        return best
+
+    all_s, step_s = cpu(handled), cpu(steps)
+    return step_s / n_steps * 1e6, (all_s - step_s) / n_evals * 1e6
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=400)
@@ -139,6 +163,8 @@ def main() -> None:
         for name, (module, cfg) in rules.items():
             for shape, events in runs.items():
                 counts[name][shape] += fires(module, cfg, events) >= 0
+    rising = [synthetic_run(seed, steps=400) for seed in range(1000, 1100)]
+    cost = {name: costs(module, cfg, rising) for name, (module, cfg) in rules.items()}
     best, caught = [], dict.fromkeys(rules, 0)
     for at, events in gameable_runs("eval_10", 800, 0):  # the cadence table's runs
         best.append(max((f for st, f in falls(events, at) if st <= at + 20), default=-9.0))
@@ -166,6 +192,10 @@ def main() -> None:
         ratio = total["this catalog"] / max(total["baseline"], 1)
         print(f"all shapes: {total['this catalog']} vs baseline {total['baseline']} "
               f"(ratio {ratio:.2f})")  # fmt: skip
+    print()
+    for name, (per_step, per_eval) in cost.items():
+        print(f"cost ({name}): {per_step:.2f} us per step event, {per_eval:.1f} us per eval "
+              "event (the detector alone)")  # fmt: skip
     print()
     print("gameable reward, eval every 10 (the 40 runs of QUALITY.md's cadence table): the "
           "largest fall within two intervals, eval only")  # fmt: skip
