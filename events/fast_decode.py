@@ -32,6 +32,7 @@ from collections.abc import Callable, Iterable
 from typing import Any, Literal, Union
 
 import msgspec
+from pydantic import BaseModel
 
 from events.codec import decode
 from events.dead_letter import DeadLetter
@@ -42,6 +43,10 @@ _ATOMS = (str, int, float, bool, type(None), uuid.UUID)
 _new = object.__new__
 _set = object.__setattr__
 _asdict = msgspec.structs.asdict
+# the model's slots, set through their descriptors (what object.__setattr__ finds, found once)
+_set_fields_set = BaseModel.__dict__["__pydantic_fields_set__"].__set__
+_set_extra = BaseModel.__dict__["__pydantic_extra__"].__set__
+_set_private = BaseModel.__dict__["__pydantic_private__"].__set__
 
 
 class _Unsupported(Exception):
@@ -90,6 +95,13 @@ class _Twin:
                 self.pairs = (*self.pairs, name)
             elif field.metadata:
                 raise _Unsupported(cls)
+            elif name == "schema_version":
+                # only the current version decodes here (an older one is upcast by the
+                # codec); a record without one is the field's default, if that is current
+                kind = Literal[cls.SCHEMA_VERSION]
+                if field.default != cls.SCHEMA_VERSION:
+                    fields.append((name, kind))
+                    continue
             else:
                 kind = _twin_type(field.annotation)
             if field.is_required() or name == "type":  # pydantic's union needs the tag
@@ -109,7 +121,6 @@ class _Twin:
         #: one set shared by every event this twin decodes: frozen models never add to
         #: it, and ``model_copy`` copies it before it adds (a test holds both)
         self.fields_set = set(cls.model_fields)
-        self.version = cls.SCHEMA_VERSION
 
     def decode(self, raw: bytes) -> EventBase | None:
         """The event, or None when pydantic must decide (see the module docstring)."""
@@ -117,17 +128,16 @@ class _Twin:
             values = _asdict(self.decoder.decode(raw))
         except Exception:  # refused (bad UTF-8 too): the codec decides, and says why
             return None
-        if values["schema_version"] != self.version:
-            return None
-        for name in self.pairs:
-            values[name] = _to_pairs(values[name])
+        for name in self.pairs:  # what the Attributes validator makes of a str-keyed dict
+            found = values[name]
+            values[name] = tuple(sorted(found.items())) if found else ()
         event = _new(self.cls)
         _set(event, "__dict__", values)
         # pydantic would record the fields present in the record; every field is set on
         # the model either way, and nothing here reads the difference
-        _set(event, "__pydantic_fields_set__", self.fields_set)
-        _set(event, "__pydantic_extra__", None)
-        _set(event, "__pydantic_private__", None)
+        _set_fields_set(event, self.fields_set)
+        _set_extra(event, None)
+        _set_private(event, None)
         return event
 
 

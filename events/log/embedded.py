@@ -300,6 +300,11 @@ class EmbeddedLog(LogBackend):
         return EmbeddedConsumer(self, group_id, topics)
 
 
+#: ``_record(Record, (fields...))`` builds a Record without the Python frame of its
+#: ``__new__`` (the same tuple, about twice as fast: one per record read)
+_record = tuple.__new__
+
+
 def _keyed(
     name: str,
     chunks: Iterator[list[RawTuple]],
@@ -318,7 +323,7 @@ def _keyed(
         if stamps and stamps[0] > hi and stamps == sorted(stamps):  # the usual case, in C
             hi = stamps[-1]
             yield [
-                (ts, name, off, Record(name, 0, off, key, value, ts // 1_000_000))
+                (ts, name, off, _record(Record, (name, 0, off, key, value, ts // 1_000_000)))
                 for ts, off, key, value in chunk
                 if keys is None or keys(key)
             ]
@@ -327,7 +332,9 @@ def _keyed(
         for ts, off, key, value in chunk:
             hi = max(hi, ts)
             if keys is None or keys(key):
-                out.append((hi, name, off, Record(name, 0, off, key, value, ts // 1_000_000)))
+                out.append(
+                    (hi, name, off, _record(Record, (name, 0, off, key, value, ts // 1_000_000)))
+                )
         yield out
 
 

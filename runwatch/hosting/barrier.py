@@ -50,6 +50,10 @@ class TerminalBarrier:
         self.lifecycle = lifecycle
         self.barrier_topics = barrier_topics
         self.topic_set = frozenset(barrier_topics)
+        #: the topics whose every record the barrier must see: its own (they move the
+        #: watermarks) and the lifecycle (a fact to hold); a record of another topic
+        #: concerns it only while its run is held
+        self.guarded = self.topic_set | {lifecycle}
         self.held_types = held_types
         #: "topic:partition" -> the latest event time seen there
         self.watermarks: dict[str, float] = {}

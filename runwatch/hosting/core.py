@@ -232,15 +232,16 @@ class FoldSet:
         self.routes: dict[str, tuple[HostedFold, ...]] = {t: tuple(h) for t, h in routes.items()}
         #: every topic read, sorted
         self.topics: tuple[str, ...] = tuple(sorted(routes))
-        self._plans: dict[str, tuple[tuple[Any, ...], ...]] = {}
+        #: topic -> :meth:`plan`'s answer, once asked (hosts read it directly: hot path)
+        self.plans: dict[str, tuple[tuple[Any, ...], ...]] = {}
 
     def plan(self, topic: str) -> tuple[tuple[Any, ...], ...]:
         """Per fold of ``topic``, what a host's hot path needs, looked up once: (hosted
         fold, dedupe, apply, key_of, initial, its slots or states, its changed keys, emit,
         its emitted list or None). The containers are the fold's own, kept in place."""
-        plan = self._plans.get(topic)
+        plan = self.plans.get(topic)
         if plan is None:
-            plan = self._plans[topic] = tuple(
+            plan = self.plans[topic] = tuple(
                 (
                     hf,
                     hf.dedupe,

@@ -92,10 +92,10 @@ class Host:
     ) -> tuple[list[Record], list[EventBase | DeadLetter]]:
         """The records (with their decoded events) this host reads and has not applied
         yet, its positions moved past them: what :meth:`process_decoded` takes."""
-        index = {id(rec): i for i, rec in enumerate(records)}
         fresh = self._fresh(records)
         if len(fresh) == len(records):
-            return list(records), list(events)
+            return fresh, list(events)
+        index = {id(rec): i for i, rec in enumerate(records)}
         return fresh, [events[index[id(rec)]] for rec in fresh]
 
     def _fresh(self, records: Iterable[Record]) -> list[Record]:
@@ -119,7 +119,7 @@ class Host:
         """:meth:`process` for records already positioned and decoded (a replay that feeds
         several hosts from one read and one decode)."""
         out: list[EventBase] = []
-        apply, barrier, owns = self._apply, self.barrier, self.owns
+        apply, route, barrier, owns = self._apply, self._route, self.barrier, self.owns
         catching_up = self._catching_up
         for rec, ev in zip(records, events):
             if owns is not None and not self._owned(rec, ev, out):
@@ -132,8 +132,10 @@ class Host:
                 continue
             if barrier is None:
                 apply(rec.topic, ev, out, rec.offset if catching_up else -1)
-                continue
-            self._route(rec.topic, rec.partition, ev, out)
+            elif rec.topic not in barrier.guarded and ev.run_id not in barrier.held:
+                apply(rec.topic, ev, out, -1)  # its run not held, nothing to hold (the usual)
+            else:
+                route(rec.topic, rec.partition, ev, out)
         if catching_up:
             self._catching_up = self._ahead()
         return out
@@ -205,9 +207,10 @@ class Host:
             if target is None:
                 return  # a run id claimed by another tenant: never merged
         duplicate = False
-        for hf, dedupe, apply, key_of, initial, states, dirty, emit, emitted in self.folds.plan(
-            topic
-        ):
+        plan = self.folds.plans.get(topic)
+        if plan is None:
+            plan = self.folds.plan(topic)
+        for hf, dedupe, apply, key_of, initial, states, dirty, emit, emitted in plan:
             if offset >= 0 and hf.behind(topic, offset):
                 continue
             key = key_of(ev)

@@ -90,6 +90,9 @@ def _bill(
     return tuple(sorted((*billed, (producer, seq))))
 
 
+#: ``_record(RunUsage, (fields...))``: a RunUsage without the Python frame of its
+#: ``__new__`` (the same record, about twice as fast: one per usage fact)
+_record = tuple.__new__
 _USAGE_FIELDS = tuple(TenantUsageUpdated.model_fields)
 _USAGE_FIELD_SET = set(_USAGE_FIELDS)
 
@@ -129,41 +132,35 @@ class AccountingFold:
     def apply(self, state: RunUsage, event: EventBase) -> tuple[RunUsage, Sequence[EventBase]]:
         t = type(event)
         if t is UsageRecorded:
-            billed_seq = _bill(state.billed_seq, event.producer, event.seq)
+            (_, _, fleet_s, trainer_s, phases, generated, trained, steps, last_step,
+             billed) = state  # fmt: skip
+            billed_seq = _bill(billed, event.producer, event.seq)
             if billed_seq is None:
                 return state, ()  # a redelivered or replayed usage fact: billed already
             fleet = event.pool == "rollout_fleet"
             seconds = event.gpu_seconds
-            return RunUsage(
+            return _record(RunUsage, (
                 event.tenant_id,
                 event.run_id,
-                state.gpu_seconds_rollout_fleet + (seconds if fleet else 0.0),
-                state.gpu_seconds_trainer + (0.0 if fleet else seconds),
-                _add_phase(state.gpu_seconds_by_phase, event.phase, seconds),
-                state.tokens_generated + event.tokens_generated,
-                state.tokens_trained + event.tokens_trained,
-                state.committed_steps,
-                state.last_committed_step,
+                fleet_s + (seconds if fleet else 0.0),
+                trainer_s + (0.0 if fleet else seconds),
+                _add_phase(phases, event.phase, seconds),
+                generated + event.tokens_generated,
+                trained + event.tokens_trained,
+                steps,
+                last_step,
                 billed_seq,
-            ), ()
-        if (
-            t is not TrainerStepCompleted
-            or event.step is None
-            or event.step <= state.last_committed_step
-        ):
+            )), ()  # fmt: skip
+        if t is not TrainerStepCompleted:
             return state, ()
-        state = RunUsage(
-            event.tenant_id,
-            event.run_id,
-            state.gpu_seconds_rollout_fleet,
-            state.gpu_seconds_trainer,
-            state.gpu_seconds_by_phase,
-            state.tokens_generated,
-            state.tokens_trained,
-            state.committed_steps + 1,
-            event.step,
-            state.billed_seq,
-        )
+        step = event.step
+        if step is None or step <= state.last_committed_step:
+            return state, ()
+        (_, _, fleet_s, trainer_s, phases, generated, trained, steps, _, billed) = state
+        state = _record(RunUsage, (
+            event.tenant_id, event.run_id, fleet_s, trainer_s, phases, generated, trained,
+            steps + 1, step, billed,
+        ))  # fmt: skip
         return state, (self.update_event(state, event),)
 
     def update_event(self, state: RunUsage, cause: EventBase) -> TenantUsageUpdated:

@@ -182,6 +182,8 @@ class DeadRun:
         ``gpu0``/``usd0`` is the spend when the evidence began (what the fault burned is
         the spend since), ``gpu_c``/``usd_c`` the spend when the current run of equal
         reward means began."""
+        (_, _, _, _, _, gpu_s, usd, _, _, _, _, was_zero, zero_start, was_const, const_start,
+         last, gpu0, usd0, _, _, gpu_c, usd_c) = st  # fmt: skip
         if ev.extra:  # type: ignore[attr-defined]
             frac = zero_std_fraction(ev, p.eps)
         else:  # inlined for the common step: no extra keys, a finite spread
@@ -189,23 +191,20 @@ class DeadRun:
             frac = (1.0 if std <= p.eps else None) if std is not None and std == std else (
                 zero_std_fraction(ev, p.eps)
             )  # fmt: skip
-        zero_run, zero_start = st.zero_run, st.zero_start
         if frac is not None and frac >= p.zero_std_frac:
-            zero_run, zero_start = zero_run + 1, zero_start if zero_run else step
+            zero_run, zero_start = was_zero + 1, zero_start if was_zero else step
         else:
             zero_run = 0
-        const_run, const_start, last = st.const_run, st.const_start, st.last_reward
-        gpu_c, usd_c = st.gpu_s_at_const, st.usd_at_const
+        const_run = was_const
         if r is not None and isfinite(r):
             if last is not None and abs(r - last) <= p.eps * (abs(r) if abs(r) > 1.0 else 1.0):
                 const_run += 1
             else:  # a new value: a run of equal means would start here
-                const_run, const_start, gpu_c, usd_c = 1, step, st.gpu_s, st.usd
+                const_run, const_start, gpu_c, usd_c = 1, step, gpu_s, usd
             last = r
         dead = zero_run > 0 or const_run > 1
-        gpu0, usd0 = st.gpu_s_at_zero, st.usd_at_zero
-        if dead and not (st.zero_run > 0 or st.const_run > 1):
-            gpu0, usd0 = (gpu_c, usd_c) if const_run > 1 else (st.gpu_s, st.usd)
+        if dead and not (was_zero > 0 or was_const > 1):
+            gpu0, usd0 = (gpu_c, usd_c) if const_run > 1 else (gpu_s, usd)
         return zero_run, zero_start, const_run, const_start, last, gpu0, usd0, gpu_c, usd_c, dead
 
     def _quiet(
@@ -219,24 +218,32 @@ class DeadRun:
     ) -> DeadRunState | None:
         """The common step (hot path): nothing to fire, resolve or close; one new record.
         ``None`` when the step needs the full treatment (:meth:`_fast`, :meth:`_close`)."""
-        if step // p.window != st.win or step % p.window == p.window - 1:
+        (win, reward, kl, flat, streak_start, gpu_s, usd, usage_seen, gpu_s_at_streak,
+         usd_at_streak, episode, _, _, _, _, _, _, _, fast, spread_again, _, _) = st  # fmt: skip
+        window = p.window
+        if step // window != win or step % window == window - 1:
             return None
         found = self._evidence(ev, p, st, step, r)
         zero_run, zero_start, const_run, const_start, last, gpu0, usd0, gpu_c, usd_c, dead = found
-        if st.episode is None:
+        if episode is None:
             if zero_run >= p.zero_std_steps or const_run >= p.constant_steps:
                 return None
-        elif st.fast and (not dead or st.spread_again):
+        elif fast and (not dead or spread_again):
             return None  # an open fast episode sees the spread return (or stay)
-        reward, kl = st.reward, st.kl
-        if r is not None and isfinite(r):
-            reward = reward.add(step, r)
+        if r is not None and isfinite(r):  # Sums.add, inlined (hot path)
+            n, sx, sy, sxx, sxy, syy, _ = reward
+            reward = record(
+                Sums, (n + 1, sx + step, sy + r, sxx + step * step, sxy + step * r, syy + r * r, r)
+            )
         if k is not None and isfinite(k):
-            kl = kl.add(step, k)
+            n, sx, sy, sxx, sxy, syy, _ = kl
+            kl = record(
+                Sums, (n + 1, sx + step, sy + k, sxx + step * step, sxy + step * k, syy + k * k, k)
+            )
         return record(DeadRunState, (
-            st.win, reward, kl, st.flat, st.streak_start, st.gpu_s, st.usd, st.usage_seen,
-            st.gpu_s_at_streak, st.usd_at_streak, st.episode, zero_run, zero_start, const_run,
-            const_start, last, gpu0, usd0, st.fast, st.spread_again, gpu_c, usd_c,
+            win, reward, kl, flat, streak_start, gpu_s, usd, usage_seen, gpu_s_at_streak,
+            usd_at_streak, episode, zero_run, zero_start, const_run, const_start, last, gpu0,
+            usd0, fast, spread_again, gpu_c, usd_c,
         ))  # fmt: skip
 
     def _fast(

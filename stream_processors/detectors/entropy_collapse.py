@@ -38,6 +38,8 @@ from stream_processors.detectors.base import (
     state_type,
 )
 
+_update, _threshold = sequential.update, sequential.threshold
+
 
 @dataclass(frozen=True, slots=True)
 class Params:
@@ -84,17 +86,18 @@ class EntropyCollapse:
             return st, NO_ALERTS
         p = cfg.params
         step: int = ev.step  # type: ignore[assignment]  (the composite drops step-less)
-        f = sequential.update(st.f, step, log(x if x > p.floor else p.floor), -1.0, p)
-        episode, calm = st.episode, st.calm
+        f, episode, calm = st
+        f = _update(f, step, log(x if x > p.floor else p.floor), -1.0, p)
+        s = f.s
         if episode is None:
-            if f.s == 0.0 or f.s <= sequential.threshold(p.k, p.fa_per_run, p.horizon_steps):
+            if s == 0.0 or s <= _threshold(p.k, p.fa_per_run, p.horizon_steps):
                 return record(EntropyState, (f, None, 0)), NO_ALERTS
             span = step - f.start + 1
             rate = (f.start_level - f.level) / span  # log units per step: relative fall
             if rate < p.drop_rel:
                 return record(EntropyState, (f, None, 0)), NO_ALERTS
             return self._fire(ev, cfg, f, step, rate)
-        calm = calm + 1 if f.s == 0.0 else 0
+        calm = calm + 1 if s == 0.0 else 0
         if calm < p.resolve_steps:
             return record(EntropyState, (f, episode, calm)), NO_ALERTS
         why = f"entropy back on its own trend for {calm} steps (now {math.exp(f.level):.4g})"

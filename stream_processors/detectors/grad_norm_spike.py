@@ -37,6 +37,8 @@ from stream_processors.detectors.base import (
     state_type,
 )
 
+_log, _exp, _INF = math.log, math.exp, math.inf
+
 
 @dataclass(frozen=True, slots=True)
 class Params:
@@ -88,16 +90,15 @@ class GradNormSpike:
         self, st: GradState, ev: EventBase, cfg: Settings[Params], ctx: RunContext
     ) -> tuple[GradState, Sequence[AlertEvent]]:
         g = ev.grad_norm
-        if g is None or not (0.0 < g < math.inf):
+        if g is None or not (0.0 < g < _INF):
             return st, NO_ALERTS
         p = cfg.params
         step: int = ev.step  # type: ignore[assignment]  (the composite drops step-less)
-        lg = math.log(g)
+        lg = _log(g)
         out: tuple[AlertEvent, ...] = NO_ALERTS
-        episode, spikes, clipped, last = st.episode, st.spikes, st.clipped_spikes, st.last_spike
-        escalated = st.escalated
-        if lg > st.hi:
-            band_hi = math.exp(st.hi)
+        history, recent, median, hi, episode, spikes, clipped, last, escalated = st
+        if lg > hi:
+            band_hi = _exp(hi)
             if episode is None:
                 episode, spikes, clipped, escalated = (
                     alert_id(ev.run_id, self.name, step), 0, 0, False
@@ -119,14 +120,12 @@ class GradNormSpike:
                 ),
             )
             episode = None
-        history, recent = st.history, (*st.recent, lg)  # band_update, inlined (hot path)
-        refreshed = len(recent) >= p.refresh
-        if refreshed:
+        recent = (*recent, lg)  # band_update, inlined (hot path)
+        if len(recent) >= p.refresh:
             history, recent = (history + recent)[-p.window :], ()
-        median, hi = st.median, st.hi
-        if refreshed and len(history) >= p.min_points:
-            median, iqr = median_iqr(history)
-            hi = median + max(p.k * iqr, p.min_band_log)
+            if len(history) >= p.min_points:
+                median, iqr = median_iqr(history)
+                hi = median + max(p.k * iqr, p.min_band_log)
         fields = (history, recent, median, hi, episode, spikes, clipped, last, escalated)
         return record(GradState, fields), out
 

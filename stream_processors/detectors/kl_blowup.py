@@ -76,17 +76,24 @@ class KlBlowup:
             return st, NO_ALERTS
         p = cfg.params
         step: int = ev.step  # type: ignore[assignment]  (the composite drops step-less)
+        above, above_start, win, sums, win_max, episode = st
         out: list[AlertEvent] = []
-        episode = st.episode
-        w = step // p.window
-        win, sums, win_max = st.win, st.sums, st.win_max
+        window = p.window
+        w = step // window
         if w != win:
-            episode = self._close(ev, cfg, win, sums, win_max, episode, out)
+            if sums.n >= p.min_points:  # (a window with fewer points closes silently)
+                episode = self._close(ev, cfg, win, sums, win_max, episode, out)
             win, sums, win_max = w, EMPTY_SUMS, float("-inf")
-        sums = sums.add(step, kl)
-        win_max = max(win_max, kl)
-        above = st.above + 1 if kl > p.ceiling else 0
-        above_start = st.above_start if st.above and above else step
+        n, sx, sy, sxx, sxy, syy, _ = sums  # Sums.add, inlined (hot path)
+        sums = record(
+            Sums, (n + 1, sx + step, sy + kl, sxx + step * step, sxy + step * kl, syy + kl * kl, kl)
+        )
+        if kl > win_max:
+            win_max = kl
+        was_above = above
+        above = above + 1 if kl > p.ceiling else 0
+        if not (was_above and above):
+            above_start = step
         if above >= p.consecutive and episode is None:
             out.append(
                 fire(
@@ -103,7 +110,7 @@ class KlBlowup:
                 )
             )
             episode = alert_id(ev.run_id, self.name, above_start)
-        if step % p.window == p.window - 1:
+        if step % window == window - 1:
             episode = self._close(ev, cfg, win, sums, win_max, episode, out)
             win, sums, win_max = w + 1, EMPTY_SUMS, float("-inf")
         return record(KlState, (above, above_start, win, sums, win_max, episode)), out

@@ -13,7 +13,8 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from operator import attrgetter
+from functools import partial
+from operator import attrgetter, is_not
 from typing import ClassVar, NamedTuple
 
 from events.catalog.trainer import STEP_METRICS
@@ -36,6 +37,8 @@ FIELDS: dict[str, tuple[str, ...]] = {
     "StepPhaseTimed": ("wall_s", "rollout_s", "score_s", "sync_s", "optim_s", "idle_s"),
 }
 _isfinite = math.isfinite
+#: ``v is not None``, at C speed (``filter`` calls it per value)
+_is_value = partial(is_not, None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,10 +60,9 @@ _GETTERS = {t: attrgetter(*names) for t, names in FIELDS.items()}
 def non_finite(ev: EventBase) -> list[str]:
     """``field=value`` of every non-finite metric of the event."""
     values = _GETTERS[ev.type](ev)
-    if not isinstance(values, tuple):
+    if type(values) is not tuple:
         values = (values,)
-    extra = getattr(ev, "extra", ())
-    if _isfinite(sum([v for v in values if v is not None])) and not extra:
+    if _isfinite(sum(filter(_is_value, values))) and not getattr(ev, "extra", ()):
         return []  # fast path: a finite sum means every term was finite
     bad = []
     for name in FIELDS[ev.type]:
@@ -91,7 +93,6 @@ class NanMetric:
         self, st: NanState, ev: EventBase, cfg: Settings[Params], ctx: RunContext
     ) -> tuple[NanState, Sequence[AlertEvent]]:
         bad = non_finite(ev)
-        step = ev.step or 0
         if not bad:
             if st.episode is None or ev.type != "TrainerStepCompleted":
                 return st, NO_ALERTS
@@ -100,6 +101,7 @@ class NanMetric:
                 return st._replace(clean=clean), NO_ALERTS
             reason = f"metrics finite again for {clean} steps ({st.count} non-finite values)"
             return NanState(), (resolve(ev, cfg, st.episode, reason),)
+        step = ev.step or 0
         names = tuple(sorted({*st.fields, *(f"{ev.type}.{b.split('=')[0]}" for b in bad)}))
         if st.episode is not None:
             return NanState(st.episode, st.count + len(bad), names[-32:], 0), NO_ALERTS

@@ -93,15 +93,17 @@ class RewardExplosionCollapse:
         p = cfg.params
         step: int = ev.step  # type: ignore[assignment]  (the composite drops step-less)
         out: tuple[AlertEvent, ...] = NO_ALERTS
-        side = (1 if r > st.hi else -1 if r < st.lo else 0) if st.ready else 0
-        if side and not st.widened:  # the step-to-step noise floor, now that it matters
-            half = p.k_noise * _step_noise(st.history)
-            lo, hi = min(st.lo, st.median - half), max(st.hi, st.median + half)
-            st = st._replace(lo=lo, hi=hi, widened=True)
+        (history, recent, median, lo, hi, ready, last_side, run, run_start, episode, inside,
+         widened) = st  # fmt: skip
+        side = (1 if r > hi else -1 if r < lo else 0) if ready else 0
+        if side and not widened:  # the step-to-step noise floor, now that it matters
+            half = p.k_noise * _step_noise(history)
+            lo, hi, widened = min(lo, median - half), max(hi, median + half), True
             side = 1 if r > hi else -1 if r < lo else 0
-        run = st.run + 1 if side and side == st.side else (1 if side else 0)
-        run_start = st.run_start if side and side == st.side else step
-        episode, inside = st.episode, st.inside
+        if side and side == last_side:
+            run += 1
+        else:
+            run, run_start = (1 if side else 0), step
         if side and episode is None and run >= p.consecutive:
             what = "exploded above" if side > 0 else "collapsed below"
             out = (
@@ -110,11 +112,11 @@ class RewardExplosionCollapse:
                     cfg,
                     first_step=run_start,
                     window=(run_start, step),
-                    observed={"reward_mean": r, "band_median": st.median, "steps_outside": run},
-                    thresholds={"band_lo": st.lo, "band_hi": st.hi, "k_iqr": p.k},
+                    observed={"reward_mean": r, "band_median": median, "steps_outside": run},
+                    thresholds={"band_lo": lo, "band_hi": hi, "k_iqr": p.k},
                     reason=(
-                        f"reward mean {r:.4g} {what} its robust band [{st.lo:.4g}, "
-                        f"{st.hi:.4g}] (median ± the wider of {p.k:g}·IQR and {p.k_noise:g} "
+                        f"reward mean {r:.4g} {what} its robust band [{lo:.4g}, "
+                        f"{hi:.4g}] (median ± the wider of {p.k:g}·IQR and {p.k_noise:g} "
                         f"step-to-step noise units, trailing {p.window} steps) for {run} "
                         "consecutive steps"
                     ),
@@ -133,15 +135,13 @@ class RewardExplosionCollapse:
                     ),
                 )
                 episode, inside = None, 0
-        history, recent = st.history, (*st.recent, r)  # band_update, inlined (hot path)
-        refreshed = len(recent) >= p.refresh
-        if refreshed:
+        recent = (*recent, r)  # band_update, inlined (hot path)
+        if len(recent) >= p.refresh:
             history, recent = (history + recent)[-p.window :], ()
-        median, lo, hi, ready, widened = st.median, st.lo, st.hi, st.ready, st.widened
-        if refreshed and len(history) >= p.min_points:
-            median, iqr = median_iqr(history)
-            half = max(p.k * iqr, p.min_band_abs, p.min_band_rel * abs(median))
-            lo, hi, ready, widened = median - half, median + half, True, False
+            if len(history) >= p.min_points:
+                median, iqr = median_iqr(history)
+                half = max(p.k * iqr, p.min_band_abs, p.min_band_rel * abs(median))
+                lo, hi, ready, widened = median - half, median + half, True, False
         fields = (history, recent, median, lo, hi, ready, side, run, run_start, episode, inside,
                   widened)  # fmt: skip
         return record(RewardBandState, fields), out

@@ -151,11 +151,9 @@ class RunHealthFold:
             ctx = RunContext(ctx.run_id, ctx.tenant_id, algorithm, event.config)  # type: ignore[attr-defined]
             return state._replace(ctx=ctx, algorithm_from="submitted"), ()
         ordered = _ORDERED.get(etype)
-        if ordered is not None and not (event.step is None and etype == "UsageRecorded"):
-            step = event.step
-            if step is None:
-                return state._replace(unplaced=unplaced + 1), ()
-            idx, equal_ok = ordered
+        step = event.step if ordered is not None else None
+        if step is not None:
+            idx, equal_ok = ordered  # type: ignore[misc]
             mark = marks[idx]
             if step < mark or (step == mark and not equal_ok):
                 return state._replace(late=late + 1), ()
@@ -169,12 +167,14 @@ class RunHealthFold:
                     ids = (eid,)
                 at_mark = (*at_mark[:idx], ids, *at_mark[idx + 1 :])
             if step != mark:
-                marks = (*marks[:idx], step, *marks[idx + 1 :])
+                marks = (step, *marks[1:]) if idx == 0 else (*marks[:idx], step, *marks[idx + 1 :])
             if idx == 0 and algorithm_from != "submitted":
                 algorithm = event.algorithm  # type: ignore[attr-defined]
                 if algorithm != ctx.algorithm or algorithm_from == "default":
                     ctx = RunContext(ctx.run_id, ctx.tenant_id, algorithm, ctx.run_config)
                     algorithm_from = "step"
+        elif ordered is not None and etype != "UsageRecorded":  # (step-less usage is money)
+            return state._replace(unplaced=unplaced + 1), ()
         plan = self._plans.get((etype, ctx.tenant_id, ctx.algorithm))
         if plan is None:
             plan = self._plan(etype, ctx.tenant_id, ctx.algorithm)

@@ -106,11 +106,15 @@ def update(f: Forecast, step: int, y: float, direction: float, p: ForecastParams
     ``p.sigma_floor``: the least noise scale assumed (a flat series has none); ``p.k``,
     ``p.clip``, ``p.warmup``: the allowance, the clip and the values before judging.
     """
+    n, warm, level, trend, abs_err, s, start, start_level, x0, last = f
     warmup, clip = p.warmup, p.clip
-    n = f.n + 1
+    n += 1
     if n <= warmup:
-        x0 = step if n == 1 else f.x0
-        warm = f.warm.add(step - x0, y)
+        if n == 1:
+            x0 = step
+        x = step - x0  # Sums.add, inlined (hot path)
+        wn, sx, sy, sxx, sxy, syy, _ = warm
+        warm = record(Sums, (wn + 1, sx + x, sy + y, sxx + x * x, sxy + x * y, syy + y * y, y))
         if n < warmup:
             return record(Forecast, (n, warm, y, 0.0, 0.0, 0.0, -1, 0.0, x0, step))
         slope = warm.slope
@@ -119,10 +123,10 @@ def update(f: Forecast, step: int, y: float, direction: float, p: ForecastParams
         level = intercept + slope * (step - x0)
         abs_err = resid / SQRT_HALF_PI
         return record(Forecast, (n, EMPTY_SUMS, level, slope, abs_err, 0.0, -1, level, x0, step))
-    dt = step - f.last if step > f.last else 1
-    pred = f.level + f.trend * dt
+    dt = step - last if step > last else 1
+    pred = level + trend * dt
     err = y - pred
-    sigma = f.abs_err * SQRT_HALF_PI
+    sigma = abs_err * SQRT_HALF_PI
     if sigma < p.sigma_floor:
         sigma = p.sigma_floor
     z = direction * err / sigma
@@ -130,22 +134,21 @@ def update(f: Forecast, step: int, y: float, direction: float, p: ForecastParams
         z = clip
     elif z < -clip:
         z = -clip
-    s = f.s + z - p.k
-    start, start_level = f.start, f.start_level
+    was = s
+    s = s + z - p.k
     if s <= 0.0:
         s, start = 0.0, -1
-    elif f.s == 0.0:
+    elif was == 0.0:
         start, start_level = step, pred
-    abs_err = f.abs_err
     if s == 0.0:  # the noise scale learns only while no change is suspected
         bounded = min(abs(err), clip * sigma)
         abs_err += p.scale_gain * (bounded - abs_err)
     alpha = p.alpha
-    level = pred + alpha * err
-    trend = f.trend + alpha * p.beta * err / dt
     return record(
-        Forecast, (n, EMPTY_SUMS, level, trend, abs_err, s, start, start_level, f.x0, step)
-    )
+        Forecast,
+        (n, EMPTY_SUMS, pred + alpha * err, trend + alpha * p.beta * err / dt, abs_err, s, start,
+         start_level, x0, step),
+    )  # fmt: skip
 
 
 def _resid_sd(s: Sums, slope: float, intercept: float) -> float:
