@@ -199,15 +199,25 @@ def wait_for(what: str, check: object, timeout_s: float, every_s: float = 0.2) -
     raise AssertionError(f"timed out waiting for {what}")
 
 
-def offline_alerts(events: dict[str, list[EventBase]], inputs: set[str], root: Path) -> set[str]:
+def offline_alerts(events: dict[str, list[EventBase]], acked: list[str], root: Path) -> set[str]:
     """The ids of what the detectors derive, hosted by the embedded host over the input
-    events as the log holds them (each topic in its partitions' order)."""
+    events as the log holds them, in the order the producer published them (``acked``:
+    the acknowledged ids, chunk by chunk).
+
+    Publishing order, not topic by topic: the run-health fold reads four topics
+    (lifecycle, telemetry, checkpoints, rewards) and judges a checkpoint's lateness
+    against the telemetry's steps, so an oracle that folded every telemetry record before
+    any checkpoint would page a run whose checkpoints were on time. A live consumer sees
+    each topic in its partitions' order and the topics interleaved about as published."""
+    by_id = {str(e.event_id): e for evs in events.values() for e in evs}
+    ordered, seen = [], set()
+    for i in acked:  # a chunk re-sent after an outage is listed twice: its first place
+        if i in by_id and i not in seen:
+            seen.add(i)
+            ordered.append(by_id[i])
     log = EmbeddedLog(root, sync=False)
     log.open_sync()
-    for evs in events.values():
-        mine = [e for e in evs if str(e.event_id) in inputs]
-        if mine:
-            log.append_events_sync(mine)
+    log.append_events_sync(ordered)  # stamped in this order across topics
     EmbeddedHost(log, processor_folds()).run_once()
     return {
         str(decoded.event_id)
@@ -333,7 +343,7 @@ def test_chaos_broker_worker_and_trajectory_kills(jvm_broker: JvmBroker, tmp_pat
         for e in events.get("runwatch.alerts", [])
         if e.producer == "run-health" and e.run_id in produced_runs
     )
-    offline = offline_alerts(events, inputs, tmp_path / "offline")
+    offline = offline_alerts(events, acked, tmp_path / "offline")
     assert len(offline) >= 4  # every fault run fires
     assert set(live) == offline, (set(live) - offline, offline - set(live))
     assert resumed_s <= RESUME_BOUND_S, f"processing resumed {resumed_s:.1f} s after the kill"
