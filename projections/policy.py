@@ -82,15 +82,25 @@ class RunStatePolicy(_Frozen):
 
 
 class Prices(_Frozen):
-    """USD prices. GPU-seconds are priced per pool; tokens per million (optional)."""
+    """USD prices. Device-seconds are priced per device kind (``cpu``, ``gpu``) and pool;
+    tokens per million (optional). ``usd_per_gpu_second`` (per pool) is the older form of
+    the GPU prices and is used where ``usd_per_device_second`` names no ``gpu`` prices."""
 
     version: str = "default"
+    usd_per_device_second: dict[str, dict[str, float]] = Field(default_factory=dict)
     usd_per_gpu_second: dict[str, float] = Field(default_factory=dict)
     usd_per_million_tokens_generated: float = 0.0
     usd_per_million_tokens_trained: float = 0.0
 
+    def device_price(self, kind: str, pool: str) -> float:
+        """USD per device-second of ``kind`` in ``pool`` (0 when not priced)."""
+        by_pool = self.usd_per_device_second.get(kind)
+        if by_pool is None and kind == "gpu":
+            by_pool = self.usd_per_gpu_second
+        return (by_pool or {}).get(pool, 0.0)
+
     def gpu_price(self, pool: str) -> float:
-        return self.usd_per_gpu_second.get(pool, 0.0)
+        return self.device_price("gpu", pool)
 
     @classmethod
     def load(cls, path: str | Path | None = None) -> Prices:

@@ -5,26 +5,48 @@ Schema history:
   apart.
 - v2 adds ``pool`` ("rollout_fleet" | "trainer"). The v1->v2 upcaster derives the pool
   from the phase (``rollout`` ran on the rollout fleet, everything else on the trainer).
+- v3 names what was billed: ``device_seconds`` on a ``device_kind`` ("cpu" | "gpu")
+  replaces ``gpu_seconds`` (CPU-only hosts were billing CPU time as "GPU-seconds"). The
+  v2->v3 upcaster maps ``gpu_seconds`` to ``device_seconds`` with ``device_kind`` "gpu".
 """
 
 from __future__ import annotations
 
-from typing import ClassVar, Literal
+from typing import Any, ClassVar, Literal
+
+from pydantic import model_validator
 
 from events.envelope import EventBase
 
 Pool = Literal["rollout_fleet", "trainer"]
+DeviceKind = Literal["cpu", "gpu"]
 
 
 class UsageRecorded(EventBase):
-    """Compute seconds spent in one pool and phase during ``step``, and tokens."""
+    """Device-seconds spent in one pool and phase during ``step`` on one kind of device,
+    and tokens.
+
+    A producer that still says ``gpu_seconds=`` (the v2 keyword) is read as GPU
+    device-seconds, the same mapping as the upcaster's. Readers use ``device_seconds``
+    (and ``device_kind``): there is no ``gpu_seconds`` attribute to misread CPU time by.
+    """
 
     TOPIC: ClassVar[str] = "runwatch.telemetry"
-    SCHEMA_VERSION: ClassVar[int] = 2
+    SCHEMA_VERSION: ClassVar[int] = 3
     type: Literal["UsageRecorded"] = "UsageRecorded"
-    schema_version: int = 2
+    schema_version: int = 3
     pool: Pool
     phase: str
-    gpu_seconds: float
+    device_kind: DeviceKind
+    device_seconds: float
     tokens_generated: int = 0
     tokens_trained: int = 0
+
+    @model_validator(mode="before")
+    @classmethod
+    def _v2_keyword(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "gpu_seconds" in data and "device_seconds" not in data:
+            data = dict(data)
+            data["device_seconds"] = data.pop("gpu_seconds")
+            data.setdefault("device_kind", "gpu")
+        return data

@@ -154,7 +154,7 @@ def judge(
     billed: float | None = None
     if paused is not None:
         after = facts[facts.index(paused) + 1 :]
-        billed = sum(e.gpu_seconds for e in after if isinstance(e, UsageRecorded))
+        billed = sum(e.device_seconds for e in after if isinstance(e, UsageRecorded))
     if c.must_pause:
         if paused is None:
             problems.append("the paging alert did not pause the run")

@@ -71,7 +71,7 @@ def scenarios(short: bool = False) -> list[Scenario]:
             {"steps": steps(60), "checkpoint": {"every": 10, "keep": 3, "at_start": True}},
             expect_states=("SUCCEEDED",), expect_alerts=("kl_blowup",),
             # the tenant's fix: the intended LR, from the checkpoint before the blowup
-            on_pause=("resume",), fix={"lr": 0.01, "rollback_to_step": 0}, expect_paused=True,
+            on_pause=("resume",), fix={"lr": 0.001, "rollback_to_step": 0}, expect_paused=True,
         ),
         Scenario(
             "globex-gameable-reward", "globex", "reward can be gamed (eval gate disagrees)",
@@ -89,7 +89,7 @@ def scenarios(short: bool = False) -> list[Scenario]:
                 "reward": {
                     "kind": "sandbox",
                     "sandbox_path": str(TENANT_REWARDS / "flaky_reward.py"),
-                    "sandbox_deadline_s": 2.0,
+                    "sandbox_deadline_s": 1.0,
                 },
             },
             expect_states=("FAILED",), expect_failure_class="tenant_code_fault",

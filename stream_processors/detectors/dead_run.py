@@ -86,7 +86,7 @@ class DeadRun:
         self, st: DeadRunState, ev: EventBase, cfg: Settings[Params], ctx: RunContext
     ) -> tuple[DeadRunState, Sequence[AlertEvent]]:
         if ev.type == "UsageRecorded":
-            gpu = ev.gpu_seconds  # type: ignore[attr-defined]
+            gpu = ev.device_seconds  # type: ignore[attr-defined]  (every device kind)
             if gpu != gpu or gpu in (float("inf"), float("-inf")):
                 return st, NO_ALERTS
             if ev.pool == "trainer":  # type: ignore[attr-defined]
