@@ -738,6 +738,8 @@ class Trainer:
             self._emit(RunPaused, step=self.step, reason=str(exc))
             self._flush()
             return
+        # the tenant's reward code is attributed by the sandbox; anything else that stops
+        # a run (a rollout engine that died: RolloutEngineFailed) is the platform's
         cls = exc.failure_class if isinstance(exc, RewardUnavailable) else "platform_fault"
         self._emit(
             RunFailed, step=self.step, failure_class=cls, reason=f"{type(exc).__name__}: {exc}"
@@ -799,7 +801,11 @@ def train(
 ) -> Trainer:
     """A whole fresh run. Publishes RunFailed (and re-raises) on an error."""
     lock = RunLock(run_dir).acquire()
-    trainer = Trainer(cfg, run_dir, emitter, progress)
+    try:  # a trainer that cannot be built (an engine that cannot start) published nothing
+        trainer = Trainer(cfg, run_dir, emitter, progress)
+    except BaseException:
+        lock.release()
+        raise
     if emitter is not None:
         trainer.commands = CommandFeed(emitter.sink, cfg.run_id)
     try:

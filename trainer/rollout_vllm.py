@@ -40,9 +40,13 @@ import atexit
 import contextlib
 import itertools
 import os
+import queue
 import random
 import tempfile
+import threading
 import time
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -79,7 +83,8 @@ def unservable(model: ModelConfig, device: str) -> str | None:
         options.append(f"model.heads: {h} (head size {model.hidden // h})")
     size = min(CPU_HEAD_SIZES, key=lambda s: (abs(s - hd), s))
     options.append(
-        f"model.hidden: {size * model.heads} (head size {size} with {model.heads} heads)"
+        f"model.hidden: {size * model.heads} (head size {size} with {model.heads} "
+        f"head{'s' if model.heads > 1 else ''})"
     )
     return (
         f"vLLM's CPU attention cannot serve head size {hd} (model.hidden {model.hidden} / "
@@ -160,6 +165,42 @@ class _Meter:
         """Sleep mode is not used."""
 
 
+class _Watchdog:
+    """Calls into a separate-process engine from a daemon thread, so that the caller can
+    stop waiting when the engine process dies: vLLM's client flags a dead engine core
+    (``ensure_alive`` raises) but leaves a call already waiting on it blocked forever.
+
+    Time semantics: the caller looks at the engine's liveness every ``poll_s`` seconds
+    while a call is in flight; an abandoned call's thread stays blocked (a daemon: it
+    does not keep the process alive)."""
+
+    poll_s = 0.25
+
+    def __init__(self, engine: Any) -> None:
+        self.engine = engine
+        self.calls: queue.Queue[tuple[Any, tuple[Any, ...], dict[str, Any], Future[Any]]] = (
+            queue.Queue()
+        )
+        threading.Thread(target=self._serve, name="vllm-engine-calls", daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            fn, args, kwargs, fut = self.calls.get()
+            try:
+                fut.set_result(fn(*args, **kwargs))
+            except BaseException as exc:  # handed to the caller
+                fut.set_exception(exc)
+
+    def call(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        fut: Future[Any] = Future()
+        self.calls.put((fn, args, kwargs, fut))
+        while True:
+            try:
+                return fut.result(timeout=self.poll_s)
+            except FutureTimeout:
+                self.engine.engine_core.ensure_alive()  # EngineDeadError once it died
+
+
 @dataclass
 class _Served:
     """One running vLLM engine and the handle whose weights it serves now."""
@@ -170,6 +211,7 @@ class _Served:
     inline: bool
     owner: int = -1
     dead: bool = False
+    watchdog: _Watchdog | None = None
 
 
 _ENGINES: dict[str, _Served] = {}
@@ -226,7 +268,8 @@ def _start(vocab: int, model: ModelConfig, cfg: EngineConfig, initial: nn.Module
         np.random.set_state(saved[1])
         torch.set_rng_state(saved[2])
     kind = "cpu" if current_platform.is_cpu() else "gpu"
-    return _Served(engine, meter, kind, cfg.process == "inline")
+    inline = cfg.process == "inline"
+    return _Served(engine, meter, kind, inline, watchdog=None if inline else _Watchdog(engine))
 
 
 def _shutdown_all() -> None:
@@ -307,6 +350,8 @@ class VllmEngine:
         if self._served.dead:
             raise RolloutEngineFailed("rollout engine (vLLM) is dead: it failed earlier")
         try:
+            if self._served.watchdog is not None:
+                return self._served.watchdog.call(fn, *args, **kwargs)
             return fn(*args, **kwargs)
         except Exception as exc:
             self._served.dead = True
