@@ -53,6 +53,49 @@ def test_accounting_splits_pools_and_phases_and_prices_committed_steps():
     assert fold.load_state(fold.dump_state(state)) == state
 
 
+def test_device_seconds_are_priced_by_device_kind_and_pool():
+    """A CPU host's usage (v3: ``device_kind`` "cpu") is priced at CPU prices and is no
+    GPU time; GPU facts (v2's ``gpu_seconds`` read as GPU) keep GPU prices."""
+    prices = Prices(
+        usd_per_device_second={
+            "gpu": {"trainer": 0.002, "rollout_fleet": 0.001},
+            "cpu": {"trainer": 0.0001, "rollout_fleet": 0.00005},
+        }
+    )
+    fold = AccountingFold(prices)
+    f = RunFactory()
+    state, out = fold.initial(), []
+    for ev in (
+        f.ev(UsageRecorded, 1, pool="rollout_fleet", phase="rollout", device_kind="cpu",
+             device_seconds=10.0),
+        f.ev(UsageRecorded, 1, pool="trainer", phase="optim", device_kind="cpu",
+             device_seconds=4.0),
+        f.ev(UsageRecorded, 1, pool="trainer", phase="optim", gpu_seconds=2.0),
+        f.ev(TrainerStepCompleted, 1),
+    ):  # fmt: skip
+        state, derived = fold.apply(state, ev)
+        out.extend(derived)
+    assert state.gpu_seconds_trainer == 2.0 and state.gpu_seconds_rollout_fleet == 0.0
+    assert dict(state.gpu_seconds_by_phase) == {"optim": 2.0}
+    last = out[-1]
+    assert last.schema_version == 2
+    assert dict(last.device_seconds_by_kind) == {"cpu": 14.0, "gpu": 2.0}
+    assert last.spend_usd == pytest.approx(10 * 0.00005 + 4 * 0.0001 + 2 * 0.002)
+    assert fold.load_state(fold.dump_state(state)) == state
+    # a state stored before device kinds (no ``device_seconds``): all of it was GPU time
+    old = {k: v for k, v in state._asdict().items() if k != "device_seconds"}
+    import json
+
+    restored = fold.load_state(json.dumps(old).encode())
+    assert dict(restored.device_seconds) == {"gpu/trainer": 2.0}
+    # the packaged price list prices both kinds, GPU above CPU
+    packaged = Prices.load()
+    for pool in ("trainer", "rollout_fleet"):
+        assert 0 < packaged.device_price("cpu", pool) < packaged.device_price("gpu", pool)
+    # the older per-pool GPU prices still price GPU time
+    assert PRICES.device_price("gpu", "trainer") == 0.002 and PRICES.device_price("cpu", "x") == 0
+
+
 def test_a_redelivered_usage_fact_is_not_billed_twice():
     """Duplicates (a retry, a re-shipped spool tail, a re-import) carry the same producer
     and seq: the second copy costs nothing."""
