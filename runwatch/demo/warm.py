@@ -10,7 +10,7 @@ import gc
 import importlib
 
 import runwatch.cli.main  # noqa: F401  (the CLI the children run)
-import trainer.loop  # noqa: F401  (torch, transformers, the trainer)
+import trainer.loop  # torch, transformers, the trainer
 import trainer.resume  # noqa: F401
 from trainer.rollout_vllm import quiet_vllm_logging
 
