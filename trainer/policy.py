@@ -100,9 +100,17 @@ def warm_start(
 
 def export_hf(model: Policy, directory: Path) -> Path:
     """Write the policy in Hugging Face layout (``config.json`` + safetensors): what vLLM
-    loads at start. Returns ``directory``."""
+    loads at start. Returns ``directory``. No progress bar (a CLI's stderr is for lines)."""
+    from transformers.utils import logging as hf_logging
+
     directory.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(str(directory), safe_serialization=True)
+    was_on = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        model.save_pretrained(str(directory), safe_serialization=True)
+    finally:
+        if was_on:
+            hf_logging.enable_progress_bar()
     return directory
 
 

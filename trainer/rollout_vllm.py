@@ -265,6 +265,7 @@ def _start(vocab: int, model: ModelConfig, cfg: EngineConfig, initial: nn.Module
                 logprobs_mode="processed_logprobs",
                 seed=0,  # requests carry their own seeds
                 disable_log_stats=False,
+                use_tqdm_on_load=False,  # no progress bar on the CLI's stderr
                 gpu_memory_utilization=0.3,  # GPU hosts: the trainer shares the device
             )
             engine = LLMEngine.from_engine_args(args, stat_loggers=[meter])
