@@ -97,6 +97,9 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--device", default="cpu")
+    ap.add_argument(
+        "--long-hidden", type=int, default=128, help="hidden size of the long batch's policy"
+    )
     args = ap.parse_args()
     torch.set_num_threads(1)
     cfg = load_config(CONFIG, device=args.device)
@@ -109,7 +112,8 @@ def main() -> None:
 
     # a 1,024-token vocabulary: a random policy then rarely samples the stop token (id 3),
     # so nearly every sequence runs its 64 tokens (only generated tokens are counted)
-    big = ModelConfig(hidden=128, heads=4, layers=2, intermediate=256, max_positions=96)
+    h = args.long_hidden
+    big = ModelConfig(hidden=h, heads=h // 32, layers=2, intermediate=2 * h, max_positions=96)
     long_cfg = cfg.with_overrides(model=big.model_dump(), engine=EngineConfig().model_dump())
     long_policy = build_policy(1024, big, seed=1)
     long_prompts = torch.randint(4, 1024, (8, 8))
@@ -130,7 +134,7 @@ def main() -> None:
     print()
     print(f"{'figure':<46} {'vLLM':>12} {'torch (anchor)':>15} {'ratio':>8}")
     for name, r in (("rollout tokens/s, task batch (256 x <=5)", task),
-                    ("rollout tokens/s, long batch (128 x 64)", long)):  # fmt: skip
+                    (f"rollout tokens/s, long batch (128 x 64, h{h})", long)):  # fmt: skip
         print(f"{name:<46} {r['vllm_tokens_per_s']:>12,.0f} {r['torch_tokens_per_s']:>15,.0f}"
               f" {r['ratio']:>8.2f}")  # fmt: skip
     print(f"{'weight sync per step (ms)':<46} {sync['vllm_sync_ms']:>12.2f}"
