@@ -242,9 +242,18 @@ def _start(vocab: int, model: ModelConfig, cfg: EngineConfig, initial: nn.Module
         import torch._dynamo
 
         torch._dynamo.config.disable = True
+    import vllm.envs
     from vllm.engine.arg_utils import EngineArgs
     from vllm.platforms import current_platform
     from vllm.v1.engine.llm_engine import LLMEngine
+
+    if bool(vllm.envs.VLLM_ENABLE_V1_MULTIPROCESSING) != (cfg.process == "separate"):
+        # vLLM caches its environment once its first engine has started in a process
+        raise RolloutUnavailable(
+            f"engine.process {cfg.process!r}: this process already started a vLLM engine "
+            "in the other mode, and vLLM fixes its environment at the first start; run it "
+            "in a process of its own"
+        )
 
     meter = _Meter()
     saved = (random.getstate(), np.random.get_state(), torch.get_rng_state())

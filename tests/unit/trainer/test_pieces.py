@@ -145,3 +145,21 @@ def test_unservable_head_sizes_name_the_nearest_valid_setting() -> None:
     assert why is not None and "Nearest valid setting: model.hidden: 32 (head size 32" in why
     assert unservable(ModelConfig(hidden=64, heads=4), "cuda") is None  # vLLM decides there
     assert all(unservable(ModelConfig(hidden=h, heads=1), "cpu") is None for h in CPU_HEAD_SIZES)
+
+
+def test_rollout_interface_imports_no_engine() -> None:
+    """No import circle: the interface module imports neither engine (they import it);
+    the choice between them lives in trainer/engines.py."""
+    import ast
+    from pathlib import Path
+
+    import trainer.rollout
+
+    tree = ast.parse(Path(trainer.rollout.__file__).read_text())
+    imported = {
+        node.module if isinstance(node, ast.ImportFrom) else alias.name
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Import | ast.ImportFrom)
+        for alias in (node.names if isinstance(node, ast.Import) else [node])  # type: ignore[list-item]
+    }
+    assert not {m for m in imported if m and m.startswith("trainer.")}, imported
