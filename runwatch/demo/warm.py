@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import importlib
+import warnings
 
 import runwatch.cli.main  # noqa: F401  (the CLI the children run)
 import trainer.loop  # torch, transformers, the trainer
@@ -24,6 +25,12 @@ VLLM_MODULES = (
 )
 
 quiet_vllm_logging()
+# multiprocessing re-runs the demo's main module (``-m runwatch.cli.main``) in every forked
+# child as ``__mp_main__``; it is imported here already, which runpy warns about. Harmless:
+# the module only defines the CLI (its ``__main__`` guard does not run as ``__mp_main__``).
+warnings.filterwarnings(
+    "ignore", message="'runwatch.cli.main' found in sys.modules", category=RuntimeWarning
+)
 with contextlib.suppress(Exception):  # a host without vLLM runs the torch sampler
     for name in VLLM_MODULES:
         importlib.import_module(name)
