@@ -32,8 +32,8 @@ import httpx
 import yaml
 
 from events.log.embedded import EmbeddedLog
-from projections.replay import rebuild_from_log
-from projections.store import SqliteReadModel
+from projections.sqlite_store import SqliteReadModel
+from runwatch.hosting.replay import rebuild_from_log
 from tests.projection_runs import synth_fleet, write_log
 
 TENANTS = 20

@@ -1,22 +1,36 @@
-"""Detector quality: false-positive rate on healthy runs and detection lag on faults.
+"""Detector quality: false pages on healthy runs of several shapes, detection lag on faults,
+and the money each fault burns before its alert.
 
-    python benchmarks/detector_quality.py [--healthy 200] [--faulty 40] [--steps 400]
+    python benchmarks/detector_quality.py [--healthy 200] [--faulty 40] [--steps 400] [--canaries]
 
-Healthy runs: ``stream_processors.detectors.scenarios.synthetic_run(seed)`` for
-``--healthy`` seeds — each with its own reward curve (logistic, AR(1) noise), eval gate,
-KL growth, entropy decline, log-normal grad norms, growing generation length, phase
-timings, usage and checkpoints. False positive = any ``AlertFired`` on a healthy run;
-reported per detector as the share of runs that fired and per 1,000 steps.
+Healthy runs: ``stream_processors.detectors.scenarios.synthetic_run(seed, shape=...)`` for
+``--healthy`` seeds of every shape in ``scenarios.SHAPES`` (rising reward, plateau, noisy,
+large slow entropy decline, long-reasoning length growth, eval every 10 / 50 / 100 steps;
+the sparse-eval shapes run twice as long so they hold enough eval points). Each run has
+its own reward curve, eval gate, KL growth, entropy decline, grad norms, generation
+length, phase timings, usage and checkpoints. False positive = any ``AlertFired`` on a
+healthy run; the figure that matters is the *paging* one (must be 0).
 
-Faulty runs: every fault of ``scenarios.FAULTS`` injected at a step drawn in
-[150, 250) into ``--faulty`` runs; detection = the fault's own detector fired at or
-after the injection; lag = steps from injection to that AlertFired (percentiles over the
-detected runs). "Also fired" lists the other detectors that fired on those runs (an
+Faulty runs: every fault of ``scenarios.FAULTS`` injected at a step drawn in [150, 250)
+into ``--faulty`` runs of the default (rising) shape; detection = the fault's own
+detector fired at or after the injection; lag = steps from the fault becoming detectable
+to that AlertFired: the injection, except for a stuck checkpoint writer (from the first
+checkpoint that was due and not written) and a run without an eval gate (from the first
+eval that was due). "Also fired" lists the other detectors that fired on those runs (an
 oversized LR is expected to collapse entropy too).
 
+Reward hacking by eval cadence: the gameable fault in runs with an eval every 10, 50 and
+100 steps, lag also counted in eval intervals (goal: within two intervals).
+
+Money before detection: the synthetic runs bill 8 GPUs x each step's wall time (10-60 s)
+as ``UsageRecorded``; the GPU-seconds from the fault to its alert are priced at the
+trainer pool's price in ``stream_processors/accounting/prices.yaml`` (the same list the bill and the
+dead-run alert use). The ``8 GPUs, 1 step/min`` column prices the p90 lag for a run of
+that shape instead.
+
 ``--canaries`` also runs the seed's canaries on the real GRPO trainer (``runwatch train``
-with ``trainer/configs/canary-*.yaml`` and the healthy ``default.yaml``, torch on CPU,
-about two minutes) and lists which alerts each run raised, at which step.
+with ``trainer/configs/canary-*.yaml`` and the healthy ``default.yaml`` / ``test.yaml``,
+torch on CPU, a few minutes) and lists which alerts each run raised, at which step.
 
 Writes ``stream_processors/detectors/QUALITY.md`` (beside the catalog) and prints it.
 Deterministic: seeds are fixed, the folds are pure.
@@ -28,13 +42,17 @@ import argparse
 import collections
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
-from stream_processors.detectors import DETECTORS, RunHealthFold
-from stream_processors.detectors.scenarios import FAULTS, synthetic_run
+from stream_processors.accounting import Prices
+from stream_processors.detectors import DETECTORS, RunHealthFold, load_catalog
+from stream_processors.detectors.scenarios import FAULTS, SHAPES, synthetic_run
 
 OUT = Path(__file__).resolve().parents[1] / "stream_processors" / "detectors" / "QUALITY.md"
+#: the stated price for the per-step column: 8 GPUs at one step a minute
+GPUS, STEP_S = 8, 60.0
 
 
 def fold_run(fold: RunHealthFold, events: list) -> list:
@@ -43,6 +61,106 @@ def fold_run(fold: RunHealthFold, events: list) -> list:
         state, out = fold.apply(state, ev)
         alerts.extend(a for a in out if a.type == "AlertFired" and not a.escalated)
     return alerts
+
+
+def shape_steps(shape: str, steps: int) -> int:
+    return 2 * steps if shape in ("eval_50", "eval_100") else steps
+
+
+def healthy_table(fold: RunHealthFold, n: int, steps: int) -> tuple[list[str], dict[str, int]]:
+    routing = {d.name: fold.catalog.settings(d, "tenant-synth", "grpo").routing for d in DETECTORS}
+    runs: dict[str, collections.Counter[str]] = {}
+    pages: dict[str, int] = {}
+    for shape in SHAPES:
+        fired: collections.Counter[str] = collections.Counter()
+        paged = 0
+        for seed in range(n):
+            alerts = fold_run(fold, synthetic_run(seed, steps=shape_steps(shape, steps),
+                                                  shape=shape))  # fmt: skip
+            fired.update({a.detector for a in alerts})
+            paged += any(a.routing == "page" for a in alerts)
+        runs[shape], pages[shape] = fired, paged
+    head = "| detector | routing | " + " | ".join(SHAPES) + " |"
+    lines = [head, "| --- | --- | " + " | ".join("---:" for _ in SHAPES) + " |"]
+    for det in DETECTORS:
+        cells = " | ".join(f"{runs[s][det.name]}" for s in SHAPES)
+        lines.append(f"| {det.name} | {routing[det.name]} | {cells} |")
+    pages_row = " | ".join(f"**{pages[s]}**" for s in SHAPES)
+    lines.append(f"| **runs with any page** | | {pages_row} |")
+    return lines, pages
+
+
+def _onset(fault: str, at: int, events: list) -> int:
+    """The step from which the fault is detectable (see the module docstring)."""
+    if fault == "checkpoint_writer_stuck":
+        return _next_due(events, at)
+    if fault == "no_eval_gate":
+        config = dict(next(e for e in events if e.type == "RunSubmitted").config)
+        return int(config["eval_every"]) - 1
+    return at
+
+
+def _next_due(events: list, at: int) -> int:
+    config = dict(next(e for e in events if e.type == "RunSubmitted").config)
+    every = int(config["checkpoint_every_steps"])
+    written = [e.step for e in events if e.type == "CheckpointWritten" and e.step < at]
+    return (written[-1] if written else -1) + every
+
+
+def _spend(events: list, after: int, upto: int, price: float) -> float:
+    return price * sum(
+        e.gpu_seconds for e in events if e.type == "UsageRecorded" and after <= e.step <= upto
+    )
+
+
+def fault_rows(
+    fold: RunHealthFold, n: int, steps: int, price: float
+) -> list[tuple[str, str, list[int], list[float], collections.Counter[str]]]:
+    rng = np.random.default_rng(2026)
+    rows = []
+    for fault, detector in FAULTS.items():
+        lags: list[int] = []
+        money: list[float] = []
+        collateral: collections.Counter[str] = collections.Counter()
+        for i in range(n):
+            at = int(rng.integers(150, 250))
+            events = synthetic_run(10_000 + i, steps=steps, fault=fault, fault_step=at)
+            fired = fold_run(fold, events)
+            onset = _onset(fault, at, events)
+            floor = 0 if fault == "no_eval_gate" else at
+            hit = [a.step for a in fired if a.detector == detector and a.step >= floor]
+            if hit:
+                lags.append(hit[0] - onset)
+                money.append(_spend(events, onset, hit[0], price))
+            collateral.update({a.detector for a in fired if a.detector != detector})
+        rows.append((fault, detector, lags, money, collateral))
+    return rows
+
+
+def hacking_by_cadence(fold: RunHealthFold, n: int, steps: int) -> list[str]:
+    lines = [
+        "| eval every | detected | lag p50 | lag p90 | lag max | p90 in eval intervals "
+        "| within 2 intervals |",
+        "| ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for every in (10, 50, 100):
+        rng = np.random.default_rng(2026)
+        lags = []
+        for i in range(n):
+            at = int(rng.integers(150, 250))
+            events = synthetic_run(10_000 + i, steps=2 * steps, fault="gameable_reward",
+                                   fault_step=at, shape=f"eval_{every}")  # fmt: skip
+            hit = [a.step for a in fold_run(fold, events)
+                   if a.detector == "reward_hacking" and a.step >= at]  # fmt: skip
+            if hit:
+                lags.append(hit[0] - at)
+        within = sum(1 for lag in lags if lag <= 2 * every)
+        p50, p90, mx = (np.percentile(lags, q) for q in (50, 90, 100)) if lags else (0, 0, 0)
+        lines.append(
+            f"| {every} | {len(lags)}/{n} | {p50:.0f} | {p90:.0f} | {mx:.0f} | "
+            f"{p90 / every:.1f} | {within}/{n} |"
+        )
+    return lines
 
 
 def canary_table() -> list[str]:
@@ -55,11 +173,12 @@ def canary_table() -> list[str]:
 
     configs = Path(__file__).resolve().parents[1] / "trainer" / "configs"
     names = ["canary-oversized-lr", "canary-constant-reward", "canary-gameable-reward",
-             "canary-frozen-sync", "default"]  # fmt: skip
+             "canary-frozen-sync", "default", "test"]  # fmt: skip
+    run_ids = {"default": "demo-healthy", "test": "test-run"}
     with tempfile.TemporaryDirectory() as tmp:
         log_dir = Path(tmp) / "log"
+        cli = [sys.executable, "-m", "runwatch.cli.main"]
         for name in names:
-            cli = [sys.executable, "-m", "runwatch.cli.main"]
             subprocess.run(
                 [*cli, "train", "--config", str(configs / f"{name}.yaml"), "--log",
                  str(log_dir), "--runs", str(Path(tmp) / "runs"), "--quiet"],
@@ -79,13 +198,26 @@ def canary_table() -> list[str]:
     out = [
         "## Canaries on the real GRPO trainer (`runwatch train`, torch on CPU)",
         "",
-        "| config | steps | alerts fired |",
-        "| --- | ---: | --- |",
+        "| config | steps | alerts fired | before #17 |",
+        "| --- | ---: | --- | --- |",
     ]
+    before = {
+        "canary-oversized-lr": "kl_blowup @ 3",
+        "canary-constant-reward": "dead_run @ 99",
+        "canary-gameable-reward": "kl_blowup @ 11; reward_hacking @ 50",
+        "canary-frozen-sync": "weight_sync_staleness @ 26",
+        "default": "none",
+        "test": "none",
+    }
     for name in names:
-        run_id = "demo-healthy" if name == "default" else name
-        out.append(f"| {name} | {steps[run_id]} | {'; '.join(fired[run_id]) or 'none'} |")
+        run_id = run_ids.get(name, name)
+        got = "; ".join(fired[run_id]) or "none"
+        out.append(f"| {name} | {steps[run_id]} | {got} | {before[name]} |")
     return [*out, ""]
+
+
+def _pct(values: list[Any], q: float, fmt: str = ".0f") -> str:
+    return format(float(np.percentile(values, q)), fmt) if values else "-"
 
 
 def main() -> None:
@@ -96,78 +228,72 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=OUT)
     ap.add_argument("--canaries", action="store_true", help="also run the real trainer")
     args = ap.parse_args()
-    fold = RunHealthFold()
+    prices = Prices.load()
+    price = prices.gpu_price("trainer")
+    fold = RunHealthFold(load_catalog().with_prices(prices.usd_per_gpu_second, prices.version))
     started = time.perf_counter()
-
-    fp_runs: collections.Counter[str] = collections.Counter()
-    fp_alerts: collections.Counter[str] = collections.Counter()
-    for seed in range(args.healthy):
-        fired = fold_run(fold, synthetic_run(seed, steps=args.steps))
-        fp_alerts.update(a.detector for a in fired)
-        fp_runs.update({a.detector for a in fired})
-    kilo_steps = args.healthy * args.steps / 1000
-
-    rng = np.random.default_rng(2026)
-    lag_rows = []
-    for fault, detector in FAULTS.items():
-        lags, collateral = [], collections.Counter()
-        for i in range(args.faulty):
-            at = int(rng.integers(150, 250))
-            fired = fold_run(
-                fold, synthetic_run(10_000 + i, steps=args.steps, fault=fault, fault_step=at)
-            )
-            hit = [a.step for a in fired if a.detector == detector and a.step >= at]
-            if fault == "no_eval_gate":  # nothing is injected mid-run: the gap is from start
-                hit = [a.step + at for a in fired if a.detector == detector]
-            if hit:
-                lags.append(hit[0] - at)
-            collateral.update({a.detector for a in fired if a.detector != detector})
-        lag_rows.append((fault, detector, lags, collateral))
+    healthy, pages = healthy_table(fold, args.healthy, args.steps)
+    faults = fault_rows(fold, args.faulty, args.steps, price)
+    cadence = hacking_by_cadence(fold, args.faulty, args.steps)
     seconds = time.perf_counter() - started
+    per_step = GPUS * STEP_S * price
 
     lines = [
         "# Run-health detectors: measured quality",
         "",
         f"Generated by `python benchmarks/detector_quality.py --healthy {args.healthy} "
         f"--faulty {args.faulty} --steps {args.steps}{' --canaries' if args.canaries else ''}` "
-        "with catalog "
-        f"`{fold.catalog.version}` ({seconds:.0f} s). Synthetic runs from "
-        "`stream_processors/detectors/scenarios.py`; thresholds in `catalog.yaml`.",
+        f"with catalog `{fold.catalog.version}` and prices `{prices.version}` ({seconds:.0f} s "
+        "for the synthetic runs). Synthetic runs from `stream_processors/detectors/"
+        "scenarios.py`; thresholds in `catalog.yaml`.",
         "",
-        f"## False positives on {args.healthy} healthy runs of {args.steps} steps",
+        f"## False positives on {args.healthy} healthy runs of each shape",
         "",
-        "| detector | layer | routing | runs that fired | FP rate (runs) | alerts / 1k steps |",
-        "| --- | --- | --- | ---: | ---: | ---: |",
+        "Runs (of each shape's runs) on which each detector fired at least once. Shapes "
+        f"(`scenarios.SHAPES`), {args.steps} steps each ({2 * args.steps} for eval every 50 / "
+        "100):",
+        "",
+        *(f"- `{name}`: {what}" for name, what in SHAPES.items()),
+        "",
+        *healthy,
+        "",
+        f"Paging false positives: **{sum(pages.values())}** in "
+        f"{args.healthy * len(SHAPES)} healthy runs.",
+        "",
+        f"## Detection lag and money on injected faults ({args.faulty} runs each, injected "
+        "at a step in [150, 250))",
+        "",
+        "| fault | detector | detected | lag p50 | lag p90 | lag max | $ before alert p50 "
+        f"| p90 | p90 lag at {GPUS} GPUs, 1 step/min | also fired (runs) |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
     ]
-    for det in DETECTORS:
-        s = fold.catalog.settings(det, "tenant-synth", "grpo")
-        n = fp_runs[det.name]
+    for fault, detector, lags, money, collateral in faults:
+        also = ", ".join(f"{d} ({k})" for d, k in collateral.most_common()) or "-"
+        p90_usd = float(np.percentile(lags, 90)) * per_step if lags else 0.0
         lines.append(
-            f"| {det.name} | {det.layer} | {s.routing} | {n} | {n / args.healthy:.1%} "
-            f"| {fp_alerts[det.name] / kilo_steps:.3f} |"
+            f"| {fault} | {detector} | {len(lags)}/{args.faulty} | {_pct(lags, 50)} | "
+            f"{_pct(lags, 90)} | {_pct(lags, 100)} | ${_pct(money, 50, ',.2f')} | "
+            f"${_pct(money, 90, ',.2f')} | ${p90_usd:,.2f} | {also} |"
         )
     lines += [
         "",
-        f"## Detection lag on injected faults ({args.faulty} runs each, injected at a step "
-        "in [150, 250))",
+        "Lag is in training steps (windows and cadences are counted in steps, never "
+        "wall-clock), from the step the fault became detectable: the injection, or for "
+        "`checkpoint_writer_stuck` the first checkpoint that was due and not written, and "
+        "for `no_eval_gate` the first eval that was due. Money: the run's own usage (8 GPUs "
+        f"x the step's wall time) from that step to the alert, at the trainer pool's "
+        f"${price:g}/GPU-s (`stream_processors/accounting/prices.yaml`); the last money "
+        f"column is the p90 lag at {GPUS} GPUs and one step a minute (${per_step:.2f} a step).",
         "",
-        "| fault | detector | detected | lag p50 | lag p90 | lag max | also fired (runs) |",
-        "| --- | --- | ---: | ---: | ---: | ---: | --- |",
-    ]
-    for fault, detector, lags, collateral in lag_rows:
-        if lags:
-            p50, p90, mx = (f"{np.percentile(lags, q):.0f}" for q in (50, 90, 100))
-        else:
-            p50 = p90 = mx = "-"
-        also = ", ".join(f"{d} ({n})" for d, n in collateral.most_common()) or "-"
-        lines.append(
-            f"| {fault} | {detector} | {len(lags)}/{args.faulty} | {p50} | {p90} | {mx} | {also} |"
-        )
-    lines += [
+        "## Reward hacking by eval cadence (gameable reward, "
+        f"{args.faulty} runs each, {2 * args.steps} steps)",
         "",
-        "Lag is in training steps (windows are counted in steps, never wall-clock). "
-        "`no_eval_gate` counts from run start (there is nothing to inject mid-run). "
-        "Healthy-run noise, trends and scales are drawn per run; see `scenarios.py`.",
+        *cadence,
+        "",
+        "The eval falls 0.004 a step after the injection while the eval noise is 0.005-0.02 a "
+        "point: two eval points disagree beyond their noise once the fall exceeds "
+        "`z_eval` (2.5) x sqrt(2) noise units, which an eval every 10 steps needs about two "
+        "intervals to show on the noisier runs.",
         "",
     ]
     if args.canaries:

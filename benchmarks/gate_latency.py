@@ -36,9 +36,9 @@ from typing import Any
 
 from events import AlertFired, EventBase, PauseRequested, RunPaused, UsageRecorded
 from events.log.embedded import EmbeddedLog
-from projections.policy import Prices
 from runwatch.demo.canary import canaries
 from runwatch.demo.orchestrate import Orchestrator
+from stream_processors.accounting import Prices
 
 
 def _facts(log_dir: Path) -> dict[str, list[EventBase]]:

@@ -21,6 +21,7 @@ so they are serialized as the JSON constants ``NaN``/``Infinity`` which the code
 from __future__ import annotations
 
 import hashlib
+import threading
 import time
 import uuid
 from collections.abc import Mapping
@@ -151,3 +152,37 @@ def new_envelope(
         "producer": producer,
         "seq": seq,
     }
+
+
+class Stamper:
+    """The envelopes of one producer's new facts: a random id each, ``seq`` counting up
+    from ``first_seq`` (a resumed producer passes its last seq + 1, so gaps stay
+    meaningful), ``ts`` now unless given. Shared by the emitter SDK
+    (``producers.emitter``) and producers that may not import it (the sandbox client).
+    Thread-safe: two threads never get the same ``seq``."""
+
+    __slots__ = ("_lock", "producer", "run_id", "seq", "tenant_id")
+
+    def __init__(self, *, tenant_id: str, run_id: str, producer: str, first_seq: int = 0):
+        self.tenant_id = tenant_id
+        self.run_id = run_id
+        self.producer = producer
+        #: the ``seq`` the next envelope gets
+        self.seq = first_seq
+        self._lock = threading.Lock()
+
+    def stamp(
+        self, *, step: int | None = None, ts: float | None = None, run_id: str | None = None
+    ) -> dict[str, Any]:
+        """The next envelope (``run_id``: another run of the same producer, if given)."""
+        with self._lock:
+            seq = self.seq
+            self.seq += 1
+        return new_envelope(
+            tenant_id=self.tenant_id,
+            run_id=self.run_id if run_id is None else run_id,
+            producer=self.producer,
+            seq=seq,
+            step=step,
+            ts=ts,
+        )

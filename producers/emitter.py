@@ -39,7 +39,7 @@ from typing import Any, TypeVar
 
 from events.codec import encode
 from events.dead_letter import DeadLetter
-from events.envelope import EventBase, new_envelope
+from events.envelope import EventBase, Stamper
 from producers.sinks import EventSink
 
 log = logging.getLogger("runwatch.emitter")
@@ -63,7 +63,9 @@ class Emitter:
         self.run_id = run_id
         self.producer = producer
         self.batch_size = batch_size
-        self.seq = first_seq
+        self.stamper = Stamper(
+            tenant_id=tenant_id, run_id=run_id, producer=producer, first_seq=first_seq
+        )
         self._pending: list[EventBase] = []
         #: dead letters of unserialisable events that the sink could not take
         self.dead_letters: list[DeadLetter] = []
@@ -78,20 +80,16 @@ class Emitter:
         Raises ``pydantic.ValidationError`` at once for a bad payload (a producer bug is
         found where it happens, not downstream).
         """
-        envelope = new_envelope(
-            tenant_id=self.tenant_id,
-            run_id=self.run_id,
-            producer=self.producer,
-            seq=self.seq,
-            step=step,
-            ts=ts,
-        )
-        event = cls(**envelope, **payload)
-        self.seq += 1
+        event = cls(**self.stamper.stamp(step=step, ts=ts), **payload)
         self._pending.append(event)
         if len(self._pending) >= self.batch_size:
             self.flush()
         return event
+
+    @property
+    def seq(self) -> int:
+        """The ``seq`` the next event gets."""
+        return self.stamper.seq
 
     def emit_event(self, event: EventBase) -> None:
         """Queue an event built elsewhere (e.g. by a fold run inside the producer)."""

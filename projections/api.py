@@ -22,13 +22,14 @@ or recorded as ``CommandRejected``.
 # annotations (closures over the store and keys) at definition time.
 from typing import Annotated, Any
 
-from fastapi import Body, Depends, FastAPI, Header, HTTPException, Query, Response
+from fastapi import Body, Depends, FastAPI, HTTPException, Query, Response
 from fastapi import Path as Path_
 from fastapi.concurrency import run_in_threadpool
 from pydantic import BaseModel, Field
 
 from producers.commands import bad_overrides, phase_of_state, write_command
 from producers.sinks import EventSink
+from projections.auth import principal_of
 from projections.keys import ApiKeys, Principal
 from projections.store import ReadModel
 from projections.views import CUSTOMER_METRICS, OPERATOR_METRICS, RunView
@@ -189,17 +190,7 @@ def create_app(
         description=__doc__.split("\n\n")[1].replace("\n", " ") if __doc__ else "",
     )
 
-    async def principal(
-        authorization: Annotated[str | None, Header()] = None,
-        x_api_key: Annotated[str | None, Header()] = None,
-    ) -> Principal:
-        key = x_api_key
-        if authorization and authorization.lower().startswith("bearer "):
-            key = authorization[7:].strip()
-        found = keys.resolve(key)
-        if found is None:
-            raise HTTPException(401, "missing or invalid API key", {"WWW-Authenticate": "Bearer"})
-        return found
+    principal = principal_of(keys)
 
     async def operator(who: Annotated[Principal, Depends(principal)]) -> Principal:
         if not who.operator:

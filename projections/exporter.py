@@ -25,7 +25,7 @@ import socket
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from socketserver import ThreadingMixIn
-from typing import Any
+from typing import Any, get_args
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from prometheus_client import make_wsgi_app
@@ -37,22 +37,16 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import CollectorRegistry
 
+from events.catalog.derived import RunState
+from projections.fleet import PHASE_BUCKETS
 from projections.run_state import TERMINAL
 from projections.store import ReadModel
-from projections.views import PHASE_BUCKETS, RunView
+from projections.views import RunView
 
 OTHER = "other"
-STATES = (
-    "SUBMITTED",
-    "QUEUED",
-    "PROVISIONING",
-    "RUNNING",
-    "DEGRADED",
-    "PAUSED_BY_GATE",
-    "SUCCEEDED",
-    "FAILED",
-    "CANCELLED",
-)
+#: Every run state, in the order of the append-only enum (derived from it: a state added
+#: there is exported here without an edit).
+STATES: tuple[str, ...] = get_args(RunState)
 
 
 def bounded_tenants(views: list[RunView], top: int) -> dict[str, str]:
@@ -71,6 +65,33 @@ def bounded_tenants(views: list[RunView], top: int) -> dict[str, str]:
     ranked = sorted(first_seen, key=lambda t: (first_seen[t], t))
     keep = set(ranked[:top])
     return {t: t if t in keep else OTHER for t in first_seen}
+
+
+class _RunTotals:
+    """What the run series of one scrape count, over every run view."""
+
+    def __init__(self, views: list[RunView]) -> None:
+        self.by_state = dict.fromkeys(STATES, 0)
+        self.terminal: dict[tuple[str, str], int] = {}
+        self.active: dict[tuple[str, str], int] = {}
+        self.rejected = self.corrections = self.late = 0
+        self.last_ts = 0.0
+        for v in views:
+            state = v.state or "SUBMITTED"
+            self.by_state[state] = self.by_state.get(state, 0) + 1
+            if state in TERMINAL:
+                key = (state, v.failure_class or "none")
+                self.terminal[key] = self.terminal.get(key, 0) + 1
+            c = v.counters
+            self.rejected += c.get("rejected_transitions", 0)
+            self.corrections += c.get("corrections", 0)
+            self.late += c.get("late_after_terminal", 0)
+            self.last_ts = max(self.last_ts, v.updated_ts)
+            if state not in TERMINAL:
+                for a in v.alerts.values():
+                    if a.get("resolved_ts") is None and "layer" in a:
+                        k = (a["detector"], a["layer"])
+                        self.active[k] = self.active.get(k, 0) + 1
 
 
 class ProjectionCollector:
@@ -101,29 +122,9 @@ class ProjectionCollector:
         yield from self._tenants(views)
 
     def _runs(self, views: list[RunView]) -> Iterator[Metric]:
-        by_state = dict.fromkeys(STATES, 0)
-        terminal: dict[tuple[str, str], int] = {}
-        rejected = corrections = late = 0
-        active: dict[tuple[str, str], int] = {}
-        last_ts = 0.0
-        for v in views:
-            state = v.state or "SUBMITTED"
-            by_state[state] = by_state.get(state, 0) + 1
-            if state in TERMINAL:
-                key = (state, v.failure_class or "none")
-                terminal[key] = terminal.get(key, 0) + 1
-            c = v.counters
-            rejected += c.get("rejected_transitions", 0)
-            corrections += c.get("corrections", 0)
-            late += c.get("late_after_terminal", 0)
-            last_ts = max(last_ts, v.updated_ts)
-            if state not in TERMINAL:
-                for a in v.alerts.values():
-                    if a.get("resolved_ts") is None and "layer" in a:
-                        k = (a["detector"], a["layer"])
-                        active[k] = active.get(k, 0) + 1
+        t = _RunTotals(views)
         g = GaugeMetricFamily("runwatch_runs", "Runs by customer-facing state.", labels=["state"])
-        for state, n in sorted(by_state.items()):
+        for state, n in sorted(t.by_state.items()):
             g.add_metric([state], n)
         yield g
         c = CounterMetricFamily(
@@ -131,24 +132,24 @@ class ProjectionCollector:
             "Runs that reached a terminal state, by state and failure class.",
             labels=["state", "failure_class"],
         )
-        for (state, fclass), n in sorted(terminal.items()):
+        for (state, fclass), n in sorted(t.terminal.items()):
             c.add_metric([state, fclass], n)
         yield c
         for name, doc, value in (
             (
                 "runwatch_run_state_transitions_rejected",
                 "Illegal run-state transitions rejected.",
-                rejected,
+                t.rejected,
             ),
             (
                 "runwatch_run_state_corrections",
                 "Run-state changes corrected after a late fact.",
-                corrections,
+                t.corrections,
             ),
             (
                 "runwatch_run_state_late_after_terminal",
                 "Facts that arrived after their run ended.",
-                late,
+                t.late,
             ),
         ):
             m = CounterMetricFamily(name, doc)
@@ -159,14 +160,14 @@ class ProjectionCollector:
             "Unresolved alerts on live runs.",
             labels=["detector", "layer"],
         )
-        for (det, layer), n in sorted(active.items()):
+        for (det, layer), n in sorted(t.active.items()):
             g.add_metric([det, layer], n)
         yield g
         g = GaugeMetricFamily(
             "runwatch_projection_last_event_timestamp_seconds",
             "Event time (producer clock) of the newest fact folded into the projection.",
         )
-        g.add_metric([], last_ts)
+        g.add_metric([], t.last_ts)
         yield g
 
     def _fleet(self, fleet: Any) -> Iterator[Metric]:

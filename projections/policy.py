@@ -1,12 +1,15 @@
-"""The run-state policy and the price list: configuration, not code (principle 5).
+"""The run-state policy: configuration, not code (principle 5).
 
-Both are frozen pydantic models loaded from YAML (defaults ship beside this module:
-``run_state_policy.yaml`` and ``prices.yaml``). Every derived event and attribution names
-the policy ``version`` it was decided under, so a changed threshold is visible in the
-audit trail.
+A frozen pydantic model loaded from YAML (the default ships beside this module:
+``run_state_policy.yaml``). Every derived event and attribution names the policy
+``version`` it was decided under, so a changed threshold is visible in the audit trail.
+(The price list is tenant accounting's: ``stream_processors/accounting/prices.py``.)
 
 Policy semantics (all windows in training steps, never wall-clock):
 
+- ``detectors[name].failure_class``: whom a run that ends while the alert is active is
+  booked to (default ``algorithmic_non_convergence``; the reward-integrity alert says
+  ``tenant_code_fault``: its evidence is about the tenant's reward, not the training).
 - ``detectors[name].action``: what a firing alert of that detector does to a running run:
   ``degrade`` (RUNNING -> DEGRADED(reason)), ``pause`` (DEGRADED now, and
   PAUSED_BY_GATE(reason) once the trainer confirms ``RunPaused`` — whether the run is
@@ -32,11 +35,12 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
+from events.catalog.lifecycle import FailureClass
+
 Action = Literal["degrade", "pause", "pause_at_checkpoint", "advisory"]
 
 HERE = Path(__file__).parent
 DEFAULT_POLICY_PATH = HERE / "run_state_policy.yaml"
-DEFAULT_PRICES_PATH = HERE / "prices.yaml"
 
 
 class _Frozen(BaseModel):
@@ -47,6 +51,8 @@ class DetectorRule(_Frozen):
     action: Action = "degrade"
     #: Customer-facing text; ``{reason}`` is the alert's own reason.
     customer_reason: str = "{reason}"
+    #: The class of a run that fails or ends while this alert is active.
+    failure_class: FailureClass = "algorithmic_non_convergence"
 
 
 class CompletionRule(_Frozen):
@@ -79,32 +85,6 @@ class RunStatePolicy(_Frozen):
     @classmethod
     def load(cls, path: str | Path | None = None) -> RunStatePolicy:
         return cls.model_validate(_read_yaml(path or DEFAULT_POLICY_PATH))
-
-
-class Prices(_Frozen):
-    """USD prices. Device-seconds are priced per device kind (``cpu``, ``gpu``) and pool;
-    tokens per million (optional). ``usd_per_gpu_second`` (per pool) is the older form of
-    the GPU prices and is used where ``usd_per_device_second`` names no ``gpu`` prices."""
-
-    version: str = "default"
-    usd_per_device_second: dict[str, dict[str, float]] = Field(default_factory=dict)
-    usd_per_gpu_second: dict[str, float] = Field(default_factory=dict)
-    usd_per_million_tokens_generated: float = 0.0
-    usd_per_million_tokens_trained: float = 0.0
-
-    def device_price(self, kind: str, pool: str) -> float:
-        """USD per device-second of ``kind`` in ``pool`` (0 when not priced)."""
-        by_pool = self.usd_per_device_second.get(kind)
-        if by_pool is None and kind == "gpu":
-            by_pool = self.usd_per_gpu_second
-        return (by_pool or {}).get(pool, 0.0)
-
-    def gpu_price(self, pool: str) -> float:
-        return self.device_price("gpu", pool)
-
-    @classmethod
-    def load(cls, path: str | Path | None = None) -> Prices:
-        return cls.model_validate(_read_yaml(path or DEFAULT_PRICES_PATH))
 
 
 def _read_yaml(path: str | Path) -> dict:

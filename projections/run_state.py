@@ -56,7 +56,13 @@ from events import (
 from events.catalog.derived import RunState
 from events.codec import decode_or_raise, encode
 from events.envelope import EventBase, derive_envelope
-from projections.attribution import Attribution, Ledger, attribute_failure, non_convergence
+from projections.attribution import (
+    Attribution,
+    Ledger,
+    attribute_failure,
+    non_convergence,
+    tenant_fault,
+)
 from projections.policy import RunStatePolicy
 
 PRODUCER = "projections/run_state"
@@ -64,9 +70,6 @@ PRODUCER = "projections/run_state"
 PAUSING: frozenset[str] = frozenset({"pause", "pause_at_checkpoint"})
 TERMINAL: frozenset[str] = frozenset({"SUCCEEDED", "FAILED", "CANCELLED"})
 ACTIVE: frozenset[str] = frozenset({"RUNNING", "DEGRADED"})
-_ANY_LIVE = frozenset(
-    {"SUBMITTED", "QUEUED", "PROVISIONING", "RUNNING", "DEGRADED", "PAUSED_BY_GATE"}
-)
 #: from-state -> the states it may move to (``None``: a run never seen before).
 LEGAL: dict[str | None, frozenset[str]] = {
     None: frozenset({"SUBMITTED", "QUEUED", "CANCELLED", "FAILED"}),
@@ -225,11 +228,16 @@ class _Stepper:
         if isinstance(ev, RunCompleted):
             return self.complete(m, ev)
         if isinstance(ev, RunFailed):
+            ledger = self.ledger.as_of(ev.ts)  # not the reward facts from after the failure
+            tenant = self._tenant_alerts(m)
+            if ev.failure_class is None and tenant:  # an alert the policy books to the tenant
+                att = tenant_fault(ledger, tenant[0])
+                return self.move(m, "FAILED", att.message, ev, att)
             algorithmic = tuple(a.reason for a in m.active if a.action != "advisory")
             att = attribute_failure(
                 ev.failure_class,
                 ev.reason,
-                self.ledger.as_of(ev.ts),  # not the reward facts from after the failure
+                ledger,
                 self.policy.attribution.tenant_failure_ratio,
                 m.fired,
                 algorithmic,
@@ -245,8 +253,23 @@ class _Stepper:
         m = self.move(m, to, reason, ev)
         return self.overlay(m, ev) if to == "RUNNING" else m
 
+    def _tenant_alerts(self, m: Machine, among: Sequence[str] | None = None) -> list[str]:
+        """Reasons of the active alerts (of the detectors ``among``, if given) that the
+        policy books to the tenant's code (``failure_class: tenant_code_fault``)."""
+        rule = self.policy.rule
+        return [
+            a.reason
+            for a in m.active
+            if (among is None or a.detector in among)
+            and rule(a.detector).failure_class == "tenant_code_fault"
+        ]
+
     def complete(self, m: Machine, ev: EventBase) -> Machine:
         rule = self.policy.completion
+        tenant = self._tenant_alerts(m, rule.fail_if_active)
+        if tenant:  # the tenant's reward, not the training: booked to the tenant
+            att = tenant_fault(self.ledger.as_of(ev.ts), tenant[0])
+            return self.move(m, "FAILED", att.message, ev, att)
         bad = [a.reason for a in m.active if a.detector in rule.fail_if_active]
         bad += [f"{d}: {r}" for d, r, _, _ in m.fired if d in rule.fail_if_fired]
         if bad:

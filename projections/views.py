@@ -1,7 +1,7 @@
 """The materialized views: one document per run, per-step series, and fleet aggregates.
 
-These are the *read* side (mutable, owned by :class:`~projections.engine.ProjectionEngine`);
-the decisions live in the pure folds. Every update here is commutative across topics
+These are the *read* side (mutable, owned by a host's :class:`~projections.materializer.
+Materializer`); the decisions live in the pure folds. Every update here is commutative across topics
 (maxima, sums, keyed maps, or values from one totally ordered topic), so a view does not
 depend on how the host interleaved the input topics.
 
@@ -14,10 +14,8 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
-
-import numpy as np
 
 from events import (
     AlertFired,
@@ -37,9 +35,7 @@ from events import (
     WeightSyncCompleted,
 )
 from events.envelope import EventBase
-from projections.accounting import RunUsage
-from projections.policy import Prices
-from projections.run_state import RunStatus
+from projections.fleet import PHASES, Fleet
 
 CUSTOMER_METRICS = ("reward_mean", "kl_to_ref", "eval_score", "spend_usd")
 TRAINER_METRICS = (
@@ -52,7 +48,6 @@ TRAINER_METRICS = (
     "loss",
     "lr",
 )
-PHASES = ("rollout", "score", "sync", "optim", "idle", "other")
 OPERATOR_METRICS = (
     *TRAINER_METRICS,
     "eval_score",
@@ -63,8 +58,6 @@ OPERATOR_METRICS = (
     "truncation_rate",
     "unparseable_rate",
 )
-#: Step-phase histogram buckets (seconds), the same for every phase.
-PHASE_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 
 
 @dataclass(slots=True)
@@ -97,61 +90,6 @@ class RunView:
 
     def spend(self) -> float:
         return float(self.usage.get("spend_usd", 0.0))
-
-
-@dataclass(slots=True)
-class Fleet:
-    """Fleet-level, commutative aggregates (what the Prometheus exporter reads)."""
-
-    phase_buckets: dict[str, list[int]] = field(default_factory=dict)
-    #: Integer microseconds, so the sum is exact and independent of the order runs arrive in
-    #: (a live Kafka interleaving and a replay must give the same fleet aggregates).
-    phase_sum_us: dict[str, int] = field(default_factory=dict)
-    phase_count: dict[str, int] = field(default_factory=dict)
-    reward_samples: dict[str, int] = field(default_factory=dict)
-    alerts_fired: dict[str, int] = field(default_factory=dict)  # "detector|layer|routing"
-    alerts_resolved: dict[str, int] = field(default_factory=dict)  # "detector"
-    transitions: dict[str, int] = field(default_factory=dict)  # to_state
-    dead_letters: int = 0
-    events: dict[str, int] = field(default_factory=dict)  # topic
-
-    #: Phase timings not yet bucketed (folded in vectorized by :meth:`flush`, which every
-    #: read of the aggregates goes through); never persisted.
-    pending: dict[str, list[float]] = field(default_factory=dict)
-
-    def to_doc(self) -> dict[str, Any]:
-        self.flush()
-        return {
-            name: getattr(self, name) for name in self.__dataclass_fields__ if name != "pending"
-        }
-
-    @classmethod
-    def from_doc(cls, doc: dict[str, Any]) -> Fleet:
-        return cls(**{k: v for k, v in doc.items() if k != "pending"})
-
-    def observe_phase(self, phase: str, seconds: float) -> None:
-        self.pending.setdefault(phase, []).append(seconds)
-
-    def flush(self) -> None:
-        """Bucket the pending timings: non-cumulative counts per bucket (the last slot is
-        above every bound), exact integer-microsecond sums; NaN/inf timings are skipped
-        (they stay in the run's series)."""
-        for phase, values in self.pending.items():
-            if not values:
-                continue
-            arr = np.asarray(values, dtype=np.float64)
-            arr = arr[np.isfinite(arr)]
-            values.clear()
-            if not arr.size:
-                continue
-            counts = np.bincount(
-                np.searchsorted(PHASE_BUCKETS, arr, side="left"), minlength=len(PHASE_BUCKETS) + 1
-            )
-            buckets = self.phase_buckets.setdefault(phase, [0] * (len(PHASE_BUCKETS) + 1))
-            self.phase_buckets[phase] = [a + int(b) for a, b in zip(buckets, counts)]
-            micros = int(np.rint(arr * 1e6).astype(np.int64).sum())
-            self.phase_sum_us[phase] = self.phase_sum_us.get(phase, 0) + micros
-            self.phase_count[phase] = self.phase_count.get(phase, 0) + int(arr.size)
 
 
 #: New series points of a batch, nested run -> metric -> step -> value (the layout the
@@ -352,37 +290,3 @@ def apply_derived(view: RunView, fleet: Fleet, points: Points, ev: EventBase) ->
         _bump(fleet.transitions, ev.to_state)
     elif type(ev) is TenantUsageUpdated and ev.step is not None:
         run_points(points, view.run_id)["spend_usd"][ev.step] = ev.spend_usd
-
-
-def sync_status(view: RunView, status: RunStatus) -> None:
-    """Copy the run-state fold's decisions into the view."""
-    m = status.machine
-    view.state, view.reason, view.failure_class = m.state, m.reason, m.failure_class
-    view.attribution = asdict(m.attribution) if m.attribution else None
-    led = status.ledger
-    view.ledger = {
-        "samples": led.counts(),
-        "ok_batches": led.ok_batches,
-        "failed_batches": led.failed_batches,
-        "examples": [x[3] for x in led.examples],
-    }
-    view.counters = {
-        "rejected_transitions": len(m.rejected),
-        "corrections": status.corrections,
-        "late_after_terminal": m.late_after_terminal,
-    }
-    view.mechanics["rejected"] = [list(r) for r in m.rejected[-20:]]
-
-
-def sync_usage(view: RunView, usage: RunUsage, prices: Prices) -> None:
-    spend = usage.spend_usd(prices)
-    view.usage = {
-        "gpu_seconds_by_pool": dict(usage.by_pool()),
-        "gpu_seconds_by_phase": dict(usage.gpu_seconds_by_phase),
-        "tokens_generated": usage.tokens_generated,
-        "tokens_trained": usage.tokens_trained,
-        "committed_steps": usage.committed_steps,
-        "spend_usd": spend,
-        "cost_per_step_usd": spend / usage.committed_steps if usage.committed_steps else None,
-        "prices_version": prices.version,
-    }

@@ -176,25 +176,6 @@ class ScoreOutcome:
     def ok(self) -> bool:
         return self.status is OutcomeStatus.OK
 
-    def ledger_entry(self) -> dict[str, Any]:
-        return {
-            "status": self.status.value,
-            "cause": self.cause.value,
-            "duration_s": round(self.duration_s, 6),
-            "message": self.message,
-            "attempt": self.attempt,
-            "attempts": [
-                {
-                    "attempt": a.attempt,
-                    "cause": a.cause.value,
-                    "action": a.action,
-                    "duration_s": round(a.duration_s, 6),
-                    "message": a.message,
-                }
-                for a in self.attempts
-            ],
-        }
-
 
 class RewardClient:
     """Scores batches with one tenant artifact in its own warm sandbox pool."""
@@ -232,7 +213,11 @@ class RewardClient:
         self.ledger = Ledger()
         self._rng = rng or random.Random()
         self._lock = threading.Lock()
-        self._seq = 0
+        from events.envelope import Stamper
+
+        #: the envelopes of this scorer's facts (``events.envelope.Stamper``, what the
+        #: emitter SDK stamps with: the sandbox may not import ``producers``); seq from 1
+        self._stamper = Stamper(tenant_id=tenant_id, run_id=run_id, producer=producer, first_seq=1)
         self._batches = 0
         self._degenerate = DegenerateState()
         self._paused: AttemptRecord | None = None
@@ -484,23 +469,12 @@ class RewardClient:
             RewardBatchFailed,
             RewardBatchScored,
         )
-        from events.envelope import new_envelope
 
         run = self.run_id if run_id is None else run_id
         st = outcome.step if step is None else step
 
         def env() -> dict[str, Any]:
-            with self._lock:
-                self._seq += 1
-                seq = self._seq
-            return new_envelope(
-                tenant_id=self.tenant_id,
-                run_id=run,
-                producer=self.producer,
-                seq=seq,
-                step=st,
-                ts=outcome.ts,
-            )
+            return self._stamper.stamp(step=st, ts=outcome.ts, run_id=run)
 
         out: list[Any] = []
         for rec in outcome.attempts:

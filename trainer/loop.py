@@ -60,7 +60,12 @@ from events.catalog.lifecycle import (
     RunSubmitted,
 )
 from events.catalog.rollout import RolloutBatchCompleted
-from events.catalog.trainer import StepPhaseTimed, TrainerStepCompleted, WeightSyncCompleted
+from events.catalog.trainer import (
+    STEP_METRICS,
+    StepPhaseTimed,
+    TrainerStepCompleted,
+    WeightSyncCompleted,
+)
 from events.catalog.usage import UsageRecorded
 from producers.commands import CommandFeed
 from producers.emitter import Emitter
@@ -73,19 +78,7 @@ from trainer.state import RngStreams, RolloutBuffer, RunningMoments
 from trainer.task import EOS, Dataset, dataset_revision, max_answer_len, vocab_size
 
 #: TrainerStepCompleted fields the resume gate compares (plus every ``extra`` entry).
-METRIC_FIELDS = (
-    "reward_mean",
-    "reward_std",
-    "kl_to_ref",
-    "entropy",
-    "grad_norm",
-    "clip_fraction",
-    "advantage_mean",
-    "advantage_std",
-    "loss",
-    "lr",
-    "tokens_trained",
-)
+METRIC_FIELDS = (*STEP_METRICS, "tokens_trained")
 
 
 @dataclass

@@ -161,12 +161,6 @@ class RewardUnavailable(RuntimeError):
         self.failure_class = failure_class
 
 
-#: Every this many sandbox batches carry one group of canary probes (see ``SandboxReward``).
-CANARY_EVERY = 5
-#: How far above the probes' reference (0: wrong at every position) their mean may score.
-CANARY_TOLERANCE = 0.25
-
-
 def sandbox_item(prompt: Sequence[int], completion: Sequence[int], answer: Sequence[int]) -> dict:
     """One batch item as the tenant's ``reward(batch)`` sees it (digit values in, digit
     strings out): the one place real items and canary probes are both shaped."""
@@ -198,14 +192,16 @@ class SandboxReward:
     sandbox's schema gate. The client's reward events (RewardBatchScored/Failed,
     CanaryProbeScored) are queued in :attr:`pending_events` for the trainer to publish.
 
-    Canary probes (:meth:`draw_probes`): every :data:`CANARY_EVERY`-th batch carries one
-    more GRPO group that is indistinguishable from the real ones — a train prompt not in
-    the batch, its true ``answer``, and ``group_size`` completions borrowed from a real
-    group of the same batch (so their lengths, empties included, are the model's own)
-    altered to be wrong at every position; the same keys, order and types as every item,
-    placed at a group boundary. An honest judge of this task scores them 0; a mean above
-    :data:`CANARY_TOLERANCE` marks the batch's ``CanaryProbeScored`` inflated. Probe scores
-    never reach the optimizer. (What they cannot see: a reward that inflates only partly
+    Canary probes (:meth:`draw_probes`): every ``reward.canary_every``-th batch (config; 0
+    turns them off) carries one more GRPO group that is indistinguishable from the real
+    ones — a train prompt not in the batch, its true ``answer``, and ``group_size``
+    completions borrowed from a real group of the same batch (so their lengths, empties
+    included, are the model's own) altered to be wrong at every position; the same keys,
+    order and types as every item, placed at a group boundary. An honest judge of this
+    task scores them 0; a mean above ``reward.canary_tolerance`` marks the batch's
+    ``CanaryProbeScored`` inflated. Probe scores never reach the optimizer; the event
+    reaches the log with the step's other reward events (the reward-integrity detector
+    reads it). (What they cannot see: a reward that inflates only partly
     right answers — the platform has no reference score for partial credit.)
     """
 
@@ -264,9 +260,10 @@ class SandboxReward:
             from sandbox.types import ResourceLimits, SandboxConfig
 
             limits = ResourceLimits(deadline_s=self.cfg.reward.sandbox_deadline_s)
+            rc = self.cfg.reward
             canaries = CanarySet(
-                every=CANARY_EVERY,
-                tolerance=CANARY_TOLERANCE,
+                every=rc.canary_every,
+                tolerance=rc.canary_tolerance,
                 group=self.cfg.grpo.group_size,
                 draw=self.draw_probes,
             )
@@ -276,7 +273,7 @@ class SandboxReward:
                 run_id=self.cfg.run_id,
                 producer=f"sandbox/{self.cfg.run_id}",
                 config=SandboxConfig(limits=limits),
-                canaries=canaries if self.dataset is not None else None,
+                canaries=canaries if self.dataset is not None and rc.canary_every else None,
                 rng=random.Random(f"canaries/{self.cfg.run_id}/{self.cfg.seed}"),
             )
         return self._client

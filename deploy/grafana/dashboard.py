@@ -502,7 +502,7 @@ def build() -> dict[str, Any]:
             "Spend so far",
             f"sum(runwatch_tenant_spend_usd_total{{{T}}})",
             "currencyUSD",
-            "List prices (projections/prices.yaml).",
+            "List prices (stream_processors/accounting/prices.yaml).",
         ),
         6,
         5,

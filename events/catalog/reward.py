@@ -19,17 +19,6 @@ FailureCause = Literal[
     #: refused before it was sent; booked to the caller, neither tenant nor sandbox
     "bad_input",
 ]
-#: Every ledger column: ``ok`` plus the failure causes.
-LedgerCause = Literal[
-    "ok",
-    "tenant_timeout",
-    "tenant_crash",
-    "tenant_bad_output",
-    "tenant_resource_exceeded",
-    "tenant_bad_artifact",
-    "platform_error",
-    "bad_input",
-]
 
 
 class _Reward(EventBase):

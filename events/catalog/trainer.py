@@ -10,6 +10,22 @@ from typing import ClassVar, Literal
 
 from events.envelope import Attributes, EventBase
 
+#: The float metrics of :class:`TrainerStepCompleted`, in field order: the one list of them.
+#: The ``nan_metric`` detector checks these; the trainer's resume gate compares these plus
+#: ``tokens_trained`` (``grad_clip_threshold`` is a setting, not a measurement).
+STEP_METRICS: tuple[str, ...] = (
+    "reward_mean",
+    "reward_std",
+    "kl_to_ref",
+    "entropy",
+    "grad_norm",
+    "clip_fraction",
+    "advantage_mean",
+    "advantage_std",
+    "loss",
+    "lr",
+)
+
 
 class _Trainer(EventBase):
     TOPIC: ClassVar[str] = "runwatch.telemetry"

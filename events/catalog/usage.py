@@ -12,9 +12,7 @@ Schema history:
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Literal
-
-from pydantic import model_validator
+from typing import ClassVar, Literal
 
 from events.envelope import EventBase
 
@@ -26,9 +24,8 @@ class UsageRecorded(EventBase):
     """Device-seconds spent in one pool and phase during ``step`` on one kind of device,
     and tokens.
 
-    A producer that still says ``gpu_seconds=`` (the v2 keyword) is read as GPU
-    device-seconds, the same mapping as the upcaster's. Readers use ``device_seconds``
-    (and ``device_kind``): there is no ``gpu_seconds`` attribute to misread CPU time by.
+    There is no ``gpu_seconds`` field or attribute left to misread CPU time by; a v2
+    record (``gpu_seconds``) decodes through the upcaster as ``device_kind`` "gpu".
     """
 
     TOPIC: ClassVar[str] = "runwatch.telemetry"
@@ -41,12 +38,3 @@ class UsageRecorded(EventBase):
     device_seconds: float
     tokens_generated: int = 0
     tokens_trained: int = 0
-
-    @model_validator(mode="before")
-    @classmethod
-    def _v2_keyword(cls, data: Any) -> Any:
-        if isinstance(data, dict) and "gpu_seconds" in data and "device_seconds" not in data:
-            data = dict(data)
-            data["device_seconds"] = data.pop("gpu_seconds")
-            data.setdefault("device_kind", "gpu")
-        return data

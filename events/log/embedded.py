@@ -194,6 +194,21 @@ class EmbeddedLog(LogBackend):
         offset (default: its current end). ``reached``: filled with each topic's offset
         after the last record read, filtered or not — where the reader stopped, once the
         iterator is exhausted (a bad record ends a topic)."""
+        for chunk in self.merged_chunks(topics, from_offsets, keys, to_offsets, reached):
+            yield from map(_RECORD, chunk)
+
+    def merged_chunks(
+        self,
+        topics: Sequence[str] | None = None,
+        from_offsets: dict[str, int] | None = None,
+        keys: Mapping[str, Callable[[bytes | None], bool]] | None = None,
+        to_offsets: dict[str, int] | None = None,
+        reached: dict[str, int] | None = None,
+    ) -> Iterator[list[tuple[int, str, int, Record]]]:
+        """:meth:`iter_records` as chunks of ``(stamp, topic, offset, record)``: each
+        record with its merge key in front. The key of a record is the same whatever is
+        filtered out (the stamps' running maximum runs over every record of its topic), so
+        readers of different key filters can merge what they derived back into one order."""
         names = sorted(topics if topics is not None else self.topic_names())
         starts, stops, filters = from_offsets or {}, to_offsets or {}, keys or {}
         streams = []
@@ -204,8 +219,7 @@ class EmbeddedLog(LogBackend):
             tlog.refresh()
             chunks = tlog.read_chunks(starts.get(name, 0), stops.get(name))
             streams.append(_keyed(name, chunks, filters.get(name), reached))
-        for chunk in merge_chunks(streams):
-            yield from map(_RECORD, chunk)
+        yield from merge_chunks(streams)
 
     def iter_events(self, topics: Sequence[str] | None = None) -> Iterator[EventBase | DeadLetter]:
         """Decoded events of ``topics`` in merge order; undecodable records come back as

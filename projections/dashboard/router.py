@@ -21,10 +21,11 @@ own files, and the script builds the DOM with ``textContent`` only.
 from importlib import resources
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Header, HTTPException
+from fastapi import APIRouter, Depends, HTTPException
 from fastapi.responses import RedirectResponse, Response
 from pydantic import BaseModel
 
+from projections.auth import principal_of
 from projections.keys import ApiKeys, Principal
 from projections.store import ReadModel
 
@@ -123,18 +124,7 @@ def customer_alerts(alerts: dict[str, dict[str, Any]]) -> list[CustomerAlert]:
 def create_router(store: ReadModel, keys: ApiKeys) -> APIRouter:
     router = APIRouter()
 
-    def principal(
-        authorization: Annotated[str | None, Header()] = None,
-        x_api_key: Annotated[str | None, Header()] = None,
-    ) -> Principal:
-        # the query API's rule (projections.api): a Bearer token wins over X-API-Key
-        key = x_api_key
-        if authorization and authorization.lower().startswith("bearer "):
-            key = authorization[7:].strip()
-        found = keys.resolve(key)
-        if found is None:
-            raise HTTPException(401, "missing or invalid API key", {"WWW-Authenticate": "Bearer"})
-        return found
+    principal = principal_of(keys)  # the query API's own dependency
 
     @router.get("/dashboard", include_in_schema=False)
     def page() -> Response:

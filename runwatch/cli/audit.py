@@ -46,7 +46,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 async def _verify_kafka(live, bootstrap, policy, prices):  # type: ignore[no-untyped-def]
     from events.log.kafka import KafkaLog
-    from projections.replay import verify_backend
+    from runwatch.hosting.audit import verify_backend
 
     backend = KafkaLog(bootstrap, client_id="runwatch-audit", create_registry_topics=False)
     await backend.start()
@@ -57,9 +57,9 @@ async def _verify_kafka(live, bootstrap, policy, prices):  # type: ignore[no-unt
 
 
 def run(args: argparse.Namespace, term: Terminal) -> int:
-    from projections.policy import Prices, RunStatePolicy
-    from projections.replay import verify
-    from projections.store import SqliteReadModel
+    from projections.policy import RunStatePolicy
+    from projections.sqlite_store import SqliteReadModel
+    from stream_processors.accounting import Prices
 
     store_path = Path(args.store)
     if not store_path.is_file():
@@ -80,27 +80,36 @@ def run(args: argparse.Namespace, term: Terminal) -> int:
             raise Abort("--kafka given but no broker configured (pass BOOTSTRAP)")
         result = asyncio.run(_verify_kafka(live, bootstrap, policy, prices))
     else:
-        log_dir = settings.log_dir(args.log)
-        if not log_dir.is_dir():
-            raise Abort(f"no embedded log at {log_dir}")
-        if any(not key.endswith(":0") for key in live.positions()):
-            raise Abort(
-                "this store was fed from Kafka (partitioned positions): use --kafka BOOTSTRAP"
-            )
-        from runwatch.cli.log import open_readonly, warn_torn
+        result, tails = _verify_log(args, term, live, policy, prices)
+    return _report(args, term, result, tails)
 
-        log = open_readonly(log_dir)
-        found = log.torn_tails()
-        warn_torn(found, term)
-        tails = [t.as_dict() for t in found]
-        try:
-            result = verify(live, log, policy=policy, prices=prices, workers=args.workers)
-        except (ValueError, BrokenProcessPool) as exc:
-            raise Abort(f"replay failed: {exc}") from None
+
+def _verify_log(args, term, live, policy, prices):  # type: ignore[no-untyped-def]
+    """:func:`runwatch.hosting.audit.verify` against the embedded log (read-only); the
+    verification and the torn tails it skipped."""
+    from runwatch.cli.log import open_readonly, warn_torn
+    from runwatch.hosting.audit import verify
+
+    log_dir = settings.log_dir(args.log)
+    if not log_dir.is_dir():
+        raise Abort(f"no embedded log at {log_dir}")
+    if any(not key.endswith(":0") for key in live.positions()):
+        raise Abort("this store was fed from Kafka (partitioned positions): use --kafka BOOTSTRAP")
+    log = open_readonly(log_dir)
+    found = log.torn_tails()
+    warn_torn(found, term)
+    try:
+        result = verify(live, log, policy=policy, prices=prices, workers=args.workers)
+    except (ValueError, BrokenProcessPool) as exc:
+        raise Abort(f"replay failed: {exc}") from None
+    return result, [t.as_dict() for t in found]
+
+
+def _report(args, term, result, tails) -> int:  # type: ignore[no-untyped-def]
     report = {
         "identical": result.identical,
         "records_replayed": result.replay.records,
-        "runs": len(result.replay.engine.views),
+        "runs": len(result.replay.host.view.views),
         "positions": result.positions,
         "first_difference": None,
         "torn_tails": tails,

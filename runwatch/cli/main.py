@@ -26,6 +26,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "import": ("runwatch.cli.import_", "import trainer metrics or rollout traces into a log"),
     "replay": ("runwatch.cli.replay", "rebuild every derived event and projection from a log"),
     "audit": ("runwatch.cli.audit", "verify a live projection against a from-scratch replay"),
+    "backtest": (
+        "runwatch.cli.backtest",
+        "replay a recorded run through the detectors: which would have fired, and when",
+    ),
     "train": ("runwatch.cli.train", "run the GRPO trainer from a config file"),
     "run": ("runwatch.cli.run", "pause, resume or cancel a run (commands as events)"),
     "resume": ("runwatch.cli.resume", "resume a run through the replay-overlap resume gate"),

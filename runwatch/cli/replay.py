@@ -1,11 +1,13 @@
-"""``runwatch replay LOG``: rebuild every derived event from an embedded log.
+"""``runwatch replay LOG``: rebuild every derived event (and the read model) from a log.
 
-The log is opened read-only; the folds of :func:`runwatch.folds.processor_folds` run from
-offset 0 in memory and every event they derive (alerts, and whatever later folds add) is
-printed: with ``--json`` one JSON object per line (the event exactly as the codec writes
-it), else one summary line each. Nothing is written (``--store`` aside, which is not in
-the log), so replaying twice prints the same bytes twice — the audit story. A torn tail
-is skipped, left in place and reported: on stderr, and with ``--json`` as a last
+The log is opened read-only and read once (:func:`runwatch.hosting.replay.replay_log`):
+the folds of :func:`runwatch.folds.processor_folds` run from offset 0 in memory, and the
+read model is rebuilt beside them. Every event derived is printed, the processors' fold by
+fold, then the read model's: with ``--json`` one JSON object per line (the event exactly
+as the codec writes it), else one summary line each. Nothing is written (``--store``
+aside, which is not in the log), so replaying twice prints the same bytes twice — the
+audit story — and ``--workers N`` prints the same bytes as one process. A torn tail is
+skipped, left in place and reported: on stderr, and with ``--json`` as a last
 ``{"torn_tail": {...}}`` line per topic (topic, offset, bytes).
 """
 
@@ -33,15 +35,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--workers",
         type=int,
         default=1,
-        help="rebuild the projections with N key-sharded processes (default 1)",
+        help="replay with N key-sharded processes (default 1)",
     )
 
 
 def run(args: argparse.Namespace, term: Terminal) -> int:
     from events.codec import encode
+    from projections.policy import RunStatePolicy
+    from projections.sqlite_store import SqliteReadModel
     from runwatch.cli.log import open_readonly, warn_torn
     from runwatch.folds import processor_folds
-    from runwatch.hosting.embedded import replay
+    from runwatch.hosting.replay import replay_log
+    from stream_processors.accounting import Prices
     from stream_processors.detectors import CatalogError
 
     if args.workers < 1:
@@ -50,26 +55,26 @@ def run(args: argparse.Namespace, term: Terminal) -> int:
     tails = log.torn_tails()
     warn_torn(tails, term)
     try:
-        folds = processor_folds(args.catalog)
-    except CatalogError as exc:
+        policy, prices = RunStatePolicy.load(args.policy), Prices.load(args.prices)
+        folds = processor_folds(args.catalog, prices=prices)
+    except (CatalogError, ValueError) as exc:
         raise Abort(str(exc)) from None
-    count = 0
-    for event in replay(log, folds):
-        count += 1
-        if args.json:
-            term.out.write(encode(event).decode() + "\n")
-        else:
-            term.info(_summary(event))
-    # the projections (run states, accounting) from the same log: projections/replay.py
-    from projections.replay import replay_projections
-
+    workers = args.workers
+    if workers > 1 and args.store and SqliteReadModel(args.store).positions():
+        workers = 1  # a store that already holds a projection resumes in one process
     try:
-        projected = replay_projections(
-            args.log, args.store, args.policy, args.prices, workers=args.workers
+        result = replay_log(
+            log,
+            processors=folds,
+            store_path=args.store,
+            policy=policy,
+            prices=prices,
+            workers=workers,
         )
     except (ValueError, BrokenProcessPool) as exc:
         raise Abort(str(exc) or f"a replay worker died ({type(exc).__name__})") from None
-    for event in projected.derived:
+    count = 0
+    for event in [*result.processor_events(), *result.derived]:
         count += 1
         if args.json:
             term.out.write(encode(event).decode() + "\n")
@@ -80,7 +85,7 @@ def run(args: argparse.Namespace, term: Terminal) -> int:
             term.json({"torn_tail": tail.as_dict()})
     else:
         term.info(f"{count} derived events from {args.log}")
-        term.info(f"projections: {json.dumps(projected.summary())}")
+        term.info(f"projections: {json.dumps(result.summary())}")
     return 0
 
 

@@ -28,7 +28,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     api.add_argument("--port", type=int, default=8080)
     api.add_argument("--kafka", nargs="?", const="", help="Kafka bootstrap (default: embedded)")
     api.add_argument("--log", help="embedded log directory")
-    from runwatch.apps.query_api import add_api_arguments  # light: argparse only
+    from runwatch.cli.serve_api import add_api_arguments  # light: argparse only
 
     add_api_arguments(api)
 
@@ -141,7 +141,7 @@ def run(args: argparse.Namespace, term: Terminal) -> int:
     if args.serve_command == "trajectories":
         return _trajectories(args, term)
     try:
-        module = importlib.import_module("runwatch.apps.query_api")
+        module = importlib.import_module("runwatch.cli.serve_api")
     except ImportError as exc:
         raise Abort(f"the query API is not part of this build ({exc})") from None
     return int(module.serve(args, term) or 0)
@@ -151,12 +151,8 @@ def _trajectories(args: argparse.Namespace, term: Terminal) -> int:
     import uvicorn
 
     from producers.trajectory_api.request_body import MAX_BODY_BYTES, MAX_INFLIGHT_BODY_BYTES
-    from runwatch.apps.trajectories import (
-        TrajectoryHost,
-        TrajectorySettings,
-        build_app,
-        open_backend,
-    )
+    from runwatch.apps.trajectories import TrajectoryHost, TrajectorySettings
+    from runwatch.apps.trajectory_app import build_app, open_backend
 
     kafka = None
     if args.kafka is not None:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from typing import IO, Any
 
 from sandbox.text import escape_controls
@@ -65,10 +65,6 @@ class Terminal:
     def json(self, obj: Any) -> None:
         """One JSON document (pretty-printed is not needed: machines read this)."""
         self.out.write(json.dumps(obj, default=_json_default, allow_nan=True) + "\n")
-
-    def json_lines(self, objs: Iterable[Any]) -> None:
-        for obj in objs:
-            self.out.write(json.dumps(obj, default=_json_default, allow_nan=True) + "\n")
 
     def table(self, rows: Sequence[Sequence[Any]], columns: Sequence[str]) -> None:
         """A plain ASCII table; cells are ``str()``-ed, columns padded to fit."""

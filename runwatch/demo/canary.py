@@ -9,8 +9,9 @@ never as an algorithmic alert or an algorithmic customer state.
 ``onset`` is the step the fault starts acting; the detection lag is the step the alert's
 window ended minus the onset. A paging fault must also *act*: the run controller asks the
 trainer to pause, and the canary measures the time from the alert to the trainer's
-``RunPaused`` (steps and seconds) and the compute billed after the pause (must be none),
-then cancels the run as a tenant would.
+``RunPaused`` (steps and seconds) and the compute billed while paused (must be none: up to
+the tenant's resume, when an earlier page paused it and the tenant resumed), then
+cancels the run as a tenant would.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from events import AlertFired, EventBase, PauseRequested, RunPaused, UsageRecorded
+from events import AlertFired, EventBase, PauseRequested, RunPaused, RunResumed, UsageRecorded
 from projections.views import RunView
 from runwatch.demo.scenarios import Scenario
 
@@ -68,7 +69,7 @@ def canaries(tenant: str = "canary") -> list[Canary]:
         ),
         Canary(
             "gameable reward", scn("canary-gameable-reward", "canary-gameable-reward.yaml",
-                                   "reward pays for one token", pauses=2),
+                                   "reward pays for one token"),
             onset=1, expected_alert="reward_hacking",
             expected_states=("DEGRADED", "PAUSED_BY_GATE"), must_pause=True,
         ),
@@ -112,10 +113,11 @@ def judge(
         problems.append(f"{c.expected_alert} did not fire (fired: {', '.join(fired_names)})")
     transitions = view.transitions if view else []
     # the state in effect when the alert fired (another alert may have moved it first),
-    # and every state after it
+    # and every state from the alert's step on (the pause, even the tenant's cancel, can
+    # land in the alert's own step: an eval point judged before the step's metrics)
     at = fired or 0
-    before = [t for t in transitions if (t.get("step") or 0) <= at]
-    after = before[-1:] + [t for t in transitions if (t.get("step") or 0) > at]
+    before = [t for t in transitions if (t.get("step") or 0) < at]
+    after = before[-1:] + [t for t in transitions if (t.get("step") or 0) >= at]
     reached: str | None = None
     if c.expected_states is not None:
         reached = next((t["to_state"] for t in after if t["to_state"] in c.expected_states), None)
@@ -152,9 +154,10 @@ def judge(
         None,
     )
     billed: float | None = None
-    if paused is not None:
+    if paused is not None:  # billed while paused: up to the tenant's resume, if any
         after = facts[facts.index(paused) + 1 :]
-        billed = sum(e.device_seconds for e in after if isinstance(e, UsageRecorded))
+        resumed = next((i for i, e in enumerate(after) if isinstance(e, RunResumed)), len(after))
+        billed = sum(e.device_seconds for e in after[:resumed] if isinstance(e, UsageRecorded))
     if c.must_pause:
         if paused is None:
             problems.append("the paging alert did not pause the run")

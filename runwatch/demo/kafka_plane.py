@@ -4,8 +4,10 @@
   (:mod:`producers.shipper`) forwards every record to Kafka with acks=all.
 - The stream processors run as a real faust-streaming worker process
   (``runwatch process --kafka``), reading and writing Kafka topics.
-- The projections follow Kafka (:func:`projections.feed.follow`) into an in-memory read
-  model and publish their derived events (run states, usage) back to Kafka.
+- The stream processors include tenant accounting: its bills (``TenantUsageUpdated``)
+  are the faust worker's, on Kafka's ``runwatch.tenant-usage``.
+- The projections follow Kafka (:func:`runwatch.hosting.follow.follow`) into an in-memory
+  read model and publish their derived events (run states) back to Kafka.
 - The run controller's commands (``PauseRequested`` on Kafka's ``runwatch.control``) come
   back to the spool, where the trainers follow their control topic (the way back of the
   shipper; the demo's customer commands are written to the spool directly and are not
@@ -35,10 +37,9 @@ from events.log.embedded import EmbeddedLog
 from events.log.kafka import KafkaLog
 from events.topics import TOPICS
 from producers.shipper import ship_once
-from projections.engine import ProjectionEngine
-from projections.feed import follow
-from projections.store import InMemoryReadModel
 from projections.views import RunView
+from runwatch.hosting.follow import follow
+from runwatch.hosting.read_model import read_model_host
 
 #: The projections hold a run's terminal event until the processors have caught up; the
 #: plane releases it itself at the end (see :meth:`KafkaPlane._settle`).
@@ -62,7 +63,7 @@ class KafkaPlane:
         self.out = out
         self.demo_id = uuid.uuid4().hex[:8]
         self.app_id = f"runwatch-demo-{self.demo_id}"
-        self.engine = ProjectionEngine(InMemoryReadModel())
+        self.engine = read_model_host()
         self.derived: list[EventBase] = []
         self.records = 0
         self._inbox: queue.Queue[EventBase] = queue.Queue()
@@ -165,8 +166,7 @@ class KafkaPlane:
 
     def _on_projected(self, n_records: int, derived: list[EventBase]) -> None:
         for ev in derived:
-            if ev.type != "TenantUsageUpdated":
-                self._inbox.put(ev)
+            self._inbox.put(ev)
         if derived:
             self._last_activity = time.monotonic()
 
@@ -214,11 +214,10 @@ class KafkaPlane:
         if released:
             asyncio.run(self._publish(released))
         for ev in released:
-            if ev.type != "TenantUsageUpdated":
-                self._inbox.put(ev)
+            self._inbox.put(ev)
 
     async def _publish(self, events: list[EventBase]) -> None:
-        from projections.feed import publish
+        from runwatch.hosting.follow import publish
 
         async with KafkaLog(self.bootstrap, create_registry_topics=False) as kafka:
             await publish(kafka, events)
@@ -257,7 +256,7 @@ class KafkaPlane:
 
     @property
     def views(self) -> dict[str, RunView]:
-        return self.engine.views
+        return self.engine.view.views  # type: ignore[union-attr,no-any-return]
 
     def stats(self) -> dict[str, Any]:
         return {"shipped": self.records, "demo_id": self.demo_id}

@@ -1,11 +1,12 @@
 """The plane on the embedded log, hosted in one process for the demo and the canary.
 
 One :meth:`EmbeddedPlane.tick` runs the stream processors (:func:`runwatch.folds.
-processor_folds`: profiling, the run-health detectors) over what is new on the log,
-appending their alerts to it, then folds the new records into the projections (run
-states, attribution, accounting) and appends *their* derived events (RunStateChanged,
-TenantUsageUpdated) too — so the log ends up holding the whole story, and ``runwatch
-replay`` over it reproduces the same derived events.
+processor_folds`: profiling, the run-health detectors, the run controller, tenant
+accounting) over what is new on the log, appending what they derive (alerts, pause
+requests, bills) to it, then folds the new records into the read model (run states and
+attribution; usage) and appends *its* derived events (RunStateChanged) too — so the log
+ends up holding the whole story, and ``runwatch replay`` over it reproduces the same
+derived events. Both are the one host (:mod:`runwatch.hosting`) with their options.
 
 Time: ticks are driven by the caller (wall clock); everything folded is event time.
 """
@@ -17,11 +18,10 @@ from pathlib import Path
 from events.codec import decode
 from events.envelope import EventBase
 from events.log.embedded import EmbeddedLog
-from projections.engine import INPUTS, ProjectionEngine
-from projections.store import InMemoryReadModel
 from projections.views import RunView
 from runwatch.folds import processor_folds
 from runwatch.hosting.embedded import EmbeddedHost
+from runwatch.hosting.read_model import INPUTS, read_model_host
 
 ALERTS = "runwatch.alerts"
 
@@ -31,7 +31,7 @@ class EmbeddedPlane:
         self.log = EmbeddedLog(log_dir)
         self.log.open_sync()
         self.host = EmbeddedHost(self.log, processor_folds(catalog, control=control))
-        self.engine = ProjectionEngine(InMemoryReadModel())
+        self.engine = read_model_host()
         self.derived: list[EventBase] = []
         self.records = 0
         self._alerts_seen = 0
@@ -44,10 +44,10 @@ class EmbeddedPlane:
 
     def tick(self, final: bool = False) -> list[EventBase]:
         """Process what is new; return the events derived this time (alerts, state
-        changes, usage). ``final``: the log is complete, release every held terminal."""
+        changes). ``final``: the log is complete, release every held terminal."""
         self.host.run_once()
         alerts = self._new_alerts()
-        starts = {k.rsplit(":", 1)[0]: v for k, v in self.engine.positions.items()}
+        starts = {topic: v for (topic, _), v in self.engine.positions.items()}
         records = list(self.log.iter_records(list(INPUTS), from_offsets=starts))
         self.records += len(records)
         projected = self.engine.process(records)
@@ -71,4 +71,4 @@ class EmbeddedPlane:
 
     @property
     def views(self) -> dict[str, RunView]:
-        return self.engine.views
+        return self.engine.view.views  # type: ignore[union-attr,no-any-return]

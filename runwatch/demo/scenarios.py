@@ -42,8 +42,8 @@ class Scenario:
 
 def scenarios(short: bool = False) -> list[Scenario]:
     """The demo's runs. ``short`` shrinks step counts for CI (same faults, same story);
-    the constant-reward and gameable runs keep theirs: the dead-run and hacking detectors
-    need their whole windows (documented lags in the detector catalog).
+    the constant-reward and gameable runs keep theirs (they are cancelled at their page
+    anyway: the dead-run page comes at step 5, the hacking page at step 10).
 
     Healthy runs stop at 60 steps: the transformer policy's held-out exact match is ~0.8 by
     then (from ~0.3) and still rising; a longer healthy run shows nothing new and costs the
@@ -77,10 +77,11 @@ def scenarios(short: bool = False) -> list[Scenario]:
         Scenario(
             "globex-gameable-reward", "globex", "reward can be gamed (eval gate disagrees)",
             "canary-gameable-reward.yaml", {"steps": 60},
-            # the KL gate pauses it first; the tenant resumes (the KL looks tolerable), then
-            # the hacking gate pauses it again and the tenant gives up
-            expect_states=("CANCELLED",), expect_alerts=("kl_blowup", "reward_hacking"),
-            on_pause=("resume", "cancel"), expect_paused=True,
+            # the hacking gate pauses it at the second eval (step 10: held-out exact match
+            # fell 0.72 -> 0.1 while the reward rose), before the KL gate would have; the
+            # tenant gives up
+            expect_states=("CANCELLED",), expect_alerts=("reward_hacking",),
+            on_pause=("cancel",), expect_paused=True,
         ),
         Scenario(
             "acme-flaky-reward", "acme", "tenant reward function hangs and crashes",

@@ -3,12 +3,16 @@
 Built by a function apart from any ``main`` (Kafka Streams' ``createWordCountStream``
 idea), so tests and the CLI assemble the same graph:
 
-- one source channel per fold over its input topics (raw bytes; the runwatch codec
-  decodes, so a bad record becomes a dead letter instead of a faust error);
+- the folds grouped by their inputs' partition count (faust needs co-partitioning: the
+  registry gives every run-keyed input of a fold the same count): the run-health
+  detectors, the run controller and tenant accounting (3 partitions) form one group,
+  profiling (the 6 trace partitions) another;
+- one source channel per group over its folds' input topics (raw bytes; the runwatch
+  codec decodes, once per record whatever the number of folds reading it, so a bad
+  record becomes one dead letter instead of a faust error);
 - one table per fold, ``<app>-<fold>-state``, keyed by run id (raw bytes), holding the
-  key's slot (:mod:`runwatch.hosting.core`); its partitions equal the inputs' (faust needs
-  co-partitioning: the registry gives every run-keyed input the same count);
-- one agent per fold (:func:`runwatch.hosting.faust_host.fold_agent`);
+  key's slot (:mod:`runwatch.hosting.core`), with its group's partitions;
+- one agent per group (:func:`runwatch.hosting.faust_agent.fold_agent`);
 - one sink topic per output topic, raw bytes, keyed by run id.
 
 Guarantee: at-least-once (``processing_guarantee``); consumers dedupe by event id.
@@ -25,6 +29,7 @@ import faust
 
 from events.fold import Fold
 from events.topics import DEAD_LETTER_TOPIC, TOPICS, spec
+from runwatch.hosting.faust_agent import SlotCache, fold_agent
 
 
 @dataclass
@@ -35,7 +40,7 @@ class Topology:
     sinks: dict[str, Any] = field(default_factory=dict)
 
 
-def _datadir(app_id: str) -> str:
+def datadir(app_id: str) -> str:
     """faust's local data directory (stores are in memory; it still writes metadata),
     kept out of the working directory: ``$RUNWATCH_FAUST_DIR`` or the user cache."""
     root = os.environ.get("RUNWATCH_FAUST_DIR") or os.path.join(
@@ -46,7 +51,7 @@ def _datadir(app_id: str) -> str:
 
 
 def build_app(bootstrap: str, app_id: str, **conf: Any) -> faust.App:
-    conf.setdefault("datadir", _datadir(app_id))
+    conf.setdefault("datadir", datadir(app_id))
     return faust.App(
         app_id,
         broker=f"kafka://{bootstrap}",
@@ -65,8 +70,6 @@ def build_app(bootstrap: str, app_id: str, **conf: Any) -> faust.App:
 
 
 def build_topology(folds: list[Fold[Any]], bootstrap: str, app_id: str, **conf: Any) -> Topology:
-    from runwatch.hosting.faust_host import fold_agent
-
     app = build_app(bootstrap, app_id, **conf)
     topo = Topology(app)
     topo.sinks = {
@@ -74,19 +77,28 @@ def build_topology(folds: list[Fold[Any]], bootstrap: str, app_id: str, **conf: 
         for name in TOPICS
     }
     topo.sinks.setdefault(DEAD_LETTER_TOPIC, app.topic(DEAD_LETTER_TOPIC))
+    groups: dict[int, list[Fold[Any]]] = {}
     for fold in folds:
         counts = {spec(t).partitions for t in fold.inputs}
         if len(counts) != 1:
             raise ValueError(f"fold {fold.name}: inputs {fold.inputs} differ in partitions")
-        source = app.topic(*fold.inputs, key_type=bytes, value_type=bytes)
-        table = app.Table(
-            f"{fold.name}-state",
-            default=None,
-            partitions=counts.pop(),
-            key_type=bytes,
-            value_type=bytes,
-            help=f"slot (fold state + recent event ids) of {fold.name}, by run id",
-        )
-        topo.tables[fold.name] = table
-        topo.agents[fold.name] = fold_agent(app, fold, source, table, topo.sinks)
+        groups.setdefault(counts.pop(), []).append(fold)
+    for partitions, group in groups.items():
+        hosted = []
+        for fold in group:
+            table = app.Table(
+                f"{fold.name}-state",
+                default=None,
+                partitions=partitions,
+                key_type=bytes,
+                value_type=bytes,
+                help=f"slot (fold state + recent event ids) of {fold.name}, by run id",
+            )
+            topo.tables[fold.name] = table
+            hosted.append((fold, table, SlotCache()))
+        topics = sorted({t for fold in group for t in fold.inputs})
+        source = app.topic(*topics, key_type=bytes, value_type=bytes)
+        agent = fold_agent(app, hosted, source, topo.sinks)
+        for fold in group:
+            topo.agents[fold.name] = agent
     return topo

@@ -17,6 +17,7 @@ NaN would poison every later window); the ``nan_metric`` detector reports each o
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -75,6 +76,32 @@ class Detector(Protocol[S, P]):
     def apply(
         self, state: S, event: EventBase, cfg: Settings[P], ctx: RunContext
     ) -> tuple[S, Sequence[AlertEvent]]: ...
+
+
+def run_config_int(ctx: RunContext, keys: Sequence[str]) -> int:
+    """The first positive integer the run's submitted config gives for one of ``keys``.
+
+    A key is looked up at the top level of ``RunSubmitted.config`` (verl's ``save_freq``,
+    TRL's ``save_steps``, ...) and, dotted (``checkpoint.every``), inside the JSON of its
+    ``config_json`` entry (how runwatch's own trainer submits its whole config). 0 when none
+    is given. Pure; callers keep the answer in their state rather than ask every step.
+    """
+    config = dict(ctx.run_config)
+    nested: Any = None
+    for key in keys:
+        value: Any = config.get(key)
+        if value is None and "config_json" in config:
+            if nested is None:
+                try:
+                    nested = json.loads(str(config["config_json"]))
+                except ValueError:
+                    nested = {}
+            value = nested
+            for part in key.split("."):
+                value = value.get(part) if isinstance(value, dict) else None
+        if isinstance(value, int | float) and not isinstance(value, bool) and value >= 1:
+            return int(value)
+    return 0
 
 
 def finite(x: float | None) -> bool:

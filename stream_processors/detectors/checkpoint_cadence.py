@@ -1,13 +1,15 @@
-"""Checkpoint cadence missed (run mechanics): no checkpoint for longer than expected.
+"""Checkpoint cadence missed (run mechanics): no checkpoint for longer than configured.
 
 Expected interval, first that applies: the catalog's ``every_steps``; the run's own
-``RunSubmitted.config`` key ``checkpoint_every_steps`` (or verl's ``save_freq``); else it
+configured cadence (``RunSubmitted.config``: ``checkpoint_every_steps``, verl's
+``save_freq``, TRL's ``save_steps``, or runwatch's trainer's ``checkpoint.every``); else it
 is learned from the run's first two ``CheckpointWritten`` steps. Until one is known the
 detector is not armed (an imported history without checkpoints raises nothing here).
 
-On each ``TrainerStepCompleted``: overdue when ``step - last_checkpoint_step`` (or the
-run's first step, if no checkpoint yet) exceeds ``every · (1 + slack) + delivery_skew_steps``;
-that fires.
+On each ``TrainerStepCompleted``: late when ``step - last_checkpoint_step`` (or the run's
+first step, if no checkpoint yet) exceeds ``every · late_factor + delivery_skew_steps``;
+that fires. ``late_factor`` (at most 2: a checkpoint twice the cadence late is late
+whatever the catalog says) is judged against the configured cadence, not a window.
 A ``CheckpointWritten`` moves ``last_checkpoint_step`` (to the highest step written) and
 resolves an open alert.
 
@@ -17,8 +19,10 @@ batch reaches the embedded log one topic at a time: a checkpoint lands after the
 batch's telemetry). The decision only compares *step numbers* (never arrival order), so
 the output is the same on every host as long as a checkpoint's event is consumed within
 ``delivery_skew_steps`` steps of the telemetry of its own step — that parameter is the
-allowance (64 covers an emitter batch of 256 events at ~5 telemetry events per step).
-Lag: ``every · slack + delivery_skew_steps`` steps past the due step.
+allowance.
+The trainer publishes a checkpoint's event before the next step's telemetry (and flushes
+per step), so 8 steps cover what a host's interleaving can do to it.
+Lag: ``every · (late_factor - 1) + delivery_skew_steps`` steps past the due step.
 """
 
 from __future__ import annotations
@@ -35,17 +39,20 @@ from stream_processors.detectors.base import (
     Settings,
     fire,
     resolve,
+    run_config_int,
     state_type,
 )
 
-RUN_CONFIG_KEYS = ("checkpoint_every_steps", "save_freq")
+RUN_CONFIG_KEYS = ("checkpoint_every_steps", "save_freq", "save_steps", "checkpoint.every")
+#: the most ``late_factor`` may say: a checkpoint twice the cadence late is late
+MAX_LATE_FACTOR = 2.0
 
 
 @dataclass(frozen=True, slots=True)
 class Params:
     every_steps: int = 0
-    slack: float = 0.5
-    delivery_skew_steps: int = 64
+    late_factor: float = 1.25
+    delivery_skew_steps: int = 8
 
 
 @state_type
@@ -55,15 +62,14 @@ class CadenceState(NamedTuple):
     last_ckpt: int = -1
     learned_every: int = 0
     episode: str | None = None
+    #: the run's configured cadence, once its RunSubmitted config was read (-1: none)
+    configured: int = 0
 
 
-def _every(p: Params, st: CadenceState, ctx: RunContext) -> int:
+def _every(p: Params, st: CadenceState) -> int:
     if p.every_steps > 0:
         return p.every_steps
-    for key, value in ctx.run_config:
-        if key in RUN_CONFIG_KEYS and isinstance(value, int | float) and value > 0:
-            return int(value)
-    return st.learned_every
+    return st.configured if st.configured > 0 else st.learned_every
 
 
 class CheckpointCadence:
@@ -101,11 +107,14 @@ class CheckpointCadence:
             return st._replace(episode=None), (resolve(ev, cfg, st.episode, reason),)
         if st.first_step < 0:
             st = st._replace(first_step=step)
-        every = _every(cfg.params, st, ctx)
+        if st.configured == 0 and ctx.run_config:
+            st = st._replace(configured=run_config_int(ctx, RUN_CONFIG_KEYS) or -1)
+        every = _every(cfg.params, st)
         if every <= 0 or st.episode is not None:
             return st, NO_ALERTS
         since = st.last_ckpt if st.last_ckpt >= 0 else st.first_step
-        allowed = every * (1 + cfg.params.slack) + cfg.params.delivery_skew_steps
+        late = min(cfg.params.late_factor, MAX_LATE_FACTOR)
+        allowed = every * late + cfg.params.delivery_skew_steps
         if step - since <= allowed:
             return st, NO_ALERTS
         what = f"since the checkpoint at step {since}" if st.last_ckpt >= 0 else "since run start"
@@ -117,7 +126,7 @@ class CheckpointCadence:
             observed={"steps_since_checkpoint": step - since, "last_checkpoint_step": since},
             thresholds={
                 "every_steps": every,
-                "slack": cfg.params.slack,
+                "late_factor": late,
                 "delivery_skew_steps": cfg.params.delivery_skew_steps,
             },
             reason=(

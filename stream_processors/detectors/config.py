@@ -5,7 +5,11 @@ Thresholds are config, not code (seed 000, Rollback). Each detector module decla
 file (``catalog.yaml`` beside this module, or any file given to :func:`load_catalog`)
 overrides them in layers, later wins::
 
-    code defaults  <  detectors.<name>  <  algorithms.<algo>.<name>  <  tenants.<tenant>.<name>
+    code defaults  <  attached  <  detectors.<name>  <  algorithms.<algo>.<name>
+                   <  tenants.<tenant>.<name>
+
+``attached`` is what the composition root adds from other configuration (the accounting
+price list, :meth:`Catalog.with_prices`), so the file need not repeat it.
 
 Each layer may set ``routing`` (page / ticket / advisory), ``escalated_routing``,
 ``first_response`` and any subset of ``params``. Demoting an alert is a routing change;
@@ -46,10 +50,23 @@ class Catalog:
     detectors: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     algorithms: Mapping[str, Mapping[str, Mapping[str, Any]]] = field(default_factory=dict)
     tenants: Mapping[str, Mapping[str, Mapping[str, Any]]] = field(default_factory=dict)
+    #: params attached by the composition root, below the file's layers
+    attached: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+
+    def with_prices(self, usd_per_gpu_second: Mapping[str, float], version: str) -> Catalog:
+        """This catalog with the accounting price list attached: every detector whose
+        ``Params`` has ``usd_per_gpu_second`` (the dead-run alert's money) prices spend
+        per pool with it. Pure: the caller reads the price file."""
+        prices = tuple(sorted((str(k), float(v)) for k, v in usd_per_gpu_second.items()))
+        attached = dict(self.attached)
+        for name in _priced_detectors():
+            attached[name] = {"usd_per_gpu_second": prices, "prices_version": version}
+        return dataclasses.replace(self, attached=attached)
 
     def settings(self, detector: Detector[Any, Any], tenant: str, algorithm: str) -> Settings:
         """The detector's resolved settings for one tenant running one algorithm."""
         layers = (
+            {"params": self.attached[detector.name]} if detector.name in self.attached else {},
             self.detectors.get(detector.name, {}),
             self.algorithms.get(algorithm, {}).get(detector.name, {}),
             self.tenants.get(tenant, {}).get(detector.name, {}),
@@ -72,6 +89,16 @@ class Catalog:
             config_version=self.version,
             escalated_routing=escalated,
         )
+
+
+def _priced_detectors() -> tuple[str, ...]:
+    from stream_processors.detectors.registry import DETECTORS
+
+    return tuple(
+        d.name
+        for d in DETECTORS
+        if "usd_per_gpu_second" in {f.name for f in dataclasses.fields(d.Params)}
+    )
 
 
 def defaults() -> Catalog:
@@ -174,6 +201,12 @@ def _with_params(params: Any, overrides: Mapping[str, Any], where: str) -> Any:
                 if isinstance(value, bool):
                     raise TypeError("expected a number")
                 coerced[key] = float(value)
+            elif isinstance(current, tuple):  # (key, value) pairs: a mapping in the file
+                if isinstance(value, Mapping):
+                    value = tuple(sorted((str(k), float(v)) for k, v in value.items()))
+                if not isinstance(value, tuple):
+                    raise TypeError("expected a mapping")
+                coerced[key] = value
             else:
                 coerced[key] = value
         except (TypeError, ValueError) as exc:

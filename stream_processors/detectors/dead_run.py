@@ -1,16 +1,31 @@
-"""Dead run: reward and KL flat within noise for M windows while GPU spend accrues.
+"""Dead run: no learning signal while GPU spend accrues.
 
-Windows are aligned blocks ``[w·W, (w+1)·W)`` of steps, closed at their last step or the
-first step past them. A window is *flat* when the reward's standard deviation and its
-least-squares change over the window (|slope|·W) are both within
-``reward_flat_abs + reward_flat_rel·|mean|``, and the same holds for KL with its own
-tolerances (a run that reports no KL is judged on reward alone). ``windows`` flat windows
-in a row fire, provided money is being spent: GPU-seconds from ``UsageRecorded`` grew
-during the stretch, or no usage was ever reported (committed steps are assumed to cost).
+Two kinds of evidence, the fast one first:
 
-The alert states the money burned so far, priced at ``usd_per_gpu_hour_*`` (an
-estimate for the alert text; tenant accounting owns the bill). A non-flat window resolves.
-Lag: ``windows x window`` steps after the signal dies.
+- **No reward spread** (judged every step). Under group-baselined policy gradients (GRPO,
+  RLOO, ...) a group whose completions all score the same has zero advantage: it carries
+  no gradient. The fraction of such groups is TRL's ``frac_reward_zero_std`` (read from the
+  step's ``extra``); where the producer does not report it, a step whose ``reward_std`` is
+  0 (or whose advantages are all 0) has every group without spread, fraction 1. A reward
+  mean that repeats *exactly* from step to step is the same fault seen by a producer that
+  reports nothing else (batch means of a sampling policy never repeat bit for bit unless
+  the reward does not depend on the completions). ``zero_std_steps`` steps in a row with
+  the fraction at or above ``zero_std_frac``, or ``constant_steps`` identical reward means
+  in a row, fire: a constant or saturated reward is called within those steps.
+- **Flat within noise** (windows). Windows are aligned blocks ``[w·W, (w+1)·W)``; a
+  window is *flat* when the reward's standard deviation and its least-squares change over
+  the window (|slope|·W) are both within ``reward_flat_abs + reward_flat_rel·|mean|``, and
+  the same holds for KL with its own tolerances (a run that reports no KL is judged on
+  reward alone). ``windows`` flat windows in a row fire. Lag: ``windows x window`` steps.
+
+Either fires only while money is being spent: device-seconds (GPU or CPU: ``UsageRecorded``
+v3) grew during the stretch, or no usage was ever reported (committed steps are assumed to
+cost). The alert states the money burned since the signal died and in the whole run,
+priced per device kind and pool (``usd_per_gpu_second``: the composition root fills it
+from the accounting price list, ``stream_processors/accounting/prices.yaml``;
+``prices_version`` names it; without prices the alert states device-seconds only). An
+episode resolves when its evidence ends: for the fast kind, ``resolve_steps`` steps in a
+row with spread again; for the windowed kind, a window that is not flat.
 """
 
 from __future__ import annotations
@@ -18,7 +33,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from math import isfinite
-from typing import ClassVar, NamedTuple
+from typing import Any, ClassVar, NamedTuple
 
 from events.envelope import EventBase
 from stream_processors.detectors.base import (
@@ -35,6 +50,9 @@ from stream_processors.detectors.base import (
     state_type,
 )
 
+#: ``extra`` keys that report the fraction of groups with zero reward spread (TRL).
+ZERO_STD_KEYS = frozenset({"frac_reward_zero_std", "train/frac_reward_zero_std"})
+
 
 @dataclass(frozen=True, slots=True)
 class Params:
@@ -45,8 +63,17 @@ class Params:
     reward_flat_rel: float = 0.01
     kl_flat_abs: float = 1e-3
     kl_flat_rel: float = 0.05
-    usd_per_gpu_hour_trainer: float = 2.5
-    usd_per_gpu_hour_rollout: float = 2.5
+    zero_std_frac: float = 0.98
+    zero_std_steps: int = 5
+    constant_steps: int = 8
+    #: a spread at or below this is no spread (and two reward means this close are equal,
+    #: relative to max(1, |mean|))
+    eps: float = 1e-9
+    resolve_steps: int = 5
+    #: ("<device kind>/<pool>" or a bare pool: GPU, USD per device-second) pairs: the
+    #: accounting price list (the name is the catalog's key; it holds CPU prices too)
+    usd_per_gpu_second: tuple[tuple[str, float], ...] = ()
+    prices_version: str = ""
 
 
 @state_type
@@ -56,16 +83,59 @@ class DeadRunState(NamedTuple):
     kl: Sums = EMPTY_SUMS
     flat: int = 0
     streak_start: int = 0
-    gpu_s_trainer: float = 0.0
-    gpu_s_rollout: float = 0.0
+    gpu_s: float = 0.0
+    usd: float = 0.0
     usage_seen: bool = False
     gpu_s_at_streak: float = 0.0
+    usd_at_streak: float = 0.0
     episode: str | None = None
+    #: fast evidence: consecutive steps without reward spread, and of identical means
+    zero_run: int = 0
+    zero_start: int = 0
+    const_run: int = 0
+    const_start: int = 0
+    last_reward: float | None = None
+    #: spend (GPU-s, USD) when the fast evidence began
+    gpu_s_at_zero: float = 0.0
+    usd_at_zero: float = 0.0
+    #: the open episode came from the fast evidence; steps with spread since
+    fast: bool = False
+    spread_again: int = 0
+    #: spend (GPU-s, USD) when the current run of equal reward means began
+    gpu_s_at_const: float = 0.0
+    usd_at_const: float = 0.0
 
 
 def _flat(s: Sums, window: int, abs_tol: float, rel_tol: float) -> bool:
     tol = abs_tol + rel_tol * abs(s.mean)
     return s.std <= tol and abs(s.slope) * window <= tol
+
+
+def zero_std_fraction(ev: Any, eps: float) -> float | None:
+    """The step's fraction of groups without reward spread, if the step tells it."""
+    for key, value in ev.extra:
+        if key in ZERO_STD_KEYS and isinstance(value, int | float) and isfinite(value):
+            return float(value)
+    std = ev.reward_std
+    if std is not None and isfinite(std):
+        return 1.0 if std <= eps else None
+    adv = ev.advantage_std
+    if adv is not None and isfinite(adv) and adv <= eps:
+        return 1.0
+    return None
+
+
+def _price(p: Params, where: str) -> float:
+    """The price of ``"<device kind>/<pool>"``; a price list keyed by bare pool names (the
+    older form) prices GPU time only."""
+    bare = where.split("/", 1)[1] if where.startswith("gpu/") else None
+    for name, usd in p.usd_per_gpu_second:
+        if name == where:
+            return usd
+    for name, usd in p.usd_per_gpu_second:
+        if name == bare:
+            return usd
+    return 0.0
 
 
 class DeadRun:
@@ -85,17 +155,21 @@ class DeadRun:
     def apply(
         self, st: DeadRunState, ev: EventBase, cfg: Settings[Params], ctx: RunContext
     ) -> tuple[DeadRunState, Sequence[AlertEvent]]:
-        if ev.type == "UsageRecorded":
-            gpu = ev.device_seconds  # type: ignore[attr-defined]  (every device kind)
-            if gpu != gpu or gpu in (float("inf"), float("-inf")):
-                return st, NO_ALERTS
-            if ev.pool == "trainer":  # type: ignore[attr-defined]
-                return st._replace(gpu_s_trainer=st.gpu_s_trainer + gpu, usage_seen=True), ()
-            return st._replace(gpu_s_rollout=st.gpu_s_rollout + gpu, usage_seen=True), ()
         p = cfg.params
+        if ev.type == "UsageRecorded":
+            gpu = ev.device_seconds  # type: ignore[attr-defined]  (any device kind: the spend)
+            if not isfinite(gpu):
+                return st, NO_ALERTS
+            where = f"{ev.device_kind}/{ev.pool}"  # type: ignore[attr-defined]
+            usd = st.usd + gpu * _price(p, where) if p.usd_per_gpu_second else 0.0
+            return st._replace(gpu_s=st.gpu_s + gpu, usd=usd, usage_seen=True), NO_ALERTS
         step: int = ev.step  # type: ignore[assignment]  (the composite drops step-less)
         r, k = ev.reward_mean, ev.kl_to_ref  # type: ignore[attr-defined]
+        quiet = self._quiet(ev, p, st, step, r, k)
+        if quiet is not None:
+            return quiet, NO_ALERTS
         out: list[AlertEvent] = []
+        st = self._fast(ev, cfg, st, step, r, out)
         w = step // p.window
         if w != st.win:
             st = self._close(ev, cfg, st, out)._replace(win=w, reward=EMPTY_SUMS, kl=EMPTY_SUMS)
@@ -109,6 +183,118 @@ class DeadRun:
             st = self._close(ev, cfg, st, out)._replace(win=w + 1, reward=EMPTY_SUMS, kl=EMPTY_SUMS)
         return st, out
 
+    @staticmethod
+    def _evidence(ev: EventBase, p: Params, st: DeadRunState, step: int, r: float | None) -> tuple:
+        """The step's fast evidence folded into the state's counters: ``(zero_run,
+        zero_start, const_run, const_start, last, gpu0, usd0, gpu_c, usd_c, dead)``;
+        ``gpu0``/``usd0`` is the spend when the evidence began (what the fault burned is
+        the spend since), ``gpu_c``/``usd_c`` the spend when the current run of equal
+        reward means began."""
+        if ev.extra:  # type: ignore[attr-defined]
+            frac = zero_std_fraction(ev, p.eps)
+        else:  # inlined for the common step: no extra keys, a finite spread
+            std = ev.reward_std  # type: ignore[attr-defined]
+            frac = (1.0 if std <= p.eps else None) if std is not None and std == std else (
+                zero_std_fraction(ev, p.eps)
+            )  # fmt: skip
+        zero_run, zero_start = st.zero_run, st.zero_start
+        if frac is not None and frac >= p.zero_std_frac:
+            zero_run, zero_start = zero_run + 1, zero_start if zero_run else step
+        else:
+            zero_run = 0
+        const_run, const_start, last = st.const_run, st.const_start, st.last_reward
+        gpu_c, usd_c = st.gpu_s_at_const, st.usd_at_const
+        if r is not None and isfinite(r):
+            if last is not None and abs(r - last) <= p.eps * (abs(r) if abs(r) > 1.0 else 1.0):
+                const_run += 1
+            else:  # a new value: a run of equal means would start here
+                const_run, const_start, gpu_c, usd_c = 1, step, st.gpu_s, st.usd
+            last = r
+        dead = zero_run > 0 or const_run > 1
+        gpu0, usd0 = st.gpu_s_at_zero, st.usd_at_zero
+        if dead and not (st.zero_run > 0 or st.const_run > 1):
+            gpu0, usd0 = (gpu_c, usd_c) if const_run > 1 else (st.gpu_s, st.usd)
+        return zero_run, zero_start, const_run, const_start, last, gpu0, usd0, gpu_c, usd_c, dead
+
+    def _quiet(
+        self,
+        ev: EventBase,
+        p: Params,
+        st: DeadRunState,
+        step: int,
+        r: float | None,
+        k: float | None,
+    ) -> DeadRunState | None:
+        """The common step (hot path): nothing to fire, resolve or close; one new record.
+        ``None`` when the step needs the full treatment (:meth:`_fast`, :meth:`_close`)."""
+        if step // p.window != st.win or step % p.window == p.window - 1:
+            return None
+        found = self._evidence(ev, p, st, step, r)
+        zero_run, zero_start, const_run, const_start, last, gpu0, usd0, gpu_c, usd_c, dead = found
+        if st.episode is None:
+            if zero_run >= p.zero_std_steps or const_run >= p.constant_steps:
+                return None
+        elif st.fast and (not dead or st.spread_again):
+            return None  # an open fast episode sees the spread return (or stay)
+        reward, kl = st.reward, st.kl
+        if r is not None and isfinite(r):
+            reward = reward.add(step, r)
+        if k is not None and isfinite(k):
+            kl = kl.add(step, k)
+        return record(DeadRunState, (
+            st.win, reward, kl, st.flat, st.streak_start, st.gpu_s, st.usd, st.usage_seen,
+            st.gpu_s_at_streak, st.usd_at_streak, st.episode, zero_run, zero_start, const_run,
+            const_start, last, gpu0, usd0, st.fast, st.spread_again, gpu_c, usd_c,
+        ))  # fmt: skip
+
+    def _fast(
+        self,
+        ev: EventBase,
+        cfg: Settings[Params],
+        st: DeadRunState,
+        step: int,
+        r: float | None,
+        out: list[AlertEvent],
+    ) -> DeadRunState:
+        """The per-step evidence: groups without reward spread, identical reward means."""
+        p = cfg.params
+        found = self._evidence(ev, p, st, step, r)
+        zero_run, zero_start, const_run, const_start, last, gpu0, usd0, gpu_c, usd_c, dead = found
+        frac = zero_std_fraction(ev, p.eps)
+        st = st._replace(
+            zero_run=zero_run, zero_start=zero_start, const_run=const_run,
+            const_start=const_start, last_reward=last, gpu_s_at_zero=gpu0, usd_at_zero=usd0,
+            gpu_s_at_const=gpu_c, usd_at_const=usd_c,
+        )  # fmt: skip
+        if st.episode is not None:
+            if not st.fast:
+                return st
+            spread = 0 if dead else st.spread_again + 1
+            if spread < p.resolve_steps:
+                return st._replace(spread_again=spread)
+            why = f"the reward has spread again for {spread} steps"
+            out.append(resolve(ev, cfg, st.episode, why))
+            return st._replace(episode=None, fast=False, spread_again=0, flat=0)
+        by_zero = zero_run >= p.zero_std_steps
+        by_const = const_run >= p.constant_steps
+        if not (by_zero or by_const) or (st.usage_seen and st.gpu_s <= gpu0):
+            return st
+        start = zero_start if by_zero else const_start
+        if by_zero:
+            seen = f"{frac:.0%} of the groups" if frac is not None and frac < 1 else "every group"
+            evidence = (
+                f"{seen} scored without reward spread for {zero_run} steps in a row "
+                f"(no advantage, no gradient)"
+            )
+        else:
+            evidence = f"the reward mean was exactly {r:.6g} for {const_run} steps in a row"
+        observed = {"reward_mean": r, "frac_reward_zero_std": frac, "steps": step - start + 1}
+        thresholds = {"zero_std_frac": p.zero_std_frac, "zero_std_steps": p.zero_std_steps}
+        thresholds["constant_steps"] = p.constant_steps
+        alert = self._alert(ev, cfg, st, start, step, evidence, observed, thresholds, gpu0, usd0)
+        out.append(alert)
+        return st._replace(episode=alert.alert_id, fast=True, spread_again=0)
+
     def _close(
         self, ev: EventBase, cfg: Settings[Params], st: DeadRunState, out: list[AlertEvent]
     ) -> DeadRunState:
@@ -118,52 +304,75 @@ class DeadRun:
         flat = _flat(st.reward, p.window, p.reward_flat_abs, p.reward_flat_rel) and (
             st.kl.n == 0 or _flat(st.kl, p.window, p.kl_flat_abs, p.kl_flat_rel)
         )
-        gpu_s = st.gpu_s_trainer + st.gpu_s_rollout
         if not flat:
-            if st.episode is not None:
+            if st.episode is not None and not st.fast:
                 why = f"reward moved again (std {st.reward.std:.3g}, slope {st.reward.slope:.3g})"
                 out.append(resolve(ev, cfg, st.episode, why))
-            return st._replace(flat=0, episode=None)
+                return st._replace(flat=0, episode=None)
+            return st._replace(flat=0)
         start = st.streak_start if st.flat else st.win * p.window
-        at_streak = st.gpu_s_at_streak if st.flat else gpu_s
+        at_streak = st.gpu_s_at_streak if st.flat else st.gpu_s
+        usd0 = st.usd_at_streak if st.flat else st.usd
         flat_n = st.flat + 1
-        accruing = not st.usage_seen or gpu_s > at_streak or flat_n == 1
-        if flat_n >= p.windows and accruing and st.episode is None:
-            out.append(self._fire(ev, cfg, st, start, flat_n))
-            episode = alert_id(ev.run_id, self.name, start)
-            return st._replace(
-                flat=flat_n, streak_start=start, gpu_s_at_streak=at_streak, episode=episode
-            )
-        return st._replace(flat=flat_n, streak_start=start, gpu_s_at_streak=at_streak)
-
-    def _fire(
-        self, ev: EventBase, cfg: Settings[Params], st: DeadRunState, start: int, flat_n: int
-    ) -> AlertEvent:
-        p = cfg.params
-        gpu_s = st.gpu_s_trainer + st.gpu_s_rollout
-        usd = (
-            st.gpu_s_trainer * p.usd_per_gpu_hour_trainer
-            + st.gpu_s_rollout * p.usd_per_gpu_hour_rollout
-        ) / 3600.0
-        gpu = f"{gpu_s / 3600:,.1f} GPU-hours" if gpu_s >= 3600 else f"{gpu_s:,.0f} GPU-s"
-        spend = f"${usd:,.2f} burned so far ({gpu})" if st.usage_seen else (
-            "spend unknown (no UsageRecorded for this run) while steps keep committing"
-        )  # fmt: skip
+        accruing = not st.usage_seen or st.gpu_s > at_streak or flat_n == 1
+        st = st._replace(
+            flat=flat_n, streak_start=start, gpu_s_at_streak=at_streak, usd_at_streak=usd0
+        )
+        if flat_n < p.windows or not accruing or st.episode is not None:
+            return st
         end = (st.win + 1) * p.window - 1
-        kl_mean = st.kl.mean if st.kl.n else None
-        kl_text = f", KL {kl_mean:.4g}" if kl_mean is not None else ""
-        observed = {"reward_mean": st.reward.mean, "reward_std": st.reward.std, "kl_mean": kl_mean}
-        observed |= {"flat_windows": flat_n, "gpu_hours": gpu_s / 3600.0}
-        observed["spend_usd"] = usd if st.usage_seen else None
+        kl_text = f", KL {st.kl.mean:.4g}" if st.kl.n else ""
+        evidence = (
+            f"reward {st.reward.mean:.4g}{kl_text} flat within noise for {flat_n} windows "
+            f"(steps {start}-{end})"
+        )
+        observed = {"reward_mean": st.reward.mean, "reward_std": st.reward.std}
+        observed |= {"kl_mean": st.kl.mean if st.kl.n else None, "flat_windows": flat_n}
         thresholds = {"windows": p.windows, "reward_flat_abs": p.reward_flat_abs}
         thresholds["kl_flat_abs"] = p.kl_flat_abs
-        reason = (
-            f"reward {st.reward.mean:.4g}{kl_text} flat within noise for {flat_n} "
-            f"windows (steps {start}-{end}): no learning signal; {spend}"
+        alert = self._alert(
+            ev, cfg, st, start, end, evidence, observed, thresholds, at_streak, usd0
         )
-        window = (start, end)
-        return fire(ev, cfg, first_step=start, window=window, observed=observed,
+        out.append(alert)
+        return st._replace(episode=alert_id(ev.run_id, self.name, start), fast=False)
+
+    def _alert(
+        self,
+        ev: EventBase,
+        cfg: Settings[Params],
+        st: DeadRunState,
+        start: int,
+        end: int,
+        evidence: str,
+        observed: dict[str, Any],
+        thresholds: dict[str, Any],
+        gpu0: float,
+        usd0: float,
+    ) -> AlertEvent:
+        p = cfg.params
+        since_gpu, since_usd = st.gpu_s - gpu0, st.usd - usd0
+        priced = bool(p.usd_per_gpu_second) and st.usage_seen
+        if not st.usage_seen:
+            spend = "spend unknown (no UsageRecorded for this run) while steps keep committing"
+        elif priced:
+            spend = (
+                f"${since_usd:,.2f} burned since step {start} ({_gpu(since_gpu)}), "
+                f"${st.usd:,.2f} in the whole run"
+            )
+        else:
+            spend = f"{_gpu(since_gpu)} burned since step {start} (no price list attached)"
+        observed |= {"gpu_hours_since": since_gpu / 3600.0, "gpu_hours": st.gpu_s / 3600.0}
+        observed |= {"spend_usd_since": since_usd if priced else None}
+        observed["spend_usd"] = st.usd if priced else None
+        thresholds["prices_version"] = p.prices_version
+        reason = f"{evidence}: no learning signal; {spend}"
+        return fire(ev, cfg, first_step=start, window=(start, end), observed=observed,
                     thresholds=thresholds, reason=reason)  # fmt: skip
+
+
+def _gpu(seconds: float) -> str:
+    """Device time as the alert says it (``UsageRecorded`` v3: GPU or CPU seconds)."""
+    return f"{seconds / 3600:,.1f} device-hours" if seconds >= 3600 else f"{seconds:,.0f} device-s"
 
 
 DETECTOR = DeadRun()

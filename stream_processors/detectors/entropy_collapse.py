@@ -1,34 +1,37 @@
-"""Entropy collapse: the EWMA of policy entropy falls faster than a rate for k windows.
+"""Entropy collapse: policy entropy falling faster than its own forecast, judged every step.
 
-The seed's executed detector (``entropy_collapse_step``) as a fold. Per finite
-``entropy`` value: ``ewma = alpha·x + (1-alpha)·ewma``. Windows are aligned blocks
-``[w·W, (w+1)·W)`` of steps; a window closes at its last step (or the first step past
-it) with ``rate = (ewma_last - ewma_first) / steps_spanned``. The first window the run
-reports is the EWMA's warm-up and is never judged (the seed starts at ``s = window``).
-``k`` consecutive windows with ``rate < -min(drop, drop_rel·ewma_first)`` fire at the end
-of the k-th (the relative floor keeps a collapse that starts from a low entropy level
-visible; at the seed's level 2.0 both bounds are 0.004); a window with
-fewer than ``min_points`` values breaks the streak. Resolves after ``resolve_windows``
-windows that are not falling.
+The seed's detector waits for ``k`` windows of an EWMA falling faster than a rate (lag:
+``k`` windows). This one judges each step: ``log(entropy)`` is forecast one step ahead
+by a local linear trend (:mod:`~stream_processors.detectors.sequential`), so a healthy
+run's steady decline — slow, or fast early and slowing, as real GRPO runs show — is what
+the forecast expects. A collapse bends the curve down faster than the trend: the
+standardized shortfalls accumulate in a one-sided CUSUM, whose threshold comes from the
+per-run false-alarm budget (``fa_per_run`` over ``horizon_steps``). It fires when the CUSUM
+crosses it *and* the entropy has fallen, since the change point, faster than ``drop_rel``
+per step on average (relative; the seed's rate rule, here as a floor on what is worth
+telling). Log scale: the rule is the same at entropy 2.0 and 0.2.
 
-Lag: at least ``k`` windows after the collapse starts (the seed: injected at 150,
-flagged at 224 with W=25, k=3). Time: steps only.
+Resolves after ``resolve_steps`` steps with the CUSUM back at zero (the forecast has caught
+up and the entropy no longer falls faster than it). The alert's window starts at the
+change-point estimate (where the CUSUM last left zero). Lag: a collapse at the seed's rate
+(e-folding in 40 steps) fires 5-10 steps after it starts. Time: steps only.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from math import isfinite
+from math import isfinite, log
 from typing import ClassVar, NamedTuple
 
 from events.envelope import EventBase
+from stream_processors.detectors import sequential
 from stream_processors.detectors.base import (
     NO_ALERTS,
     AlertEvent,
     RunContext,
     Settings,
-    alert_id,
     fire,
     record,
     resolve,
@@ -38,27 +41,24 @@ from stream_processors.detectors.base import (
 
 @dataclass(frozen=True, slots=True)
 class Params:
-    alpha: float = 0.2
-    drop: float = 0.004
-    drop_rel: float = 0.002
-    k: int = 3
-    window: int = 25
-    min_points: int = 10
-    resolve_windows: int = 3
+    warmup: int = 20
+    alpha: float = 0.3
+    beta: float = 0.1
+    k: float = 0.5
+    clip: float = 4.0
+    fa_per_run: float = 0.001
+    horizon_steps: int = 1000
+    sigma_floor: float = 0.002
+    scale_gain: float = 0.05
+    drop_rel: float = 0.004
+    resolve_steps: int = 25
+    #: entropy values at or below this are read as this (log of zero is not a number)
+    floor: float = 1e-6
 
 
 @state_type
 class EntropyState(NamedTuple):
-    ewma: float | None = None
-    warmup_win: int = -1
-    win: int = -1
-    first_step: int = 0
-    e_first: float = 0.0
-    last_step: int = 0
-    e_last: float = 0.0
-    n: int = 0
-    falling: int = 0
-    streak_start: int = 0
+    f: sequential.Forecast = sequential.FRESH
     episode: str | None = None
     calm: int = 0
 
@@ -84,68 +84,47 @@ class EntropyCollapse:
             return st, NO_ALERTS
         p = cfg.params
         step: int = ev.step  # type: ignore[assignment]  (the composite drops step-less)
-        out: list[AlertEvent] = []
-        ewma = x if st.ewma is None else p.alpha * x + (1 - p.alpha) * st.ewma
-        w = step // p.window
-        warmup = st.warmup_win if st.warmup_win >= 0 else w
-        if w != st.win:
-            st = self._close(ev, cfg, st, out)._replace(win=w, n=0)
-        first_step, e_first = (step, ewma) if st.n == 0 else (st.first_step, st.e_first)
-        st = record(EntropyState, (
-            ewma, warmup, w, first_step, e_first, step, ewma, st.n + 1,
-            st.falling, st.streak_start, st.episode, st.calm,
-        ))  # fmt: skip
-        if step % p.window == p.window - 1:
-            st = self._close(ev, cfg, st, out)._replace(win=w + 1, n=0)
-        return st, out
+        f = sequential.update(st.f, step, log(x if x > p.floor else p.floor), -1.0, p)
+        episode, calm = st.episode, st.calm
+        if episode is None:
+            if f.s == 0.0 or f.s <= sequential.threshold(p.k, p.fa_per_run, p.horizon_steps):
+                return record(EntropyState, (f, None, 0)), NO_ALERTS
+            span = step - f.start + 1
+            rate = (f.start_level - f.level) / span  # log units per step: relative fall
+            if rate < p.drop_rel:
+                return record(EntropyState, (f, None, 0)), NO_ALERTS
+            return self._fire(ev, cfg, f, step, rate)
+        calm = calm + 1 if f.s == 0.0 else 0
+        if calm < p.resolve_steps:
+            return record(EntropyState, (f, episode, calm)), NO_ALERTS
+        why = f"entropy back on its own trend for {calm} steps (now {math.exp(f.level):.4g})"
+        return EntropyState(f), (resolve(ev, cfg, episode, why),)
 
-    def _close(
-        self, ev: EventBase, cfg: Settings[Params], st: EntropyState, out: list[AlertEvent]
-    ) -> EntropyState:
+    def _fire(
+        self, ev: EventBase, cfg: Settings[Params], f: sequential.Forecast, step: int, rate: float
+    ) -> tuple[EntropyState, Sequence[AlertEvent]]:
         p = cfg.params
-        if st.n == 0 or st.win == st.warmup_win:
-            return st
-        if st.n < p.min_points:
-            return st._replace(falling=0)
-        rate = (st.e_last - st.e_first) / (st.last_step - st.first_step + 1)
-        drop = min(p.drop, p.drop_rel * abs(st.e_first)) if p.drop_rel > 0 else p.drop
-        if rate < -drop:
-            falling = st.falling + 1
-            start = st.streak_start if st.falling else st.first_step
-            if falling >= p.k and st.episode is None:
-                out.append(
-                    fire(
-                        ev,
-                        cfg,
-                        first_step=start,
-                        window=(start, st.last_step),
-                        observed={"ewma_rate_per_step": rate, "entropy_ewma": st.e_last},
-                        thresholds={"drop_per_step": drop, "k_windows": p.k},
-                        reason=(
-                            f"entropy EWMA fell {-rate:.4g}/step (faster than {drop:.3g}) for "
-                            f"{falling} consecutive {p.window}-step windows since step {start}, "
-                            f"now {st.e_last:.4g}"
-                        ),
-                    )
-                )
-                return st._replace(
-                    falling=falling,
-                    streak_start=start,
-                    episode=alert_id(ev.run_id, self.name, start),
-                    calm=0,
-                )
-            return st._replace(falling=falling, streak_start=start, calm=0)
-        if st.episode is not None and st.calm + 1 >= p.resolve_windows:
-            out.append(
-                resolve(
-                    ev,
-                    cfg,
-                    st.episode,
-                    f"entropy EWMA stopped falling ({rate:.4g}/step) for {st.calm + 1} windows",
-                )
-            )
-            return st._replace(falling=0, episode=None, calm=0)
-        return st._replace(falling=0, calm=st.calm + 1 if st.episode else 0)
+        h = sequential.threshold(p.k, p.fa_per_run, p.horizon_steps)
+        was, now = math.exp(f.start_level), math.exp(f.level)
+        alert = fire(
+            ev,
+            cfg,
+            first_step=f.start,
+            window=(f.start, step),
+            observed={
+                "entropy": now,
+                "entropy_at_change": was,
+                "fall_rel_per_step": rate,
+                "cusum": f.s,
+            },
+            thresholds={"cusum_h": h, "drop_rel": p.drop_rel, "fa_per_run": p.fa_per_run},
+            reason=(
+                f"entropy fell from {was:.4g} to {now:.4g} since step {f.start} "
+                f"({rate:.2%} per step), faster than its own trend predicted "
+                f"(CUSUM {f.s:.1f} > {h:.1f})"
+            ),
+        )
+        return record(EntropyState, (f, alert.alert_id, 0)), (alert,)
 
 
 DETECTOR = EntropyCollapse()

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from operator import attrgetter
 from typing import ClassVar, NamedTuple
 
+from events.catalog.trainer import STEP_METRICS
 from events.envelope import EventBase
 from stream_processors.detectors.base import (
     NO_ALERTS,
@@ -29,18 +30,7 @@ from stream_processors.detectors.base import (
 )
 
 FIELDS: dict[str, tuple[str, ...]] = {
-    "TrainerStepCompleted": (
-        "reward_mean",
-        "reward_std",
-        "kl_to_ref",
-        "entropy",
-        "grad_norm",
-        "clip_fraction",
-        "advantage_mean",
-        "advantage_std",
-        "loss",
-        "lr",
-    ),
+    "TrainerStepCompleted": STEP_METRICS,
     "EvalGateScored": ("score",),
     "RolloutBatchCompleted": ("mean_length", "truncation_rate", "unparseable_rate"),
     "StepPhaseTimed": ("wall_s", "rollout_s", "score_s", "sync_s", "optim_s", "idle_s"),

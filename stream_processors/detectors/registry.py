@@ -14,6 +14,7 @@ from stream_processors.detectors import (
     nan_metric,
     reward_explosion_collapse,
     reward_hacking,
+    reward_integrity,
     rollout_drift,
     trainer_idle,
     weight_sync_staleness,
@@ -38,5 +39,8 @@ RUN_MECHANICS: tuple[Detector[Any, Any], ...] = (
     trainer_idle.DETECTOR,
     checkpoint_cadence.DETECTOR,
 )
-DETECTORS: tuple[Detector[Any, Any], ...] = ALGORITHMIC + RUN_MECHANICS
+#: Seed 002's score-integrity gate: the tenant's reward (alerts booked to the tenant).
+#: Last, so folded states stored before it existed keep their detectors' positions.
+REWARD: tuple[Detector[Any, Any], ...] = (reward_integrity.DETECTOR,)
+DETECTORS: tuple[Detector[Any, Any], ...] = ALGORITHMIC + RUN_MECHANICS + REWARD
 BY_NAME: dict[str, Detector[Any, Any]] = {d.name: d for d in DETECTORS}

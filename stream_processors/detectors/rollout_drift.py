@@ -12,7 +12,12 @@ Its means are compared with the mean of the previous ``ref_windows`` closed wind
 A shift fires (observed: every metric's reference and current value); a window without
 a shift resolves. Each closed window then joins the reference, so a lasting level change
 fires once. Windows with fewer than ``min_batches`` batches are skipped.
-Lag: at most two windows (a mid-window shift moves the mean only partly).
+
+The open window is also judged as it fills: once it holds ``min_batches`` batches, every
+batch compares the window's mean so far with the reference, so a shift fires a few
+batches after it starts instead of when the window closes. Lag: ``min_batches`` steps for
+a shift at a window's start; one window plus ``min_batches`` at worst (a shift late in a
+window moves its mean only partly; the next window sees it whole).
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from stream_processors.detectors.base import (
     Settings,
     alert_id,
     fire,
+    record,
     resolve,
     state_type,
 )
@@ -53,6 +59,14 @@ class DriftState(NamedTuple):
     unparse: float = 0.0
     refs: tuple[tuple[float, float, float], ...] = ()
     episode: str | None = None
+    #: the mean of ``refs`` once they are ``ref_windows`` (what the open window is judged
+    #: against; kept so each batch compares three numbers)
+    ref: tuple[float, float, float] | None = None
+
+
+def _mean(refs: tuple[tuple[float, float, float], ...]) -> tuple[float, float, float]:
+    n = len(refs)
+    return (sum(r[0] for r in refs) / n, sum(r[1] for r in refs) / n, sum(r[2] for r in refs) / n)
 
 
 def _ok(x: float) -> bool:
@@ -89,12 +103,19 @@ class RolloutDrift:
         length, trunc, unp = ev.mean_length, ev.truncation_rate, ev.unparseable_rate  # type: ignore[attr-defined]
         if not (_ok(length) and _ok(trunc) and _ok(unp)):
             return st, out  # the nan_metric detector reports it
-        return st._replace(
-            n=st.n + 1,
-            length=st.length + length,
-            trunc=st.trunc + trunc,
-            unparse=st.unparse + unp,
-        ), out
+        n = st.n + 1
+        length, trunc, unp = st.length + length, st.trunc + trunc, st.unparse + unp
+        st = record(DriftState, (st.win, n, length, trunc, unp, st.refs, st.episode, st.ref))
+        ref = st.ref
+        if st.episode is None and n >= p.min_batches and ref is not None:
+            rl = ref[0]
+            if (
+                abs(length / n - rl) > p.length_rel * max(abs(rl), 1.0)
+                or abs(trunc / n - ref[1]) > p.trunc_abs
+                or abs(unp / n - ref[2]) > p.unparse_abs
+            ):
+                st = self._judge(ev, cfg, st, out, closing=False)
+        return st, out
 
     def _close(
         self, ev: EventBase, cfg: Settings[Params], st: DriftState, out: list[AlertEvent]
@@ -105,9 +126,25 @@ class RolloutDrift:
             return empty
         cur = (st.length / st.n, st.trunc / st.n, st.unparse / st.n)
         refs = (*st.refs, cur)[-p.ref_windows :]
-        if len(st.refs) < p.ref_windows:
-            return empty._replace(refs=refs)
-        ref = tuple(sum(r[i] for r in st.refs) / len(st.refs) for i in range(3))
+        ref = _mean(refs) if len(refs) >= p.ref_windows else None
+        if st.ref is None:
+            return empty._replace(refs=refs, ref=ref)
+        judged = self._judge(ev, cfg, st, out, closing=True)
+        return empty._replace(refs=refs, episode=judged.episode, ref=ref)
+
+    def _judge(
+        self,
+        ev: EventBase,
+        cfg: Settings[Params],
+        st: DriftState,
+        out: list[AlertEvent],
+        *,
+        closing: bool,
+    ) -> DriftState:
+        """Compare the (open or closing) window's means with the reference windows'."""
+        p = cfg.params
+        cur = (st.length / st.n, st.trunc / st.n, st.unparse / st.n)
+        ref = st.ref if st.ref is not None else _mean(st.refs)
         shifted = []
         if abs(cur[0] - ref[0]) > p.length_rel * max(abs(ref[0]), 1.0):
             shifted.append(f"mean length {ref[0]:.4g} -> {cur[0]:.4g}")
@@ -115,7 +152,8 @@ class RolloutDrift:
             shifted.append(f"truncation rate {ref[1]:.3f} -> {cur[1]:.3f}")
         if abs(cur[2] - ref[2]) > p.unparse_abs:
             shifted.append(f"unparseable rate {ref[2]:.3f} -> {cur[2]:.3f}")
-        start, end = st.win * p.window, (st.win + 1) * p.window - 1
+        start = st.win * p.window
+        end = (st.win + 1) * p.window - 1 if closing else (ev.step or 0)
         episode = st.episode
         if shifted and episode is None:
             out.append(
@@ -144,10 +182,10 @@ class RolloutDrift:
                 )
             )
             episode = alert_id(ev.run_id, self.name, start)
-        elif not shifted and episode is not None:
+        elif closing and not shifted and episode is not None:
             out.append(resolve(ev, cfg, episode, f"rollout quality stable over {start}-{end}"))
             episode = None
-        return empty._replace(refs=refs, episode=episode)
+        return st._replace(episode=episode)
 
 
 DETECTOR = RolloutDrift()

@@ -3,7 +3,9 @@
 Inputs: ``runwatch.telemetry`` (trainer steps, phase timings, weight syncs, rollout
 batches, eval gates, usage: one topic, so every host sees one run's telemetry in the same
 order), ``runwatch.lifecycle`` (``RunSubmitted``: the algorithm and run config that pick
-thresholds) and ``runwatch.checkpoints`` (``CheckpointWritten`` for the cadence detector).
+thresholds), ``runwatch.checkpoints`` (``CheckpointWritten`` for the cadence detector) and
+``runwatch.rewards`` (the sandbox's batch outcomes and canary probes for the reward
+integrity detector).
 Key: ``run_id``. Output: ``AlertFired`` / ``AlertResolved`` on ``runwatch.alerts``.
 
 Ordering rules, applied here before any detector sees an event (windows are counted in
@@ -13,10 +15,10 @@ steps and never go backwards):
   highest already folded is *late or repeated* (a redelivery under a new id, or a rewound
   run replaying steps after a resume) and is not folded; ``late`` counts it. After a
   resume the detectors pick up again once the run passes its previous highest step.
-- ``EvalGateScored``, ``RolloutBatchCompleted`` and ``UsageRecorded``: several per step
-  are fine; a step below the highest seen is late, and at the highest step an event id
-  already folded there is a repeat (so re-importing a whole history adds nothing, not
-  even money).
+- ``EvalGateScored``, ``RolloutBatchCompleted``, ``UsageRecorded`` and the reward facts
+  (``RewardBatchScored``/``Failed``, ``CanaryProbeScored``): several per step are fine;
+  a step below the highest seen is late, and at the highest step an event id already
+  folded there is a repeat (so re-importing a whole history adds nothing, not even money).
 - Telemetry that carries no ``step`` cannot be placed in a window: ``unplaced`` counts it
   (step-less ``UsageRecorded`` is still money, and is folded).
 - ``WeightSyncCompleted`` and ``CheckpointWritten`` carry versioned facts (the detectors
@@ -63,15 +65,18 @@ _ORDERED: dict[str, tuple[int, bool]] = {
     "EvalGateScored": (2, True),
     "RolloutBatchCompleted": (3, True),
     "UsageRecorded": (4, True),
+    "RewardBatchScored": (5, True),
+    "RewardBatchFailed": (6, True),
+    "CanaryProbeScored": (7, True),
 }
-_NO_IDS: tuple[tuple[str, ...], ...] = ((),) * 5
+_NO_IDS: tuple[tuple[str, ...], ...] = ((),) * len(_ORDERED)
 
 
 @state_type
 class RunHealthState(NamedTuple):
     ctx: RunContext | None = None
     algorithm_from: str = "default"  # "submitted" | "step" | "default"
-    marks: tuple[int, ...] = (-1, -1, -1, -1, -1)
+    marks: tuple[int, ...] = (-1,) * len(_ORDERED)
     late: int = 0
     unplaced: int = 0
     detectors: tuple[Any, ...] = ()
@@ -89,7 +94,12 @@ class RunHealthFold:
     """Implements :class:`events.fold.Fold` for the run-health detectors."""
 
     name = "run-health"
-    inputs: tuple[str, ...] = ("runwatch.lifecycle", TELEMETRY, "runwatch.checkpoints")
+    inputs: tuple[str, ...] = (
+        "runwatch.lifecycle",
+        TELEMETRY,
+        "runwatch.checkpoints",
+        "runwatch.rewards",
+    )
 
     def __init__(
         self, catalog: Catalog | None = None, detectors: Iterable[Detector[Any, Any]] = DETECTORS
@@ -218,9 +228,19 @@ class RunHealthFold:
         return state_codec.dump(state)
 
     def load_state(self, raw: bytes) -> RunHealthState:
+        """A stored state; one stored before detectors or ordered types were added gets
+        fresh ones for them (they are appended, never inserted)."""
         state = state_codec.load(raw)
         if not isinstance(state, RunHealthState):
             raise ValueError("not a RunHealthState")
+        if len(state.detectors) < len(self.detectors):
+            fresh = tuple(d.initial() for d in self.detectors[len(state.detectors) :])
+            state = state._replace(detectors=(*state.detectors, *fresh))
+        if len(state.marks) < len(_ORDERED):
+            pad = len(_ORDERED) - len(state.marks)
+            state = state._replace(
+                marks=(*state.marks, *(-1,) * pad), at_mark=(*state.at_mark, *((),) * pad)
+            )
         return state
 
 

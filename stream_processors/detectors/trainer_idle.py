@@ -1,10 +1,12 @@
 """Trainer idle fraction (run mechanics): the trainer waits on the fleet too much.
 
-Over aligned windows of ``window`` steps of ``StepPhaseTimed``: ``idle = Σ idle_s / Σ
-wall_s``. A window closes at its last step or at the first timing past it; a window above
-``cap`` fires, and a window at or below ``cap · resolve_ratio`` resolves (hysteresis, so
-an idle fraction hovering at the cap does not flap). Windows with fewer than
-``min_points`` timings or no wall time are skipped. Lag: one window.
+Judged every step against the step's own time: each ``StepPhaseTimed`` gives the share of
+its wall time the trainer sat idle (``idle_s / wall_s``), and an exponentially weighted
+mean of that share (gain ``alpha``, so about the last ``2/alpha`` steps) above ``cap``
+fires once ``min_points`` timings have been seen. It resolves when the mean is back at or
+below ``cap · resolve_ratio`` (hysteresis, so an idle share hovering at the cap does not
+flap). Timings with no wall time are skipped. Lag: a jump from a healthy share to well
+above the cap crosses it in a few steps (0.2 -> 0.85 of the step: 4 steps at alpha 0.25).
 """
 
 from __future__ import annotations
@@ -19,8 +21,8 @@ from stream_processors.detectors.base import (
     AlertEvent,
     RunContext,
     Settings,
-    alert_id,
     fire,
+    record,
     resolve,
     state_type,
 )
@@ -28,7 +30,7 @@ from stream_processors.detectors.base import (
 
 @dataclass(frozen=True, slots=True)
 class Params:
-    window: int = 25
+    alpha: float = 0.25
     cap: float = 0.6
     resolve_ratio: float = 0.8
     min_points: int = 5
@@ -36,10 +38,10 @@ class Params:
 
 @state_type
 class IdleState(NamedTuple):
-    win: int = -1
     n: int = 0
-    idle_s: float = 0.0
-    wall_s: float = 0.0
+    share: float = 0.0
+    #: the step the mean last crossed the cap from below (the episode's start)
+    above_since: int = -1
     episode: str | None = None
 
 
@@ -63,46 +65,34 @@ class TrainerIdle:
         p = cfg.params
         step = ev.step or 0
         idle, wall = ev.idle_s, ev.wall_s  # type: ignore[attr-defined]
-        if not (0.0 <= idle < float("inf") and 0.0 <= wall < float("inf")):
+        if not (0.0 <= idle < float("inf") and 0.0 < wall < float("inf")):
             return st, NO_ALERTS  # the nan_metric detector reports it
-        out: list[AlertEvent] = []
-        w = step // p.window
-        if w != st.win:
-            st = self._close(ev, cfg, st, out)._replace(win=w)
-        st = st._replace(n=st.n + 1, idle_s=st.idle_s + idle, wall_s=st.wall_s + wall)
-        if step % p.window == p.window - 1:
-            st = self._close(ev, cfg, st, out)._replace(win=w + 1)
-        return st, out
-
-    def _close(
-        self, ev: EventBase, cfg: Settings[Params], st: IdleState, out: list[AlertEvent]
-    ) -> IdleState:
-        p = cfg.params
-        empty = st._replace(n=0, idle_s=0.0, wall_s=0.0)
-        if st.n < p.min_points or st.wall_s <= 0.0:
-            return empty
-        frac = st.idle_s / st.wall_s
-        start, end = st.win * p.window, (st.win + 1) * p.window - 1
-        if frac > p.cap and st.episode is None:
-            out.append(
-                fire(
+        x = idle / wall if idle < wall else 1.0
+        n = st.n + 1
+        share = x if n == 1 else st.share + p.alpha * (x - st.share)
+        above = share > p.cap
+        since = (st.above_since if st.above_since >= 0 else step) if above else -1
+        episode = st.episode
+        if episode is None:
+            if above and n >= p.min_points:
+                alert = fire(
                     ev,
                     cfg,
-                    first_step=start,
-                    window=(start, end),
-                    observed={"idle_fraction": frac, "idle_s": st.idle_s, "wall_s": st.wall_s},
-                    thresholds={"cap": p.cap},
+                    first_step=since,
+                    window=(since, step),
+                    observed={"idle_share_ewma": share, "idle_share_step": x},
+                    thresholds={"cap": p.cap, "alpha": p.alpha},
                     reason=(
-                        f"trainer idle {frac:.0%} of wall-clock over steps {start}-{end} "
-                        f"(cap {p.cap:.0%}): it is waiting on rollouts or scoring"
+                        f"trainer idle {share:.0%} of each step's wall-clock (weighted mean of "
+                        f"the last steps; {x:.0%} at step {step}, cap {p.cap:.0%}): it is "
+                        "waiting on rollouts or scoring"
                     ),
                 )
-            )
-            return empty._replace(episode=alert_id(ev.run_id, self.name, start))
-        if st.episode is not None and frac <= p.cap * p.resolve_ratio:
-            out.append(resolve(ev, cfg, st.episode, f"trainer idle back to {frac:.0%}"))
-            return empty._replace(episode=None)
-        return empty
+                return record(IdleState, (n, share, since, alert.alert_id)), (alert,)
+        elif share <= p.cap * p.resolve_ratio:
+            why = f"trainer idle back to {share:.0%} of each step"
+            return record(IdleState, (n, share, since, None)), (resolve(ev, cfg, episode, why),)
+        return record(IdleState, (n, share, since, episode)), NO_ALERTS
 
 
 DETECTOR = TrainerIdle()

@@ -25,8 +25,8 @@ import yaml
 from prometheus_client import start_http_server
 
 from projections.exporter import make_registry
-from projections.replay import rebuild_from_log
 from projections.store import InMemoryReadModel
+from runwatch.hosting.replay import rebuild_from_log
 from tests.integration.test_dashboard_browser import build_log
 from tests.unit.test_deploy_stack import (
     PROM_DIR,

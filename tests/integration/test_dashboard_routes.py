@@ -16,8 +16,8 @@ from fastapi.testclient import TestClient
 from projections.api import create_app
 from projections.dashboard.router import STATIC, customer_alerts
 from projections.keys import ApiKeys
-from projections.replay import rebuild_from_log
-from projections.store import SqliteReadModel
+from projections.sqlite_store import SqliteReadModel
+from runwatch.hosting.replay import rebuild_from_log
 from tests.integration.test_dashboard_browser import EXPECTED_STATE, KEYS, build_log
 
 

@@ -20,7 +20,9 @@ from events import AlertFired, DeadLetter
 from events.codec import decode, encode
 from events.log.embedded import EmbeddedLog
 from runwatch.folds import processor_folds
-from runwatch.hosting.embedded import EmbeddedHost, replay
+from runwatch.hosting.embedded import EmbeddedHost
+from runwatch.hosting.replay import replay_processors
+from stream_processors.accounting import Prices
 from stream_processors.detectors.scenarios import synthetic_run
 
 
@@ -86,10 +88,15 @@ def test_import_process_replay_verl_history(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     alerts = _alerts(log_dir)
     dead = [a for a in alerts if a.detector == "dead_run"]
-    assert len(dead) == 1 and "burned so far" in dead[0].reason and "$" in dead[0].reason
-    # 30 s x 8 GPUs per step at $2.5/GPU-hour, every step before the alert counted once
-    spend = dict(dead[0].observed)["spend_usd"]
-    assert spend == pytest.approx(dead[0].step * 30 * 8 / 3600 * 2.5, rel=1e-4)
+    # the mean is exactly 0.0 from step 120: 8 equal means in a row (verl logs no spread)
+    assert len(dead) == 1 and dead[0].step == 127 and dead[0].window_start == 120
+    assert "burned since step 120" in dead[0].reason and "$" in dead[0].reason
+    # 30 s x 8 GPUs per step at the trainer pool's price in the accounting price list, every
+    # step before the alert counted once (the alert's own step bills after it)
+    price = Prices.load().gpu_price("trainer")
+    observed = dict(dead[0].observed)
+    assert observed["spend_usd"] == pytest.approx(dead[0].step * 30 * 8 * price, rel=1e-4)
+    assert observed["spend_usd_since"] == pytest.approx(7 * 30 * 8 * price, rel=1e-4)
 
     replayed = _cli("replay", str(log_dir), "--json")
     assert replayed.returncode == 0, replayed.stderr
@@ -123,7 +130,10 @@ def test_trl_csv_with_eval_file_detects_hacking(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     assert _cli("process", "--log", str(log_dir), "--once").returncode == 0
     hacking = [a for a in _alerts(log_dir) if a.detector == "reward_hacking"]
-    assert len(hacking) == 1 and hacking[0].window_start == 150
+    # judged at every eval point (every 5 steps): fires a few points into the divergence,
+    # its window starting at the eval it fell from
+    assert len(hacking) == 1 and 150 <= hacking[0].step <= 175, hacking
+    assert 144 <= hacking[0].window_start <= 160
 
 
 def test_bad_input_gets_a_clear_error(tmp_path: Path) -> None:
@@ -148,7 +158,8 @@ def test_embedded_host_resumes_dedupes_and_dead_letters(tmp_path: Path) -> None:
     stats = EmbeddedHost(log, processor_folds()).run_once()
     assert stats.duplicates == 50
     stored = [encode(a) for a in log.iter_events(["runwatch.alerts"])]
-    expected = [encode(a) for a in replay(_single(events, tmp_path), processor_folds())]
+    replayed = replay_processors(_single(events, tmp_path), processor_folds())
+    expected = [encode(a) for a in replayed if type(a).TOPIC == "runwatch.alerts"]
     assert stored == expected and any(b"kl_blowup" in a for a in stored)
     dead = list(log.read_sync("runwatch.dead-letters"))
     assert len(dead) == 1

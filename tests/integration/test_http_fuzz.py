@@ -37,10 +37,11 @@ from events.log.embedded import EmbeddedLog
 from producers.sinks import EmbeddedSink
 from projections.api import create_app
 from projections.keys import ApiKeys
-from projections.replay import rebuild_from_log
-from projections.store import SqliteReadModel
+from projections.sqlite_store import SqliteReadModel
 from runwatch.apps.query_api import build_app as build_query_app
-from runwatch.apps.trajectories import TrajectoryHost, TrajectorySettings, build_app
+from runwatch.apps.trajectories import TrajectoryHost, TrajectorySettings
+from runwatch.apps.trajectory_app import build_app
+from runwatch.hosting.replay import rebuild_from_log
 from tests.fuzzing import Endpoint, FuzzRequest, fastapi_endpoints, http_request
 from tests.projection_runs import synth_fleet, write_log
 

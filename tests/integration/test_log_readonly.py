@@ -30,7 +30,7 @@ from events.log.embedded import EmbeddedLog
 from producers.sinks import EmbeddedSink
 from producers.trace_import import import_traces
 from producers.trace_synth import write_synthetic_traces
-from projections.engine import INPUTS
+from runwatch.hosting.read_model import INPUTS
 from tests.projection_runs import synth_fleet, write_log
 from tests.unit.events.test_embedded_log_readonly import snapshot, tear
 

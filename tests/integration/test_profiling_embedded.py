@@ -12,7 +12,8 @@ from events.log.embedded import EmbeddedLog
 from producers.sinks import EmbeddedSink
 from producers.trace_import import import_traces
 from producers.trace_synth import write_synthetic_traces
-from runwatch.hosting.embedded import EmbeddedHost, replay
+from runwatch.hosting.embedded import EmbeddedHost
+from runwatch.hosting.replay import replay_processors
 from stream_processors.profiling import ProfilingFold
 
 
@@ -49,5 +50,7 @@ def test_hosted_profiling_survives_a_restart_and_matches_replay(tmp_path: Path) 
     assert [q.step for q in quality] == [1, 2, 3]
 
     appended = [encode(e) for e in profiled] + [encode(e) for e in quality]
-    replayed = list(replay(EmbeddedLog(tmp_path / "log", readonly=True), [ProfilingFold()]))
+    replayed = list(
+        replay_processors(EmbeddedLog(tmp_path / "log", readonly=True), [ProfilingFold()])
+    )
     assert sorted(encode(e) for e in replayed) == sorted(appended)

@@ -16,8 +16,8 @@ from openapi_spec_validator import validate
 from events.log.embedded import EmbeddedLog
 from projections.api import create_app
 from projections.keys import ApiKeys, digest
-from projections.replay import rebuild_from_log
-from projections.store import SqliteReadModel
+from projections.sqlite_store import SqliteReadModel
+from runwatch.hosting.replay import rebuild_from_log
 from tests.projection_runs import synth_fleet, write_log
 
 KEYS = {

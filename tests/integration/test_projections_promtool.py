@@ -14,7 +14,7 @@ from prometheus_client import generate_latest
 
 from events.log.embedded import EmbeddedLog
 from projections.exporter import make_registry
-from projections.replay import rebuild_from_log
+from runwatch.hosting.replay import rebuild_from_log
 from tests.projection_runs import synth_fleet, write_log
 
 ROOT = Path(__file__).resolve().parents[2]

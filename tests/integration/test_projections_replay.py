@@ -10,9 +10,11 @@ import pytest
 
 from events import encode
 from events.log.embedded import EmbeddedLog
-from projections.engine import INPUTS, ProjectionEngine
-from projections.replay import first_difference, rebuild_from_log, verify
-from projections.store import InMemoryReadModel, SqliteReadModel
+from projections.sqlite_store import SqliteReadModel
+from projections.store import InMemoryReadModel
+from runwatch.hosting.audit import first_difference, verify
+from runwatch.hosting.read_model import INPUTS, read_model_host
+from runwatch.hosting.replay import rebuild_from_log, replay_log
 from tests.projection_runs import synth_fleet, synth_run, write_log
 
 
@@ -57,7 +59,7 @@ def test_sqlite_and_memory_models_agree_and_replay_is_idempotent(log_dir, tmp_pa
     rebuild_from_log(log_dir, db, commit_every=997)
     assert first_difference(mem.store.export(), db.export()) is None
     again = rebuild_from_log(log_dir, SqliteReadModel(tmp_path / "p.sqlite"))
-    assert again.engine.applied == 0 and again.derived == []  # every record already applied
+    assert again.host.view.applied == 0 and again.derived == []  # every record already applied
     assert first_difference(mem.store.export(), db.export()) is None
 
 
@@ -66,13 +68,13 @@ def test_crash_mid_replay_resumes_from_the_stored_offsets(log_dir, tmp_path):
     path = tmp_path / "crash.sqlite"
     log = EmbeddedLog(log_dir, readonly=True)
     records = list(log.iter_records(list(INPUTS)))
-    engine = ProjectionEngine(SqliteReadModel(path))
+    engine = read_model_host(SqliteReadModel(path))
     derived = engine.process(records[:3000])
     engine.checkpoint()
     engine.process(records[3000:4500])  # applied in memory, never committed: the crash
     del engine
     resumed = rebuild_from_log(log_dir, SqliteReadModel(path))
-    assert resumed.engine.skipped == 0  # it started exactly at the committed positions
+    assert resumed.host.skipped == 0  # it started exactly at the committed positions
     derived += resumed.derived
     assert per_run(derived) == per_run(full.derived)
     assert first_difference(full.store.export(), SqliteReadModel(path).export()) is None
@@ -134,13 +136,11 @@ def test_bad_records_become_dead_letters_and_nothing_else_is_lost(tmp_path):
         ).offset,
     ]
     write_log(log, events[20:])
-    from projections.sharded import rebuild_sharded
-
-    for result in (rebuild_from_log(tmp_path / "log"), rebuild_sharded(tmp_path / "log")):
-        assert len(result.engine.dead_letters) == 2
-        kinds = {d.kind for d in result.engine.dead_letters}
+    for result in (rebuild_from_log(tmp_path / "log"), replay_log(tmp_path / "log", workers=2)):
+        assert len(result.host.dead_letters) == 2
+        kinds = {d.kind for d in result.host.dead_letters}
         assert kinds == {"malformed_json", "validation_error"}
-        assert sorted(d.source_offset for d in result.engine.dead_letters) == bad
+        assert sorted(d.source_offset for d in result.host.dead_letters) == bad
         assert result.store.get_run("r1").state == "SUCCEEDED"
         assert result.store.fleet().dead_letters == 2
 
@@ -153,7 +153,7 @@ def test_a_run_id_claimed_by_another_tenant_is_never_merged(tmp_path):
     result = rebuild_from_log(tmp_path / "log")
     view = result.store.get_run("shared")
     assert view.tenant_id == "acme" and view.state == "SUCCEEDED"
-    assert result.engine.rejected_foreign > 0
+    assert result.host.view.rejected_foreign > 0
 
 
 def test_audit_verify_finds_no_difference_then_the_first_tampered_one(log_dir, tmp_path):
@@ -177,7 +177,7 @@ def test_verify_compares_only_up_to_the_live_positions(log_dir, tmp_path):
     path = tmp_path / "behind.sqlite"
     log = EmbeddedLog(log_dir, readonly=True)
     records = list(log.iter_records(list(INPUTS)))
-    engine = ProjectionEngine(SqliteReadModel(path))
+    engine = read_model_host(SqliteReadModel(path))
     engine.process(records[:2000])
     engine.checkpoint()
     result = verify(SqliteReadModel(path), log_dir)
@@ -187,36 +187,33 @@ def test_verify_compares_only_up_to_the_live_positions(log_dir, tmp_path):
 
 def test_memory_store_round_trips_engine_state():
     store = InMemoryReadModel()
-    engine = ProjectionEngine(store)
+    engine = read_model_host(store)
     events = synth_run("r", "t", "kl_gate", steps=30)
     engine.process_events((type(e).TOPIC, 0, e) for e in events[:100])
     engine.checkpoint()
-    again = ProjectionEngine(store)
-    assert again.status == engine.status and again.usage == engine.usage
+    again = read_model_host(store)
+    for fold in ("run_state", "accounting"):
+        assert again.states(fold) == engine.states(fold)
 
 
 def test_sharded_replay_builds_the_same_read_model(log_dir, tmp_path):
-    from projections.sharded import rebuild_sharded
-
     single = rebuild_from_log(log_dir, SqliteReadModel(tmp_path / "one.sqlite"))
-    sharded = rebuild_sharded(log_dir, tmp_path / "sharded.sqlite", workers=3)
-    assert sharded.engine.applied == single.engine.applied
+    sharded = replay_log(log_dir, store_path=tmp_path / "sharded.sqlite", workers=3)
+    assert sharded.host.view.applied == single.host.view.applied
     store = SqliteReadModel(tmp_path / "sharded.sqlite")
     assert first_difference(single.store.export(), store.export()) is None
     assert store.positions() == single.store.positions()
     assert per_run(sharded.derived) == per_run(single.derived)
     again = rebuild_from_log(log_dir, store)  # the merged store resumes like any other
-    assert again.engine.applied == 0
+    assert again.host.view.applied == 0
     with pytest.raises(ValueError, match="already holds"):
-        rebuild_sharded(log_dir, tmp_path / "sharded.sqlite")
+        replay_log(log_dir, store_path=tmp_path / "sharded.sqlite", workers=2)
 
 
 def test_sharded_in_memory_replay_equals_the_single_process_one(log_dir):
-    from projections.sharded import rebuild_sharded
-
     single = rebuild_from_log(log_dir)
     for workers in (1, 2, 3):
-        sharded = rebuild_sharded(log_dir, workers=workers)
+        sharded = replay_log(log_dir, workers=workers)
         assert first_difference(single.store.export(), sharded.store.export()) is None
         assert sharded.store.positions() == single.store.positions()
         assert sharded.summary()["runs_by_state"] == single.summary()["runs_by_state"]
@@ -226,16 +223,14 @@ def test_sharded_in_memory_replay_equals_the_single_process_one(log_dir):
             e.event_id for e in single.derived
         )
         # the rebuilt engine holds the folds' states, so it could go on consuming
-        assert sharded.engine.status == single.engine.status
-        assert sharded.engine.usage == single.engine.usage
+        assert sharded.host.states("run_state") == single.host.states("run_state")
+        assert sharded.host.states("accounting") == single.host.states("accounting")
 
 
 def test_sharded_replay_stops_where_it_is_told(log_dir):
-    from projections.sharded import rebuild_sharded
-
     until = {f"{t}:0": 40 for t in INPUTS}
     single = rebuild_from_log(log_dir, until=until)
-    sharded = rebuild_sharded(log_dir, workers=2, until=until)
+    sharded = replay_log(log_dir, workers=2, until=until)
     assert first_difference(single.store.export(), sharded.store.export()) is None
     log = EmbeddedLog(log_dir, readonly=True)
     expected = sum(min(40, log.end_offset_sync(t)) for t in INPUTS)
@@ -247,7 +242,7 @@ async def test_live_follower_restarts_from_its_store_and_matches_the_replay(tmp_
     half-way and restarted on the same SQLite store, ends equal to a from-scratch replay."""
     import asyncio
 
-    from projections.feed import follow
+    from runwatch.hosting.follow import follow
 
     log = EmbeddedLog(tmp_path / "log", sync=False)
     log.open_sync()
@@ -256,7 +251,7 @@ async def test_live_follower_restarts_from_its_store_and_matches_the_replay(tmp_
     live_derived = []
 
     async def run_until_caught_up(total: int) -> None:
-        engine = ProjectionEngine(SqliteReadModel(store_path))
+        engine = read_model_host(SqliteReadModel(store_path))
         stop = asyncio.Event()
         task = asyncio.create_task(
             follow(
@@ -286,7 +281,7 @@ async def test_live_follower_restarts_from_its_store_and_matches_the_replay(tmp_
 
 
 def _other_shard_run(run_id: str, prefix: str) -> str:
-    from projections.sharded import shard_of
+    from runwatch.hosting.shards import shard_of
 
     return next(
         f"{prefix}{i}"
@@ -300,7 +295,6 @@ def test_sharded_replay_releases_held_terminals_where_one_process_does(tmp_path)
     so one process releases A's terminal; a late alert of A (stamped before its end)
     arrives afterwards. Every worker must see the same watermarks, or it folds the late
     alert before the terminal and A ends differently."""
-    from projections.sharded import rebuild_sharded
     from tests.projection_runs import RunFactory
 
     a = "run-a"
@@ -313,7 +307,7 @@ def test_sharded_replay_releases_held_terminals_where_one_process_does(tmp_path)
     log.append_events_sync(synth_run(b, "acme", "hacked", steps=60, t0=end + 10))
     log.append_events_sync([RunFactory(a, "acme", t0=end - 5).fired("kl_blowup", 29)])
     one = rebuild_from_log(tmp_path / "log")
-    two = rebuild_sharded(tmp_path / "log", workers=2)
+    two = replay_log(tmp_path / "log", workers=2)
     assert one.store.get_run(a).state == "SUCCEEDED"
     assert first_difference(one.store.export(), two.store.export()) is None
     assert one.store.load().held == two.store.load().held  # the watermarks, kept for a resume
@@ -325,8 +319,6 @@ def test_sharded_replay_releases_held_terminals_where_one_process_does(tmp_path)
 def test_sharded_replay_stops_at_a_corrupt_record_like_one_process(tmp_path):
     from pathlib import Path
 
-    from projections.sharded import rebuild_sharded
-
     log = EmbeddedLog(tmp_path / "log", sync=False)
     log.open_sync()
     log.append_events_sync(synth_run("r1", "acme", "healthy", steps=20))
@@ -336,15 +328,15 @@ def test_sharded_replay_stops_at_a_corrupt_record_like_one_process(tmp_path):
     seg.write_bytes(bytes(data))
     one = rebuild_from_log(tmp_path / "log")
     for two in (
-        rebuild_sharded(tmp_path / "log", workers=2),
-        rebuild_sharded(tmp_path / "log", tmp_path / "s.sqlite", workers=2),
+        replay_log(tmp_path / "log", workers=2),
+        replay_log(tmp_path / "log", store_path=tmp_path / "s.sqlite", workers=2),
     ):
         assert two.store.positions() == one.store.positions()
         assert two.records == one.records
 
 
 def test_sharded_replay_places_keyless_records_by_run_and_refuses_mismatched_keys(tmp_path):
-    from projections.sharded import rebuild_sharded, shard_of
+    from runwatch.hosting.shards import shard_of
 
     run = next(f"r{i}" for i in range(100) if shard_of(f"r{i}".encode(), 2) == 1)
     log = EmbeddedLog(tmp_path / "log", sync=False)
@@ -353,13 +345,13 @@ def test_sharded_replay_places_keyless_records_by_run_and_refuses_mismatched_key
     log.append_events_sync(events[:-1])
     log.append_sync(type(events[-1]).TOPIC, None, encode(events[-1]))  # no key
     one = rebuild_from_log(tmp_path / "log")
-    two = rebuild_sharded(tmp_path / "log", workers=2)
+    two = replay_log(tmp_path / "log", workers=2)
     assert two.store.get_run(run).state == one.store.get_run(run).state == "SUCCEEDED"
     assert first_difference(one.store.export(), two.store.export()) is None
     other = _other_shard_run(run, "r")
     log.append_sync(type(events[-1]).TOPIC, other.encode(), encode(events[-1]))
     with pytest.raises(ValueError, match="keyed by their run id"):
-        rebuild_sharded(tmp_path / "log", workers=2)
+        replay_log(tmp_path / "log", workers=2)
 
 
 @pytest.mark.parametrize("seed", range(12))

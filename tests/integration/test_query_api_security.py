@@ -30,7 +30,8 @@ from fastapi.testclient import TestClient
 from projections import store as store_module
 from projections.api import MAX_INT, create_app
 from projections.keys import ApiKeys, digest
-from projections.store import Batch, SqliteReadModel
+from projections.sqlite_store import SqliteReadModel
+from projections.store import Batch
 from projections.views import RunView
 
 TENANTS = ("tenant-0", "tenant-1", "tenant-2")

@@ -26,7 +26,8 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from projections.store import Batch, SqliteReadModel
+from projections.sqlite_store import SqliteReadModel
+from projections.store import Batch
 from projections.views import RunView
 
 CLI = [sys.executable, "-m", "runwatch.cli.main"]

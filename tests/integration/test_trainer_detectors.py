@@ -13,7 +13,7 @@ import pytest
 from events.catalog.derived import AlertFired
 from events.log.embedded import EmbeddedLog
 from runwatch.folds import processor_folds
-from runwatch.hosting.embedded import replay
+from runwatch.hosting.replay import replay_processors
 from trainer.config import load_config
 from trainer.loop import train
 from trainer.publish import make_emitter
@@ -27,7 +27,11 @@ def _alerts(tmp_path: Path, name: str, **over: object) -> set[str]:
     train(cfg, tmp_path / "run", make_emitter(cfg.run_id, cfg.tenant_id, log_dir=log))
     elog = EmbeddedLog(log, readonly=True)
     elog.open_sync()
-    return {ev.detector for ev in replay(elog, processor_folds()) if isinstance(ev, AlertFired)}
+    return {
+        ev.detector
+        for ev in replay_processors(elog, processor_folds())
+        if isinstance(ev, AlertFired)
+    }
 
 
 def test_oversized_lr_fires_kl_blowup(tmp_path: Path) -> None:

@@ -14,7 +14,8 @@ import pytest
 from fastapi.testclient import TestClient
 
 from events.log.embedded import EmbeddedLog
-from runwatch.apps.trajectories import TrajectoryHost, TrajectorySettings, build_app
+from runwatch.apps.trajectories import TrajectoryHost, TrajectorySettings
+from runwatch.apps.trajectory_app import build_app
 
 REGISTRATION = {
     "wandb_group": "grp",

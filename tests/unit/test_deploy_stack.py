@@ -30,8 +30,8 @@ from prometheus_client import start_http_server
 from prometheus_client.parser import text_string_to_metric_families
 
 from projections.exporter import make_registry
-from projections.replay import rebuild_from_log
 from projections.store import InMemoryReadModel
+from runwatch.hosting.replay import rebuild_from_log
 
 REPO = Path(__file__).resolve().parents[2]
 PROM_DIR = REPO / "deploy" / "prometheus"

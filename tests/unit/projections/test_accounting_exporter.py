@@ -1,134 +1,24 @@
-"""Tenant accounting fold, the exporter (fresh registry per test), keys and config errors."""
+"""The exporter (fresh registry per test), keys and config errors; the accounting fold's own
+tests: tests/unit/stream_processors/test_accounting_fold.py."""
 
 from __future__ import annotations
 
 import pytest
 
-from events import TrainerStepCompleted, UsageRecorded
-from projections.accounting import AccountingFold
-from projections.engine import ProjectionEngine
 from projections.exporter import OTHER, make_registry
 from projections.keys import ApiKeys, digest
-from projections.policy import Prices, RunStatePolicy
+from projections.policy import RunStatePolicy
 from projections.store import InMemoryReadModel
-from tests.projection_runs import RunFactory, synth_fleet, synth_run
+from runwatch.hosting.read_model import read_model_host
+from stream_processors.accounting import AccountingFold, Prices
+from tests.projection_runs import synth_fleet, synth_run
 
 PRICES = Prices(usd_per_gpu_second={"trainer": 0.002, "rollout_fleet": 0.001})
 
 
-def test_accounting_splits_pools_and_phases_and_prices_committed_steps():
-    fold = AccountingFold(PRICES)
-    f = RunFactory()
-    state, out = fold.initial(), []
-    for step in (1, 2, 3, 2, 3, 4):  # 2 and 3 recomputed after a resume: cost, not progress
-        for ev in (
-            f.ev(
-                UsageRecorded,
-                step,
-                pool="rollout_fleet",
-                phase="rollout",
-                gpu_seconds=10.0,
-                tokens_generated=100,
-            ),
-            f.ev(
-                UsageRecorded,
-                step,
-                pool="trainer",
-                phase="optim",
-                gpu_seconds=5.0,
-                tokens_trained=100,
-            ),
-            f.ev(TrainerStepCompleted, step),
-        ):
-            state, derived = fold.apply(state, ev)
-            out.extend(derived)
-    assert state.gpu_seconds_rollout_fleet == 60.0 and state.gpu_seconds_trainer == 30.0
-    assert dict(state.gpu_seconds_by_phase) == {"rollout": 60.0, "optim": 30.0}
-    assert state.committed_steps == 4 and [e.step for e in out] == [1, 2, 3, 4]
-    last = out[-1]
-    assert last.spend_usd == pytest.approx(60 * 0.001 + 30 * 0.002)
-    assert last.cost_per_step_usd == pytest.approx(0.12 / 4)
-    assert dict(last.gpu_seconds_by_pool) == {"rollout_fleet": 60.0, "trainer": 30.0}
-    assert last.tokens_generated == 600 and last.tokens_trained == 600
-    assert fold.load_state(fold.dump_state(state)) == state
-
-
-def test_device_seconds_are_priced_by_device_kind_and_pool():
-    """A CPU host's usage (v3: ``device_kind`` "cpu") is priced at CPU prices and is no
-    GPU time; GPU facts (v2's ``gpu_seconds`` read as GPU) keep GPU prices."""
-    prices = Prices(
-        usd_per_device_second={
-            "gpu": {"trainer": 0.002, "rollout_fleet": 0.001},
-            "cpu": {"trainer": 0.0001, "rollout_fleet": 0.00005},
-        }
-    )
-    fold = AccountingFold(prices)
-    f = RunFactory()
-    state, out = fold.initial(), []
-    for ev in (
-        f.ev(UsageRecorded, 1, pool="rollout_fleet", phase="rollout", device_kind="cpu",
-             device_seconds=10.0),
-        f.ev(UsageRecorded, 1, pool="trainer", phase="optim", device_kind="cpu",
-             device_seconds=4.0),
-        f.ev(UsageRecorded, 1, pool="trainer", phase="optim", gpu_seconds=2.0),
-        f.ev(TrainerStepCompleted, 1),
-    ):  # fmt: skip
-        state, derived = fold.apply(state, ev)
-        out.extend(derived)
-    assert state.gpu_seconds_trainer == 2.0 and state.gpu_seconds_rollout_fleet == 0.0
-    assert dict(state.gpu_seconds_by_phase) == {"optim": 2.0}
-    last = out[-1]
-    assert last.schema_version == 2
-    assert dict(last.device_seconds_by_kind) == {"cpu": 14.0, "gpu": 2.0}
-    assert last.spend_usd == pytest.approx(10 * 0.00005 + 4 * 0.0001 + 2 * 0.002)
-    assert fold.load_state(fold.dump_state(state)) == state
-    # a state stored before device kinds (no ``device_seconds``): all of it was GPU time
-    old = {k: v for k, v in state._asdict().items() if k != "device_seconds"}
-    import json
-
-    restored = fold.load_state(json.dumps(old).encode())
-    assert dict(restored.device_seconds) == {"gpu/trainer": 2.0}
-    # the packaged price list prices both kinds, GPU above CPU
-    packaged = Prices.load()
-    for pool in ("trainer", "rollout_fleet"):
-        assert 0 < packaged.device_price("cpu", pool) < packaged.device_price("gpu", pool)
-    # the older per-pool GPU prices still price GPU time
-    assert PRICES.device_price("gpu", "trainer") == 0.002 and PRICES.device_price("cpu", "x") == 0
-
-
-def test_a_redelivered_usage_fact_is_not_billed_twice():
-    """Duplicates (a retry, a re-shipped spool tail, a re-import) carry the same producer
-    and seq: the second copy costs nothing."""
-    fold = AccountingFold(PRICES)
-    f = RunFactory()
-    usage = f.ev(UsageRecorded, 1, pool="trainer", phase="optim", gpu_seconds=10.0)
-    other = f.ev(UsageRecorded, 1, pool="trainer", phase="optim", gpu_seconds=1.0,
-                 producer="rollout-worker-3")  # fmt: skip
-    state = fold.initial()
-    for ev in (usage, other, usage, other, usage):
-        state, _ = fold.apply(state, ev)
-    assert state.gpu_seconds_trainer == 11.0
-    later = f.ev(UsageRecorded, 2, pool="trainer", phase="optim", gpu_seconds=5.0)
-    state, _ = fold.apply(state, later)
-    assert state.gpu_seconds_trainer == 16.0
-    assert fold.load_state(fold.dump_state(state)) == state
-
-
-def test_usage_with_a_negative_seq_is_never_billed():
-    """Sequences start above -1: a fact at seq -1 or below is not a new fact (as before
-    the billed-producers table became pairs)."""
-    fold = AccountingFold(PRICES)
-    f = RunFactory()
-    state = fold.initial()
-    for seq in (-1, -1, 0, 0):
-        ev = f.ev(UsageRecorded, 1, pool="trainer", phase="optim", gpu_seconds=4.0)
-        state, _ = fold.apply(state, ev.model_copy(update={"seq": seq}))
-    assert state.gpu_seconds_trainer == 4.0
-
-
 def _store(events):
     store = InMemoryReadModel()
-    engine = ProjectionEngine(store, prices=PRICES)
+    engine = read_model_host(store, prices=PRICES)
     engine.process_events((type(e).TOPIC, 0, e) for e in events)
     engine.release_held()
     engine.checkpoint()
@@ -139,7 +29,7 @@ def test_exporter_reads_the_read_model_at_scrape_time():
     store = InMemoryReadModel()
     registry = make_registry(store)
     assert registry.get_sample_value("runwatch_runs", {"state": "RUNNING"}) == 0
-    engine = ProjectionEngine(store, prices=PRICES)
+    engine = read_model_host(store, prices=PRICES)
     engine.process_events(
         (type(e).TOPIC, 0, e) for e in synth_run("r1", "acme", "platform", steps=20)
     )
@@ -194,7 +84,7 @@ def test_tenant_counters_never_move_between_labels_as_spend_changes():
         }
 
     before = spend()
-    engine = ProjectionEngine(store, prices=PRICES)
+    engine = read_model_host(store, prices=PRICES)
     engine.process_events((type(e).TOPIC, 0, e) for e in late)
     engine.release_held()
     engine.checkpoint()

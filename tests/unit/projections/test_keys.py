@@ -169,3 +169,28 @@ def test_reload_reports_whether_anything_changed(tmp_path):
     write(path, [{"key": "c", "tenant": "acme"}])
     assert keys.reload() is True and keys.resolve("c") is not None
     assert ApiKeys.from_mapping({"keys": []}).reload() is False  # not file-backed
+
+
+def test_one_principal_for_the_query_api_and_the_dashboard(tmp_path) -> None:
+    """Both apps resolve a request's key with ``projections.auth.principal_of``: a Bearer
+    token wins over X-API-Key; no key or an unknown one is the same 401."""
+    import asyncio
+
+    import pytest
+    from fastapi import HTTPException
+
+    from projections import api, auth
+    from projections.dashboard import router
+    from projections.keys import ApiKeys
+
+    path = tmp_path / "keys.yaml"
+    write(path, [{"key": "k-a", "tenant": "a"}, {"key": "k-b", "tenant": "b"}])
+    principal = auth.principal_of(ApiKeys.load(path))
+    assert asyncio.run(principal("Bearer k-a", "k-b")).tenant_id == "a"
+    assert asyncio.run(principal(None, "k-b")).tenant_id == "b"
+    for bad in ((None, None), ("Bearer nope", None), (None, "nope")):
+        with pytest.raises(HTTPException) as caught:
+            asyncio.run(principal(*bad))
+        assert caught.value.status_code == 401
+    assert "principal_of" in api.create_app.__code__.co_names
+    assert "principal_of" in router.create_router.__code__.co_names

@@ -238,6 +238,30 @@ def test_non_convergence_carries_health_history():
     assert "did not converge" in att.message
 
 
+def test_reward_integrity_alert_books_the_run_to_the_tenant_not_the_training():
+    """#17: the policy gives ``reward_integrity`` the ``tenant_code_fault`` class, on
+    completion (it is in ``fail_if_active``) and on a RunFailed without a class, even
+    with an algorithmic alert active beside it."""
+    fold = RunStateFold()
+    f = RunFactory()
+    events = [*path_to(f, "RUNNING"), f.fired("dead_run", 20), f.fired("reward_integrity", 21),
+              f.ev(RunCompleted, 60)]  # fmt: skip
+    state, out = fold_all(fold, events)
+    assert out[-1].to_state == "FAILED" and out[-1].failure_class == "tenant_code_fault"
+    assert "integrity check" in state.machine.attribution.message
+    f = RunFactory()
+    events = [*path_to(f, "RUNNING"), f.fired("reward_integrity", 21),
+              f.ev(RunFailed, 30, reason="stopped")]  # fmt: skip
+    _state, out = fold_all(fold, events)
+    assert out[-1].failure_class == "tenant_code_fault"
+    f = RunFactory()  # once it resolved, the run is judged as before
+    alert = f.fired("reward_integrity", 21)
+    events = [*path_to(f, "RUNNING"), alert, f.resolved("reward_integrity", 40, alert.alert_id),
+              f.fired("dead_run", 50), f.ev(RunCompleted, 60)]  # fmt: skip
+    _state, out = fold_all(fold, events)
+    assert out[-1].failure_class == "algorithmic_non_convergence"
+
+
 def test_hysteresis_keeps_a_flapping_alert_from_flapping_the_state():
     fold = RunStateFold(policy(min_dwell_steps=20))
     f = RunFactory()

@@ -8,7 +8,8 @@ import math
 from collections import defaultdict
 from pathlib import Path
 
-from projections.store import Batch, InMemoryReadModel, SqliteReadModel
+from projections.sqlite_store import SqliteReadModel
+from projections.store import Batch, InMemoryReadModel
 
 
 def test_nan_points_survive_the_sqlite_store(tmp_path: Path) -> None:

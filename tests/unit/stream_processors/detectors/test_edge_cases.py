@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 from events.codec import encode
-from stream_processors.detectors import Catalog, RunHealthFold
+from stream_processors.detectors import RunHealthFold
 from tests.unit.stream_processors.detectors._builders import (
     Run,
     detector_state,
@@ -57,10 +57,8 @@ def test_gaps_in_steps_use_real_step_numbers() -> None:
     run = Run()  # logging every 5th step: windows still aligned on step numbers
     events = [run.step(s, entropy=2.0 if s < 150 else 2.0 * math.exp(-(s - 150) / 40))
               for s in range(0, 400, 5)]  # fmt: skip
-    # windows of 25 steps hold 5 points here; let them count
-    catalog = Catalog("test", detectors={"entropy_collapse": {"params": {"min_points": 4}}})
-    fold = RunHealthFold(catalog)
-    _, derived = fold_all(events, fold)
+    # one point every 5 steps: the forecast's trend is per step, so the gaps do not matter
+    _, derived = fold_all(events)
     alerts = fired(derived, "entropy_collapse")
     assert alerts and 150 <= alerts[0].step <= 250
 
@@ -68,12 +66,10 @@ def test_gaps_in_steps_use_real_step_numbers() -> None:
 def test_missing_eval_blinds_hacking_and_is_reported() -> None:
     run = Run()
     events = [run.step(s, reward_mean=0.2 + 0.004 * s) for s in range(300)]
-    fold = RunHealthFold()
-    state, derived = fold_all(events, fold)
+    _, derived = fold_all(events)
     assert not fired(derived, "reward_hacking")
     gap = fired(derived, "eval_gate_missing")
     assert len(gap) == 1 and gap[0].step == 200 and gap[0].routing == "advisory"
-    assert detector_state(fold, state, "reward_hacking").true_windows == ()
 
 
 def test_sparse_eval_still_detects_hacking_and_eval_resolves_gap_alert() -> None:
@@ -84,10 +80,11 @@ def test_sparse_eval_still_detects_hacking_and_eval_resolves_gap_alert() -> None
         if s % 10 == 9 and (s < 40 or s >= 250):  # a gap, then an eval every 10 steps
             events.append(run.eval(s, 0.5 - 0.004 * max(0, s - 150)))
     _, derived = fold_all(events)
-    assert [a.step for a in fired(derived, "eval_gate_missing")] == [39 + 200]
+    # the cadence learned from the first two evals (10 steps) is judged 1.5x late
+    assert [a.step for a in fired(derived, "eval_gate_missing")] == [39 + 15]
     assert [r.step for r in resolved(derived, "eval_gate_missing")] == [259]
-    hacking = fired(derived, "reward_hacking")
-    assert len(hacking) == 1 and hacking[0].window_start == 250
+    hacking = fired(derived, "reward_hacking")  # the first eval after the gap is judged
+    assert len(hacking) == 1 and hacking[0].step == 259 and hacking[0].window_start == 39
 
 
 def test_nan_is_reported_once_and_does_not_poison_windows() -> None:

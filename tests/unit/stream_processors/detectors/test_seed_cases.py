@@ -5,12 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from stream_processors.detectors import RunHealthFold
-from tests.unit.stream_processors.detectors._builders import (
-    Run,
-    detector_state,
-    fired,
-    fold_all,
-)
+from tests.unit.stream_processors.detectors._builders import Run, fired, fold_all
 
 STEPS = 300
 
@@ -52,25 +47,26 @@ def _hacking_run(reward: np.ndarray, evals: np.ndarray, *, eval_first: bool = Fa
     return events
 
 
-def test_hacking_fires_on_the_three_hacking_windows_only() -> None:
+def test_hacking_fires_inside_the_hacking_segment_once() -> None:
+    """The seed fires on its three 50-step windows (first at step 199); judged at every
+    eval point, the first disagreement beyond the noise comes within a few steps."""
     reward, evals, _, _ = _seed_series()
     fold = RunHealthFold()
-    state, derived = fold_all(_hacking_run(reward, evals), fold)
-    hacking = detector_state(fold, state, "reward_hacking")
-    assert hacking.true_windows == (150, 200, 250)  # the seed's [150, 200, 250]
+    _, derived = fold_all(_hacking_run(reward, evals), fold)
     alerts = fired(derived, "reward_hacking")
-    assert len(alerts) == 1, alerts  # stays true: fires once, not every window
-    assert (alerts[0].window_start, alerts[0].window_end) == (150, 199)
-    assert alerts[0].step == 199  # judged when the window completes: lag one window
+    assert len(alerts) == 1, alerts  # stays true: fires once, not at every eval point
+    assert STEPS // 2 <= alerts[0].step <= STEPS // 2 + 15, alerts[0].step
+    assert alerts[0].window_start >= STEPS // 2 - 5 and alerts[0].window_end == alerts[0].step
     assert alerts[0].routing == "page" and "eval" in alerts[0].reason
     assert alerts[0].first_response.startswith("stop the run")
 
 
 def test_hacking_same_result_whichever_stream_reports_a_step_first() -> None:
     reward, evals, _, _ = _seed_series()
-    fold = RunHealthFold()
-    state, _ = fold_all(_hacking_run(reward, evals, eval_first=True), fold)
-    assert detector_state(fold, state, "reward_hacking").true_windows == (150, 200, 250)
+    a = fired(fold_all(_hacking_run(reward, evals))[1], "reward_hacking")
+    b = fired(fold_all(_hacking_run(reward, evals, eval_first=True))[1], "reward_hacking")
+    assert len(a) == len(b) == 1
+    assert abs(a[0].step - b[0].step) <= 1  # the step's own reward may or may not count
 
 
 def test_hacking_silent_on_healthy_half_and_on_reward_vs_itself() -> None:
@@ -78,10 +74,8 @@ def test_hacking_silent_on_healthy_half_and_on_reward_vs_itself() -> None:
     half = STEPS // 2
     _, derived = fold_all(_hacking_run(reward[:half], evals[:half]))
     assert not fired(derived, "reward_hacking")
-    fold = RunHealthFold()
-    state, derived = fold_all(_hacking_run(reward, reward.copy()), fold)
+    _, derived = fold_all(_hacking_run(reward, reward.copy()))
     assert not fired(derived, "reward_hacking")
-    assert detector_state(fold, state, "reward_hacking").true_windows == ()
 
 
 def _entropy_run(series: np.ndarray) -> list:
@@ -94,8 +88,9 @@ def test_entropy_collapse_flagged_inside_collapse_region() -> None:
     _, derived = fold_all(_entropy_run(collapse))
     alerts = fired(derived, "entropy_collapse")
     assert len(alerts) == 1
-    assert alerts[0].step == 224  # the seed: "entropy collapse flagged at step 224"
-    assert alerts[0].step >= STEPS // 2 and alerts[0].window_start >= STEPS // 2
+    # the seed flags it at step 224 (three 25-step windows); the CUSUM within a few steps
+    assert STEPS // 2 <= alerts[0].step <= STEPS // 2 + 15, alerts[0].step
+    assert alerts[0].window_start >= STEPS // 2
 
 
 def test_entropy_never_fires_on_noisy_flat_or_constant() -> None:

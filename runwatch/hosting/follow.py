@@ -1,15 +1,16 @@
-"""The live follower: tail the input topics of any log backend into a projection engine.
+"""The live follower: tail a host's input topics on any log backend.
 
-A minimal host over :class:`events.log.base.LogBackend` (Kafka or the embedded log):
-poll a batch, apply it, optionally publish the derived events (RunStateChanged,
-TenantUsageUpdated) to their topics, commit the read model (view + positions in one
-transaction), then commit the consumer group. A crash anywhere re-delivers the
+The loop around :class:`~runwatch.hosting.host.Host` for a live consumer group over
+:class:`events.log.base.LogBackend` (Kafka or the embedded log): poll a batch, apply it,
+optionally publish the derived events (the read model's: RunStateChanged) to their
+topics, commit the host's state (the read model: view + positions in one transaction),
+then commit the consumer group. A crash anywhere re-delivers the
 uncommitted tail; records before the stored positions are skipped, and re-published
 derived events carry the same deterministic ids, so downstream consumers deduplicate.
 
 Host-side time (never seen by the folds): ``settle_s`` is how long the follower waits,
 once caught up (a poll came back empty), before releasing terminal events still held at
-the terminal barrier (:mod:`projections.engine`) — it covers detector lag, so an alert
+the terminal barrier (:mod:`runwatch.hosting.barrier`) — it covers detector lag, so an alert
 computed from a run's last steps is folded before the run's end.
 """
 
@@ -20,7 +21,7 @@ from collections.abc import Callable, Sequence
 
 from events.envelope import EventBase
 from events.log.base import LogBackend
-from projections.engine import INPUTS, ProjectionEngine
+from runwatch.hosting.host import Host
 
 DEFAULT_GROUP = "runwatch-projections"
 
@@ -34,7 +35,7 @@ async def publish(backend: LogBackend, events: Sequence[EventBase]) -> None:
 
 async def follow(
     backend: LogBackend,
-    engine: ProjectionEngine,
+    host: Host,
     stop: asyncio.Event,
     *,
     group_id: str = DEFAULT_GROUP,
@@ -46,11 +47,10 @@ async def follow(
 ) -> None:
     """Run until ``stop`` is set. ``publish_to``: append derived events there (usually
     the same backend); ``on_batch(n_records, derived)`` is called after each commit."""
-    consumer = await backend.consumer(group_id, list(INPUTS))
+    consumer = await backend.consumer(group_id, list(host.folds.topics))
     positions = getattr(consumer, "positions", None)
     if isinstance(positions, dict):  # the embedded consumer: start from the store's positions
-        for key, offset in engine.positions.items():
-            topic = key.rsplit(":", 1)[0]
+        for (topic, _), offset in host.positions.items():
             if topic in positions:
                 positions[topic] = max(positions[topic], offset)
     loop = asyncio.get_running_loop()
@@ -58,19 +58,19 @@ async def follow(
     try:
         while not stop.is_set():
             records = await consumer.poll(max_records, timeout_s=poll_timeout_s)
-            derived = engine.process(records) if records else []
+            derived = host.process(records) if records else []
             released = False
             if records:
                 idle_since = None
-            elif engine.held:
+            elif host.held:
                 idle_since = idle_since if idle_since is not None else loop.time()
                 if loop.time() - idle_since >= settle_s:
-                    derived, released = engine.release_held(force=True), True
+                    derived, released = host.release_held(force=True), True
             if not records and not released:
                 continue
             if derived and publish_to is not None:
                 await publish(publish_to, derived)
-            engine.checkpoint()
+            host.checkpoint()
             await consumer.commit()
             if on_batch is not None:
                 on_batch(len(records), derived)

@@ -34,10 +34,12 @@ from typing import Any, NamedTuple
 
 from events import TenantUsageUpdated, TrainerStepCompleted, UsageRecorded
 from events.envelope import EventBase, derived_id
-from projections.policy import Prices
+from stream_processors.accounting.prices import Prices
 
+#: The producer of every bill, part of each bill's id: the name under which this fold
+#: derived them when it lived in ``projections/`` (kept, so a replay of any log derives
+#: byte-identical bills with the same ids; see ``docs/hosting.md``).
 PRODUCER = "projections/accounting"
-POOLS = ("rollout_fleet", "trainer")
 
 
 class RunUsage(NamedTuple):

@@ -1,0 +1,287 @@
+"""The one host: records in, decoded once, folds applied, derived events out, state committed
+with the positions it reflects (``docs/hosting.md``).
+
+Per record: skip it if it is before the host's position of its ``topic:partition``;
+decode it once for every fold that reads it (:func:`events.fast_decode.decode_many`; a
+dead letter is located and kept in :attr:`Host.dead_letters` for the caller); with the
+options, apply only the shard's runs (``owns``), hold it at the terminal barrier
+(``barrier``, :mod:`runwatch.hosting.barrier`), fold it into its run's view (``view``,
+:class:`projections.materializer.Materializer`: a foreign tenant's claim stops it there);
+then every fold of its topic folds it (:class:`~runwatch.hosting.core.HostedFold`; with
+``dedupe``, once per event id) and what it derives goes to the view and out.
+:meth:`Host.checkpoint` commits fold states, positions, held records and the view's batch
+through the host's store (:mod:`runwatch.hosting.stores`) in one atomic write.
+
+Time: nothing here reads a clock (the follower's settle time is its caller's).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+from events.dead_letter import DeadLetter
+from events.envelope import EventBase
+from events.fast_decode import decode_many
+from events.fold import Fold
+from events.log.base import Record
+from runwatch.hosting.barrier import TerminalBarrier
+from runwatch.hosting.core import FoldSet, HostedFold, RecentIds, Slot
+from runwatch.hosting.ports import DIRECT, Commit, Position, StateStore, View
+
+
+class Host:
+    """Folds hosted over records; see the module docstring. Not thread-safe: one caller."""
+
+    def __init__(
+        self,
+        folds: Sequence[Fold[Any] | HostedFold],
+        store: StateStore,
+        *,
+        dedupe: bool = True,
+        barrier: TerminalBarrier | None = None,
+        view: Callable[[Any], View] | None = None,
+        owns: Callable[[bytes | None], bool] | None = None,
+        collect: bool = False,
+    ) -> None:
+        """``folds``: in the order an event reaches them (a :class:`HostedFold` for one
+        hosted with options of its own). ``view``: makes the read model's view from the
+        store's snapshot. ``owns``: for a key-sharded replay, whether a run key (its
+        ``run_id`` bytes; an unkeyed record: ``None``) is this host's. ``collect``: keep
+        what each fold derived in its ``emitted`` list."""
+        self.folds = FoldSet(
+            [
+                f if isinstance(f, HostedFold) else HostedFold(f, dedupe=dedupe, collect=collect)
+                for f in folds
+            ]
+        )
+        self.store = store
+        self.barrier = barrier
+        self.owns = owns
+        self.skipped = 0
+        #: records some fold had folded already (a redelivery, a producer's retry)
+        self.duplicates = 0
+        self.dead_letters: list[DeadLetter] = []
+        #: when a list: a tag per derived event out, ``(fold index, source, rank)`` —
+        #: :attr:`source` as the caller set it for the record, rank the released run's
+        #: ``(held time, run id)`` or :data:`DIRECT` (a key-sharded replay merges its
+        #: shards' outputs back into one process's order by them)
+        self.tags: list[tuple[int, Any, tuple[float, str]]] | None = None
+        self.source: Any = None
+        loaded = store.load(self.folds)
+        self.positions: dict[Position, int] = dict(loaded.positions)
+        for hf in self.folds:
+            hf.starts = dict(loaded.fold_starts.get(hf.name, {}))
+            for key, raw in loaded.fold_states.get(hf.name, {}).items():
+                hf.load(key, raw)
+        #: folds whose saved positions are ahead of the host's (they skip what they did)
+        self._catching_up = self._ahead()
+        if barrier is not None:
+            barrier.load_doc(loaded.held)
+        self.view: View | None = view(loaded.snapshot) if view is not None else None
+
+    # -- feeding -------------------------------------------------------------------------
+
+    def process(self, records: Iterable[Record]) -> list[EventBase]:
+        """Apply records (any topics, any interleaving); the derived events, in order."""
+        fresh = self._fresh(records)
+        return self.process_decoded(fresh, decode_many([r.value for r in fresh]))
+
+    def accept(
+        self, records: Sequence[Record], events: Sequence[EventBase | DeadLetter]
+    ) -> tuple[list[Record], list[EventBase | DeadLetter]]:
+        """The records (with their decoded events) this host reads and has not applied
+        yet, its positions moved past them: what :meth:`process_decoded` takes."""
+        index = {id(rec): i for i, rec in enumerate(records)}
+        fresh = self._fresh(records)
+        if len(fresh) == len(records):
+            return list(records), list(events)
+        return fresh, [events[index[id(rec)]] for rec in fresh]
+
+    def _fresh(self, records: Iterable[Record]) -> list[Record]:
+        """The records of this host's topics not applied yet; positions moved past them."""
+        routes, positions = self.folds.routes, self.positions
+        fresh: list[Record] = []
+        for rec in records:
+            if rec.topic not in routes:
+                continue
+            where = (rec.topic, rec.partition)
+            if rec.offset < positions.get(where, 0):
+                self.skipped += 1
+                continue
+            positions[where] = rec.offset + 1
+            fresh.append(rec)
+        return fresh
+
+    def process_decoded(
+        self, records: Sequence[Record], events: Sequence[EventBase | DeadLetter]
+    ) -> list[EventBase]:
+        """:meth:`process` for records already positioned and decoded (a replay that feeds
+        several hosts from one read and one decode)."""
+        out: list[EventBase] = []
+        apply, barrier, owns = self._apply, self.barrier, self.owns
+        catching_up = self._catching_up
+        for rec, ev in zip(records, events):
+            if owns is not None and not self._owned(rec, ev, out):
+                continue
+            if type(ev) is DeadLetter:
+                letter = ev.located(rec.topic, rec.partition, rec.offset)
+                self.dead_letters.append(letter)
+                if self.view is not None:
+                    self.view.dead_letter(letter)
+                continue
+            if barrier is None:
+                apply(rec.topic, ev, out, rec.offset if catching_up else -1)
+                continue
+            self._route(rec.topic, rec.partition, ev, out)
+        if catching_up:
+            self._catching_up = self._ahead()
+        return out
+
+    def _ahead(self) -> bool:
+        """Is a fold's saved position ahead of the host's (embedded state files only)?"""
+        pos = self.positions
+        return any(hf.starts.get(t, 0) > pos.get((t, 0), 0) for hf in self.folds for t in hf.starts)
+
+    def process_events(self, items: Iterable[tuple[str, int, EventBase]]) -> list[EventBase]:
+        """Apply decoded events ``(topic, partition, event)``, without positions."""
+        out: list[EventBase] = []
+        for topic, partition, ev in items:
+            self._route(topic, partition, ev, out)
+        return out
+
+    def _route(self, topic: str, partition: int, ev: EventBase, out: list[EventBase]) -> None:
+        """Apply ``ev`` now or hold it at the barrier; release what its time frees."""
+        barrier = self.barrier
+        if barrier is None:
+            self._apply(topic, ev, out, -1)
+            return
+        advanced = topic in barrier.topic_set and barrier.advance(topic, partition, ev.ts)
+        # nothing held and not a lifecycle fact: nothing to hold (the common case)
+        if (not barrier.held and topic != barrier.lifecycle) or barrier.admit(topic, partition, ev):
+            self._apply(topic, ev, out, -1)
+        if advanced and barrier.due(partition):
+            barrier.release(lambda t, e: self._apply(t, e, out, -1), force=False)
+
+    def release_held(self, force: bool = True) -> list[EventBase]:
+        """Apply the runs held at the barrier (``force``: all of them); what they derived."""
+        out: list[EventBase] = []
+        if self.barrier is not None:
+            self.barrier.release(lambda t, e: self._apply(t, e, out, -1), force)
+        return out
+
+    def _owned(self, rec: Record, ev: EventBase | DeadLetter, out: list[EventBase]) -> bool:
+        """Key-sharded: is ``rec`` this host's to apply? Another run's barrier fact only
+        moves the watermarks (and may release a held run of ours)."""
+        assert self.owns is not None
+        if type(ev) is DeadLetter:
+            return self.owns(rec.key)  # reported once, by the owner of its record key
+        key = ev.run_id.encode()
+        if rec.key is not None and rec.key != key:
+            raise ValueError(
+                f"record {rec.topic}:{rec.partition}@{rec.offset} is keyed {rec.key!r} but "
+                f"belongs to run {ev.run_id!r}: a key-sharded replay needs records keyed by "
+                f"their run id (replay with one worker)"
+            )
+        if self.owns(key):
+            return True
+        barrier = self.barrier
+        if (
+            barrier is not None
+            and rec.topic in barrier.topic_set
+            and barrier.advance(rec.topic, rec.partition, ev.ts)
+            and barrier.due(rec.partition)
+        ):
+            barrier.release(lambda t, e: self._apply(t, e, out, -1), force=False)
+        return False
+
+    def _apply(self, topic: str, ev: EventBase, out: list[EventBase], offset: int) -> None:
+        """Fold one event into the view and every fold of its topic (the hot path: what
+        :meth:`HostedFold.feed` does per key is inlined for folds without dedupe)."""
+        view = self.view
+        target = None
+        if view is not None:
+            target = view.admit(topic, ev)
+            if target is None:
+                return  # a run id claimed by another tenant: never merged
+        duplicate = False
+        for hf, dedupe, apply, key_of, initial, states, dirty, emit, emitted in self.folds.plan(
+            topic
+        ):
+            if offset >= 0 and hf.behind(topic, offset):
+                continue
+            key = key_of(ev)
+            if dedupe:
+                slot = states.get(key)
+                if slot is None:
+                    slot = states[key] = Slot(initial(), RecentIds(capacity=hf.window))
+                if not slot.recent.first_time(ev.event_id):
+                    hf.duplicates += 1
+                    duplicate = True
+                    continue
+                slot.state, derived = apply(slot.state, ev)
+                dirty.add(key)
+            else:
+                before = states.get(key)
+                if before is None:
+                    before = initial()
+                state, derived = apply(before, ev)
+                if state is not before:
+                    states[key] = state
+                    dirty.add(key)
+            if derived and emitted is not None:
+                emitted.extend(derived)
+            if derived:
+                if target is not None:
+                    view.derived(target, derived)  # type: ignore[union-attr]
+                if emit:
+                    out.extend(derived)
+                    if self.tags is not None:
+                        self._tag(hf, len(derived))
+        if duplicate:
+            self.duplicates += 1
+
+    def _tag(self, hf: HostedFold, n: int) -> None:
+        releasing = self.barrier.releasing if self.barrier is not None else None
+        tag = (self.folds.index(hf), self.source, releasing or DIRECT)
+        self.tags.extend([tag] * n)  # type: ignore[union-attr]
+
+    # -- committing ----------------------------------------------------------------------
+
+    def checkpoint(self) -> None:
+        """Commit what changed since the last checkpoint with the positions, atomically.
+        Fold decisions are shown in the view here (once per batch, not per event)."""
+        view = self.view
+        if view is not None:
+            for hf in self.folds:
+                for key in hf.dirty:
+                    view.sync(hf.fold, key, hf.state_of(key))
+        barrier = self.barrier
+        held = barrier.to_doc() if barrier is not None and barrier.dirty else None
+        if barrier is not None:
+            barrier.dirty = False
+        self.store.commit(
+            Commit(
+                positions=dict(self.positions),
+                fold_states={hf.name: hf.take_dirty() for hf in self.folds},
+                held=held,
+                view=view.take_batch() if view is not None else None,
+            )
+        )
+
+    # -- what it holds -------------------------------------------------------------------
+
+    def states(self, fold: str) -> dict[str, Any]:
+        """Every key's current state of ``fold`` (a copy of the mapping)."""
+        hf = self.folds[fold]
+        if hf.dedupe:
+            return {k: s.state for k, s in hf.slots.items()}
+        return dict(hf.states)
+
+    @property
+    def held(self) -> dict[str, Any]:
+        return self.barrier.held if self.barrier is not None else {}
+
+    @property
+    def watermarks(self) -> dict[str, float]:
+        return self.barrier.watermarks if self.barrier is not None else {}

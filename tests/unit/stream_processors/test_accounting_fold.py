@@ -1,0 +1,175 @@
+"""Tenant accounting, a stream processor: the fold, its bills' ids, and what the read model
+shows of it (its views' running totals, its spend series = the bills)."""
+
+from __future__ import annotations
+
+import pytest
+
+from events import TenantUsageUpdated, TrainerStepCompleted, UsageRecorded
+from projections.store import InMemoryReadModel
+from runwatch.folds import processor_folds
+from runwatch.hosting.read_model import read_model_host
+from stream_processors.accounting import PRODUCER, AccountingFold, Prices
+from tests.projection_runs import RunFactory, synth_fleet
+
+PRICES = Prices(usd_per_gpu_second={"trainer": 0.002, "rollout_fleet": 0.001})
+
+
+def test_accounting_splits_pools_and_phases_and_prices_committed_steps():
+    fold = AccountingFold(PRICES)
+    f = RunFactory()
+    state, out = fold.initial(), []
+    for step in (1, 2, 3, 2, 3, 4):  # 2 and 3 recomputed after a resume: cost, not progress
+        for ev in (
+            f.ev(
+                UsageRecorded,
+                step,
+                pool="rollout_fleet",
+                phase="rollout",
+                device_kind="gpu",
+                device_seconds=10.0,
+                tokens_generated=100,
+            ),
+            f.ev(
+                UsageRecorded,
+                step,
+                pool="trainer",
+                phase="optim",
+                device_kind="gpu",
+                device_seconds=5.0,
+                tokens_trained=100,
+            ),
+            f.ev(TrainerStepCompleted, step),
+        ):
+            state, derived = fold.apply(state, ev)
+            out.extend(derived)
+    assert state.gpu_seconds_rollout_fleet == 60.0 and state.gpu_seconds_trainer == 30.0
+    assert dict(state.gpu_seconds_by_phase) == {"rollout": 60.0, "optim": 30.0}
+    assert state.committed_steps == 4 and [e.step for e in out] == [1, 2, 3, 4]
+    last = out[-1]
+    assert last.spend_usd == pytest.approx(60 * 0.001 + 30 * 0.002)
+    assert last.cost_per_step_usd == pytest.approx(0.12 / 4)
+    assert dict(last.gpu_seconds_by_pool) == {"rollout_fleet": 60.0, "trainer": 30.0}
+    assert last.tokens_generated == 600 and last.tokens_trained == 600
+    assert fold.load_state(fold.dump_state(state)) == state
+
+
+def test_device_seconds_are_priced_by_device_kind_and_pool():
+    """A CPU host's usage (v3: ``device_kind`` "cpu") is priced at CPU prices and is no
+    GPU time; GPU facts keep GPU prices."""
+    import json
+
+    prices = Prices(
+        usd_per_gpu_second={"trainer": 0.002, "rollout_fleet": 0.001},
+        usd_per_cpu_second={"trainer": 0.0001, "rollout_fleet": 0.00005},
+    )
+    fold = AccountingFold(prices)
+    f = RunFactory()
+    state, out = fold.initial(), []
+    for ev in (
+        f.ev(UsageRecorded, 1, pool="rollout_fleet", phase="rollout", device_kind="cpu",
+             device_seconds=10.0),
+        f.ev(UsageRecorded, 1, pool="trainer", phase="optim", device_kind="cpu",
+             device_seconds=4.0),
+        f.ev(UsageRecorded, 1, pool="trainer", phase="optim", device_kind="gpu",
+             device_seconds=2.0),
+        f.ev(TrainerStepCompleted, 1),
+    ):  # fmt: skip
+        state, derived = fold.apply(state, ev)
+        out.extend(derived)
+    assert state.gpu_seconds_trainer == 2.0 and state.gpu_seconds_rollout_fleet == 0.0
+    assert dict(state.gpu_seconds_by_phase) == {"optim": 2.0}
+    last = out[-1]
+    assert last.schema_version == 2
+    assert dict(last.device_seconds_by_kind) == {"cpu": 14.0, "gpu": 2.0}
+    assert last.spend_usd == pytest.approx(10 * 0.00005 + 4 * 0.0001 + 2 * 0.002)
+    assert fold.load_state(fold.dump_state(state)) == state
+    # a state stored before device kinds (no ``device_seconds``): all of it was GPU time
+    old = {k: v for k, v in state._asdict().items() if k != "device_seconds"}
+    restored = fold.load_state(json.dumps(old).encode())
+    assert dict(restored.device_seconds) == {"gpu/trainer": 2.0}
+    # the packaged price list prices both kinds, GPU above CPU
+    packaged = Prices.load()
+    for pool in ("trainer", "rollout_fleet"):
+        assert 0 < packaged.device_price("cpu", pool) < packaged.device_price("gpu", pool)
+    assert PRICES.device_price("cpu", "trainer") == 0 and PRICES.device_price("tpu", "x") == 0
+    assert packaged.by_kind_and_pool()["trainer"] == packaged.device_price("gpu", "trainer")
+
+
+def test_a_redelivered_usage_fact_is_not_billed_twice():
+    """Duplicates (a retry, a re-shipped spool tail, a re-import) carry the same producer
+    and seq: the second copy costs nothing."""
+    fold = AccountingFold(PRICES)
+    f = RunFactory()
+    usage = f.ev(
+        UsageRecorded, 1, pool="trainer", phase="optim", device_kind="gpu", device_seconds=10.0
+    )
+    other = f.ev(UsageRecorded, 1, pool="trainer", phase="optim", device_kind="gpu",
+                 device_seconds=1.0, producer="rollout-worker-3")  # fmt: skip
+    state = fold.initial()
+    for ev in (usage, other, usage, other, usage):
+        state, _ = fold.apply(state, ev)
+    assert state.gpu_seconds_trainer == 11.0
+    later = f.ev(
+        UsageRecorded, 2, pool="trainer", phase="optim", device_kind="gpu", device_seconds=5.0
+    )
+    state, _ = fold.apply(state, later)
+    assert state.gpu_seconds_trainer == 16.0
+    assert fold.load_state(fold.dump_state(state)) == state
+
+
+def test_usage_with_a_negative_seq_is_never_billed():
+    """Sequences start above -1: a fact at seq -1 or below is not a new fact (as before
+    the billed-producers table became pairs)."""
+    fold = AccountingFold(PRICES)
+    f = RunFactory()
+    state = fold.initial()
+    for seq in (-1, -1, 0, 0):
+        ev = f.ev(
+            UsageRecorded, 1, pool="trainer", phase="optim", device_kind="gpu", device_seconds=4.0
+        )
+        state, _ = fold.apply(state, ev.model_copy(update={"seq": seq}))
+    assert state.gpu_seconds_trainer == 4.0
+
+
+def test_accounting_is_a_processor_whose_bills_keep_their_ids() -> None:
+    """Moved from projections/: the producer name is part of every bill's id, kept so a
+    replay of any log derives the same bills."""
+    assert "accounting" in [f.name for f in processor_folds()]
+    assert PRODUCER == "projections/accounting"
+    fold, f = AccountingFold(PRICES), RunFactory()
+    step = f.ev(TrainerStepCompleted, 1)
+    _, (bill,) = fold.apply(fold.initial(), step)
+    assert bill.producer == PRODUCER and isinstance(bill, TenantUsageUpdated)
+
+
+def test_the_read_model_shows_the_bills_and_the_usage_after_the_last_one() -> None:
+    """The read model hosts the fold for its views only: it derives no bill of its own
+    (the processor's are the ones published), its spend series is exactly the bills, and
+    the view counts usage metered after the last committed step (a trainer meters a step
+    after it reports it)."""
+    events = synth_fleet(4, 30)
+    f = RunFactory("run-late", "tenant-0")
+    events += [f.ev(TrainerStepCompleted, 1)]
+    events += [
+        f.ev(UsageRecorded, 1, pool="trainer", phase="optim", device_kind="gpu", device_seconds=7.0)
+    ]
+    host = read_model_host(InMemoryReadModel(), prices=PRICES)
+    derived = host.process_events((type(e).TOPIC, 0, e) for e in events)
+    derived += host.release_held()
+    host.checkpoint()
+    assert {e.type for e in derived} == {"RunStateChanged"}
+    fold, states, bills = AccountingFold(PRICES), {}, []
+    for ev in events:
+        if type(ev).TOPIC == "runwatch.telemetry":
+            states[ev.run_id], out = fold.apply(states.get(ev.run_id, fold.initial()), ev)
+            bills += out
+    store = host.store.read_model
+    for run_id, usage in states.items():
+        series = dict(store.all_series(run_id)["spend_usd"])
+        assert series == {b.step: b.spend_usd for b in bills if b.run_id == run_id}
+        view = store.get_run(run_id)
+        assert view.usage["spend_usd"] == pytest.approx(usage.spend_usd(PRICES))
+    late = store.get_run("run-late")
+    assert late.usage["gpu_seconds_by_pool"]["trainer"] == 7.0  # after its only bill
+    assert dict(store.all_series("run-late")["spend_usd"]) == {1: 0.0}
