@@ -73,6 +73,9 @@ class Orchestrator:
         self.parallel = parallel
         self._lifecycle_at = 0  # next lifecycle offset to read for pauses
         self._reader: Any = None  # read-only view of the log (opened once)
+        self._telemetry: Any = None  # the same, for the runs' recorded steps
+        self._telemetry_at = 0  # next telemetry offset to read
+        self._steps: dict[str, int] = {}  # run -> newest recorded step
         #: seconds between two looks at the runs (and calls of ``on_tick``)
         self.poll_s = 0.05
         self._launcher: Any = None
@@ -174,14 +177,28 @@ class Orchestrator:
             )
 
     def recorded_step(self, run_id: str) -> int:
-        """The newest step the run recorded on the log (0 when none)."""
-        from trainer.publish import run_events  # reads the embedded log, read-only
+        """The newest step the run recorded on the log (0 when none).
 
-        last = 0
-        for ev in run_events(self.log, run_id):
+        Incremental: the telemetry topic is read (read-only) from where the last look
+        stopped. Reading every run event of the log at each look took long enough on a
+        loaded box for a run to finish its last steps before the kill came."""
+        from events.codec import decode
+
+        if self._telemetry is None:
+            if not (self.log / "runwatch.telemetry").is_dir():
+                return 0
+            from events.log.embedded import EmbeddedLog
+
+            self._telemetry = EmbeddedLog(self.log, readonly=True)
+            self._telemetry.open_sync()
+        for rec in self._telemetry.read_sync("runwatch.telemetry", self._telemetry_at):
+            self._telemetry_at = rec.offset + 1
+            if b'"TrainerStepCompleted"' not in rec.value:
+                continue
+            ev = decode(rec.value)
             if ev.type == "TrainerStepCompleted" and ev.step is not None:
-                last = max(last, ev.step)
-        return last
+                self._steps[ev.run_id] = max(self._steps.get(ev.run_id, 0), ev.step)
+        return self._steps.get(run_id, 0)
 
     def damage_newest_checkpoint(self, run_id: str) -> str | None:
         """Drop the optimizer moments from the newest checkpoint, keeping digests valid:

@@ -77,6 +77,10 @@ def rows(
         outcome = by_run.get(s.run_id)
         if s.expect_paused and not (outcome and outcome.pauses):
             problems.append("the run was never paused")
+        if s.kind != "train" and not (
+            outcome and outcome.resume and outcome.resume.get("certified")
+        ):
+            problems.append("no certified resume (was the run killed before it completed?)")
         reason, failure_class = (view.reason, view.failure_class) if view else ("", None)
         out.append(
             RunRow(

@@ -101,14 +101,14 @@ def scenarios(short: bool = False) -> list[Scenario]:
         Scenario(
             "globex-preempted", "globex", "killed mid-run (preempted) and resumed",
             "default.yaml", {"steps": steps(60), "resume": {"tier": "bitwise"}},
-            kind="kill_resume", kill_after_step=steps(60) - 6,
+            kind="kill_resume", kill_after_step=steps(60) - 10,
             expect_states=("SUCCEEDED",),
         ),
         Scenario(
             "acme-resume-bad-optimizer", "acme",
             "killed, then resumed from a checkpoint whose optimizer state was dropped",
             "default.yaml", {"steps": steps(60), "resume": {"tier": "bitwise"}},
-            kind="kill_drop_optimizer_resume", kill_after_step=steps(60) - 6,
+            kind="kill_drop_optimizer_resume", kill_after_step=steps(60) - 10,
             expect_states=("SUCCEEDED",),
         ),
     ]  # fmt: skip
