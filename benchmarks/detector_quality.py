@@ -290,10 +290,16 @@ def main() -> None:
         "",
         *cadence,
         "",
-        "The eval falls 0.004 a step after the injection while the eval noise is 0.005-0.02 a "
-        "point: two eval points disagree beyond their noise once the fall exceeds "
-        "`z_eval` (2.5) x sqrt(2) noise units, which an eval every 10 steps needs about two "
-        "intervals to show on the noisier runs.",
+        "The eval falls 0.004 a step after the injection while its noise is 0.005-0.02 a "
+        "point, from the one noisy eval value at the injection step. `reward_hacking` fires "
+        "at the first eval point a Student-t threshold below the mean of the 8 before it "
+        "(the threshold from the catalog's `fa_per_run` and the run's eval cadence) while "
+        "the reward's autocorrelation-corrected rise holds. At an eval every 10 steps two "
+        "intervals hold one informative eval point (0.04-0.08 below the level); in the runs "
+        "caught later it lies less than about three noise units below the level (1.2-1.5 in "
+        "the three weakest), which no threshold that keeps healthy runs quiet can call "
+        "(`benchmarks/reward_hacking_budget.py` measures this bound and the false pages on "
+        "fresh seeds).",
         "",
     ]
     if args.canaries:

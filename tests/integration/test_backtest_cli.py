@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from stream_processors.detectors import load_catalog
 from tests.data.backtest.make_cases import CASES
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -46,7 +47,8 @@ def test_backtest_case_pages_before_the_incident_or_exits_1(case: str) -> None:
     doc = json.loads(proc.stdout)
     (run,) = doc["runs"]
     assert doc["passed"] is must_page and run["passed"] is must_page
-    assert run["incident_step"] == incident and run["config_version"].startswith("2026-12-01")
+    assert run["incident_step"] == incident
+    assert run["config_version"] == load_catalog().version
     if not must_page:
         assert run["first_page"] is None
         # what it did say: the run had no eval gate, so hacking was undetectable
