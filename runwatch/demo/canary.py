@@ -69,7 +69,7 @@ def canaries(tenant: str = "canary") -> list[Canary]:
         ),
         Canary(
             "gameable reward", scn("canary-gameable-reward", "canary-gameable-reward.yaml",
-                                   "reward pays for one token", pauses=2),
+                                   "reward pays for one token"),
             onset=1, expected_alert="reward_hacking",
             expected_states=("DEGRADED", "PAUSED_BY_GATE"), must_pause=True,
         ),

@@ -42,8 +42,8 @@ class Scenario:
 
 def scenarios(short: bool = False) -> list[Scenario]:
     """The demo's runs. ``short`` shrinks step counts for CI (same faults, same story);
-    the constant-reward and gameable runs keep theirs (they are cancelled at a page
-    anyway: the dead-run page comes at step 5, the hacking page at step 10).
+    the constant-reward and gameable runs keep theirs (they are cancelled at their page
+    anyway: the dead-run page comes at step 5, the hacking page at step 20).
 
     Healthy runs stop at 60 steps: the transformer policy's held-out exact match is ~0.8 by
     then (from ~0.3) and still rising; a longer healthy run shows nothing new and costs the
@@ -77,13 +77,11 @@ def scenarios(short: bool = False) -> list[Scenario]:
         Scenario(
             "globex-gameable-reward", "globex", "reward can be gamed (eval gate disagrees)",
             "canary-gameable-reward.yaml", {"steps": 60},
-            # the hacking gate pauses it at the second eval (step 10: held-out exact match
-            # fell 0.66 -> 0.33 while the reward rose), before the KL gate (step 20); the
-            # tenant resumes once ("looked at it"), the next gate pauses it again and the
-            # tenant gives up. Resuming once keeps the story whichever gate comes first
-            # (the order depends on the sampled trajectory: seeds 2 and 3 page on KL first)
+            # the hacking gate pauses it at the third eval (step 20: held-out exact match
+            # fell 0.66 -> 0.19 while the reward rose), in the step the KL gate pages too
+            # (the eval's fact comes first); the tenant gives up
             expect_states=("CANCELLED",), expect_alerts=("reward_hacking",),
-            on_pause=("resume", "cancel"), expect_paused=True,
+            on_pause=("cancel",), expect_paused=True,
         ),
         Scenario(
             "acme-flaky-reward", "acme", "tenant reward function hangs and crashes",
