@@ -109,7 +109,7 @@ def _next_due(events: list, at: int) -> int:
 
 def _spend(events: list, after: int, upto: int, price: float) -> float:
     return price * sum(
-        e.gpu_seconds for e in events if e.type == "UsageRecorded" and after <= e.step <= upto
+        e.device_seconds for e in events if e.type == "UsageRecorded" and after <= e.step <= upto
     )
 
 

@@ -72,7 +72,7 @@ def run(args: argparse.Namespace, term: Terminal) -> int:
     if args.incident_step is not None and len(steps) > 1:
         names = ", ".join(sorted(steps)[:10])
         raise Abort(f"{what} holds {len(steps)} runs ({names}); pick one with --run-id")
-    price = prices.usd_per_gpu_second
+    price = prices.by_kind_and_pool()
     docs = [r.as_dict(args.incident_step, price) for r in steps.values()]
     failed = any(d["passed"] is False for d in docs)
     if args.json:
