@@ -196,7 +196,7 @@ def canary_table() -> list[str]:
             if e.type == "TrainerStepCompleted"
         )  # fmt: skip
     out = [
-        "## Canaries on the real GRPO trainer (`runwatch train`, torch on CPU)",
+        "## Canaries on the real GRPO trainer (`runwatch train`: Llama policy, vLLM rollouts, CPU)",
         "",
         "| config | steps | alerts fired | before #17 |",
         "| --- | ---: | --- | --- |",
