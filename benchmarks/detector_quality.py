@@ -30,7 +30,8 @@ that shape instead.
 
 ``--canaries`` also runs the seed's canaries on the real GRPO trainer (``runwatch train``
 with ``trainer/configs/canary-*.yaml`` and the healthy ``default.yaml`` / ``test.yaml``,
-torch on CPU, a few minutes) and lists which alerts each run raised, at which step.
+a Llama policy with vLLM rollouts on CPU, a few minutes) and lists which alerts each run
+raised, at which step.
 
 Writes ``stream_processors/detectors/QUALITY.md`` (beside the catalog) and prints it.
 Deterministic: seeds are fixed, the folds are pure.
