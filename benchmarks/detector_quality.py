@@ -30,7 +30,8 @@ that shape instead.
 
 ``--canaries`` also runs the seed's canaries on the real GRPO trainer (``runwatch train``
 with ``trainer/configs/canary-*.yaml`` and the healthy ``default.yaml`` / ``test.yaml``,
-torch on CPU, a few minutes) and lists which alerts each run raised, at which step.
+a Llama policy with vLLM rollouts on CPU, a few minutes) and lists which alerts each run
+raised, at which step.
 
 Writes ``stream_processors/detectors/QUALITY.md`` (beside the catalog) and prints it.
 Deterministic: seeds are fixed, the folds are pure.
@@ -109,7 +110,7 @@ def _next_due(events: list, at: int) -> int:
 
 def _spend(events: list, after: int, upto: int, price: float) -> float:
     return price * sum(
-        e.gpu_seconds for e in events if e.type == "UsageRecorded" and after <= e.step <= upto
+        e.device_seconds for e in events if e.type == "UsageRecorded" and after <= e.step <= upto
     )
 
 
@@ -196,7 +197,7 @@ def canary_table() -> list[str]:
             if e.type == "TrainerStepCompleted"
         )  # fmt: skip
     out = [
-        "## Canaries on the real GRPO trainer (`runwatch train`, torch on CPU)",
+        "## Canaries on the real GRPO trainer (`runwatch train`: Llama policy, vLLM rollouts, CPU)",
         "",
         "| config | steps | alerts fired | before #17 |",
         "| --- | ---: | --- | --- |",

@@ -70,8 +70,8 @@ def measure_run(facts: list[EventBase], alerts: list[AlertFired], prices: Prices
         None,
     )
     after = [e for e in facts if isinstance(e, UsageRecorded) and (e.step or 0) > alert_step]
-    secs = sum(e.gpu_seconds for e in after)
-    usd = sum(e.gpu_seconds * prices.gpu_price(e.pool) for e in after)
+    secs = sum(e.device_seconds for e in after)
+    usd = sum(e.device_seconds * prices.device_price(e.device_kind, e.pool) for e in after)
     out: dict[str, Any] = {"paged": True, "billed_after_s": secs, "usd_after": usd}
     if paused is not None:
         out["lag_steps"] = (paused.step or 0) - alert_step

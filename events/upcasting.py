@@ -53,6 +53,62 @@ def _usage_v1_to_v2(raw: dict[str, Any]) -> dict[str, Any]:
     return raw
 
 
+@upcaster("UsageRecorded", 2)
+def _usage_v2_to_v3(raw: dict[str, Any]) -> dict[str, Any]:
+    """v2 billed ``gpu_seconds``: they become ``device_seconds`` with ``device_kind``
+    "gpu" (what v2 said it metered, whatever the host really had)."""
+    if "gpu_seconds" in raw:
+        raw["device_seconds"] = raw.pop("gpu_seconds")
+    raw.setdefault("device_seconds", 0.0)
+    raw.setdefault("device_kind", "gpu")
+    return raw
+
+
+@upcaster("TenantUsageUpdated", 1)
+def _tenant_usage_v1_to_v2(raw: dict[str, Any]) -> dict[str, Any]:
+    """v1 billed every device-second as a GPU-second: ``device_seconds_by_kind`` is the
+    v1 total over ``gpu_seconds_by_pool`` under "gpu" (empty when there was none)."""
+    pools = raw.get("gpu_seconds_by_pool") or ()
+    items = pools.items() if isinstance(pools, dict) else pools
+    total = sum(float(v) for _k, v in items)
+    raw["device_seconds_by_kind"] = {"gpu": total} if items else {}
+    return raw
+
+
+@upcaster("RolloutBatchCompleted", 1)
+def _rollout_v1_to_v2(raw: dict[str, Any]) -> dict[str, Any]:
+    """v1 carried no engine telemetry and no rollout-vs-train mismatch: every new field is
+    null (not measured)."""
+    for name in ROLLOUT_V2_FIELDS:
+        raw.setdefault(name, None)
+    return raw
+
+
+@upcaster("ResumeCertified", 1)
+def _certified_v1_to_v2(raw: dict[str, Any]) -> dict[str, Any]:
+    """v1 did not name the rollout engine the replay ran on: ``rollout_engine`` is null."""
+    raw.setdefault("rollout_engine", None)
+    return raw
+
+
+#: The fields RolloutBatchCompleted v2 added (all optional).
+ROLLOUT_V2_FIELDS = (
+    "engine_steps",
+    "engine_busy_s",
+    "tokens_per_s",
+    "queue_depth_max",
+    "queue_depth_mean",
+    "running_max",
+    "kv_cache_usage_max",
+    "preemptions",
+    "logprob_abs_diff_mean",
+    "logprob_abs_diff_max",
+    "importance_weight_mean",
+    "importance_weight_min",
+    "importance_weight_max",
+)
+
+
 @upcaster("RunPaused", 1)
 def _paused_v1_to_v2(raw: dict[str, Any]) -> dict[str, Any]:
     """v1 named neither the pause checkpoint nor the request it answered: ``checkpoint``

@@ -323,7 +323,8 @@ def emit_row(
                 "usage",
                 pool="trainer",
                 phase="step",
-                gpu_seconds=phases["wall_s"] * gpus,
+                device_kind="gpu",
+                device_seconds=phases["wall_s"] * gpus,
             )
     score = _eval_score(row)
     if score is not None:

@@ -38,7 +38,7 @@ def processor_folds(
 
     if not isinstance(prices, Prices):
         prices = Prices.load(prices)
-    detectors = load_catalog(catalog).with_prices(prices.usd_per_gpu_second, prices.version)
+    detectors = load_catalog(catalog).with_prices(prices.by_kind_and_pool(), prices.version)
     # profiling first: its per-step RolloutBatchCompleted feed the detectors' drift input
     folds: list[Fold[Any]] = [ProfilingFold(), RunHealthFold(detectors)]
     if control:

@@ -107,7 +107,8 @@ class RunFactory:
                 step,
                 pool="rollout_fleet",
                 phase="rollout",
-                gpu_seconds=8.0,
+                device_kind="gpu",
+                device_seconds=8.0,
                 tokens_generated=19200,
             ),
             self.ev(
@@ -115,7 +116,8 @@ class RunFactory:
                 step,
                 pool="trainer",
                 phase="optim",
-                gpu_seconds=4.0,
+                device_kind="gpu",
+                device_seconds=4.0,
                 tokens_trained=19200,
             ),
             self.ev(

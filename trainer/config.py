@@ -35,7 +35,13 @@ class TaskConfig(_Frozen):
 
 
 class ModelConfig(_Frozen):
-    """A GRU policy from scratch (no downloaded weights).
+    """A small ``transformers`` ``LlamaForCausalLM`` built from this config (no downloaded
+    weights, no tokenizer: the task's token ids are the model's vocabulary).
+
+    ``hidden`` / ``heads`` is the attention head size; vLLM's CPU attention serves head
+    sizes 32, 64, 80, 96, 112, 128, 160, 192, 224, 256 and 512 only (a config it cannot serve
+    is refused when the run starts, naming the nearest setting it can; the torch sampler
+    serves any). ``max_positions`` bounds prompt + completion length.
 
     ``warm_start_steps`` > 0 first trains the fresh policy supervised (teacher forcing on
     the train split, seeded, deterministic) for that many Adam steps at ``warm_start_lr``:
@@ -44,22 +50,34 @@ class ModelConfig(_Frozen):
     capped near log(vocab) whatever the policy does).
     """
 
-    embed: int = 32
-    hidden: int = 96
-    layers: int = 1
-    warm_start_steps: int = 60
+    hidden: int = Field(64, ge=8)
+    heads: int = Field(2, ge=1)
+    layers: int = Field(2, ge=1, le=8)
+    intermediate: int = Field(128, ge=8)
+    max_positions: int = Field(32, ge=8, le=512)
+    warm_start_steps: int = 25
     warm_start_lr: float = 3e-3
     warm_start_batch: int = 64
 
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.heads
+
+    @model_validator(mode="after")
+    def _heads_divide_hidden(self) -> ModelConfig:
+        if self.hidden % self.heads:
+            raise ValueError(f"model.hidden {self.hidden} is not a multiple of heads {self.heads}")
+        return self
+
 
 class GrpoConfig(_Frozen):
-    prompts_per_step: int = 64
+    prompts_per_step: int = 32
     group_size: int = 8
-    lr: float = 1e-2
+    lr: float = 1e-3
     lr_schedule: Literal["cosine", "constant"] = "cosine"
     warmup_steps: int = 5
     min_lr_ratio: float = 0.1
-    kl_coef: float = 0.4
+    kl_coef: float = 0.6
     clip_eps: float = 0.2
     ppo_epochs: int = 2
     grad_clip: float = 1.0
@@ -120,6 +138,27 @@ class Faults(_Frozen):
     freeze_weight_sync_after: int | None = None
 
 
+class EngineConfig(_Frozen):
+    """The vLLM rollout engine's settings (the torch sampler has none of these).
+
+    - ``kv_cache_mb``: KV-cache memory the engine reserves (vLLM's ``kv_cache_memory_bytes``);
+      a batch that does not fit waits in the engine's queue or is preempted, which the
+      per-batch telemetry reports.
+    - ``max_num_seqs``: sequences the engine runs at once; the rest of a batch waits in its
+      queue (the queue depth the telemetry reports).
+    - ``process``: ``inline`` runs the engine core in the trainer's process (start ~3 s);
+      ``separate`` runs it in a process of its own (start ~16 s): a crash of that process
+      is an engine crash the trainer outlives and reports as a platform fault.
+    - ``compile_sampler``: let vLLM ``torch.compile`` its log-prob gather. Off by default:
+      compiling costs ~3 s of CPU per process for a tiny policy and gives the same values.
+    """
+
+    kv_cache_mb: int = Field(64, ge=1)
+    max_num_seqs: int = Field(512, ge=1)
+    process: Literal["inline", "separate"] = "inline"
+    compile_sampler: bool = False
+
+
 class CheckpointConfig(_Frozen):
     every: int = 10
     keep: int = 5
@@ -155,7 +194,10 @@ class TrainerConfig(_Frozen):
     eval_items: int = 200
     threads: int = 1
     device: str = "cpu"
-    rollout_backend: Literal["torch", "vllm", "auto"] = "torch"
+    #: ``auto``: vLLM wherever it imports, else the torch sampler (the run's resolved engine
+    #: is pinned: a resume on another engine is refused).
+    rollout_backend: Literal["torch", "vllm", "auto"] = "auto"
+    engine: EngineConfig = EngineConfig()
     task: TaskConfig = TaskConfig()
     model: ModelConfig = ModelConfig()
     grpo: GrpoConfig = GrpoConfig()

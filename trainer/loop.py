@@ -18,9 +18,18 @@ reproduces the recorded metrics exactly.
 Time semantics of :class:`StepPhaseTimed`: ``wall_s`` runs from the previous step's cut
 to this step's cut (so the previous step's checkpoint and event flush are in this
 step's ``other_s``); the named phases are timed individually and their sum is compared
-to ``wall_s`` in the benchmark, not forced equal. ``idle_s`` is time the trainer spent
-blocked on the rollout fleet beyond the fleet's own compute: zero for the in-process
-torch sampler.
+to ``wall_s`` in the benchmark, not forced equal. ``rollout_s`` is the engine's own
+compute for the batch (its :class:`~trainer.rollout.EngineStats` ``busy_s``); ``idle_s``
+is the rest of the time the trainer was blocked waiting for the batch (measured: the
+trainer's wall-clock wait minus the engine's compute), i.e. hand-off, queueing and
+result assembly. The engine runs on the trainer's own device here (colocated,
+synchronous), so its compute is a phase of the step, not trainer idle time.
+
+Rollout-vs-train mismatch: on the first optimisation epoch the trainer recomputes the
+log-probs of the sampled tokens under the weights the engine was synced to; their
+difference to the engine's behaviour log-probs (mean and max ``|Δlogp|``) and the
+importance weights ``exp(Δlogp)`` (mean, min, max) are published on
+``RolloutBatchCompleted``. A frozen weight sync shows up there as a growing mismatch.
 """
 
 from __future__ import annotations
@@ -62,9 +71,9 @@ from producers.commands import CommandFeed
 from producers.emitter import Emitter
 from trainer import checkpoint as ckpt
 from trainer.config import TrainerConfig
-from trainer.policy import build_policy, warm_start, weights_hash
+from trainer.engines import check_servable, engine_pin, make_engine, resolve_backend
+from trainer.policy import build_policy, greedy, logits_of, warm_start, weights_hash
 from trainer.rewards import RewardFn, RewardUnavailable, parse
-from trainer.rollout import make_engine
 from trainer.state import RngStreams, RolloutBuffer, RunningMoments
 from trainer.task import EOS, Dataset, dataset_revision, max_answer_len, vocab_size
 
@@ -83,6 +92,45 @@ class StepRecord:
     policy_version: int
     eval_score: float | None = None
     extra_events: list[Any] = field(default_factory=list)
+    #: False when the weights were not pushed this step (the frozen-sync canary)
+    synced: bool = True
+
+
+def _mismatch(lp: torch.Tensor, old_lp: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
+    """Rollout-vs-train mismatch over the generated tokens: ``|Δlogp|`` between the
+    trainer's recomputed log-probs ``lp`` and the engine's behaviour log-probs ``old_lp``,
+    and the importance weights ``exp(lp - old_lp)``."""
+    with torch.no_grad():
+        on = mask > 0
+        d = (lp - old_lp)[on].double()
+        if d.numel() == 0:
+            return {}
+        iw = d.exp()
+        return {
+            "logprob_abs_diff_mean": float(d.abs().mean()),
+            "logprob_abs_diff_max": float(d.abs().max()),
+            "importance_weight_mean": float(iw.mean()),
+            "importance_weight_min": float(iw.min()),
+            "importance_weight_max": float(iw.max()),
+        }
+
+
+def _engine_fields(batch: Any) -> dict[str, Any]:
+    """The engine's measurements of a batch, as ``RolloutBatchCompleted`` fields (none for
+    a batch restored from a checkpoint: it was measured when it was made)."""
+    st = batch.stats
+    if st is None:
+        return {}
+    return {
+        "engine_steps": st.engine_steps,
+        "engine_busy_s": st.busy_s,
+        "tokens_per_s": st.tokens_per_s,
+        "queue_depth_max": st.queue_depth_max,
+        "queue_depth_mean": st.queue_depth_mean,
+        "running_max": st.running_max,
+        "kv_cache_usage_max": st.kv_cache_usage_max,
+        "preemptions": st.preemptions,
+    }
 
 
 def _lr_lambda(cfg: TrainerConfig) -> Callable[[int], float]:
@@ -131,6 +179,8 @@ class Trainer:
         if cfg.resume.tier == "bitwise":
             torch.use_deterministic_algorithms(True)
         self.device = torch.device(cfg.device)
+        check_servable(cfg)  # refuse an unservable policy before building anything
+        self.backend = resolve_backend(cfg)
         self.dataset = Dataset.build(cfg.task)
         vocab = vocab_size(cfg.task)
         self.rng = RngStreams()
@@ -147,16 +197,19 @@ class Trainer:
         from trainer.task import PromptSampler
 
         self.sampler = PromptSampler(len(self.dataset.train), cfg.seed + 1)
-        self.engine = make_engine(cfg.rollout_backend, self.policy, cfg.seed + 2, cfg.device)
+        self.engine = make_engine(cfg, self.policy, vocab, cfg.seed + 2)
         self.buffer = RolloutBuffer()
         self.normalizer = RunningMoments()
         self.progress = _Progress()
         self.reward = RewardFn(cfg, self.dataset)
         self.max_new = g.max_new_tokens or max_answer_len(cfg.task) + 2
+        #: the last optimisation's rollout-vs-train mismatch (see the module docstring)
+        self._mismatch: dict[str, float] = {}
         self.pins = {
             "reward_fn": self.reward.digest(),
             "kl_reference": weights_hash(self.reference),
             "dataset": dataset_revision(self.dataset),
+            "rollout_engine": engine_pin(self.backend),
         }
         self._last_cut = time.perf_counter()
         self._carry_other = 0.0
@@ -165,6 +218,11 @@ class Trainer:
         self.poll_interval_s = 0.05
         self.cancelled = False
         self.paused_s = 0.0  # wall time spent paused (not billed, not a step's time)
+
+    @property
+    def trainer_device_kind(self) -> str:
+        """What the trainer's own compute is billed as."""
+        return "gpu" if self.device.type == "cuda" else "cpu"
 
     def _base_model(self, vocab: int) -> torch.nn.Module:
         """The seeded base model (random init, then the optional supervised warm start).
@@ -215,7 +273,7 @@ class Trainer:
         """Run step ``self.step + 1``; changes state, publishes nothing."""
         cfg, g, ds = self.cfg, self.cfg.grpo, self.dataset
         s = self.step + 1
-        rollout_s = score_s = 0.0
+        rollout_s = idle_s = score_s = 0.0
         for attempt in range(cfg.reward.max_skips_per_step + 1):
             ta = time.perf_counter()
             batch = self.buffer.pop()
@@ -226,7 +284,9 @@ class Trainer:
                 batch.item_indices = [i for i in idx for _ in range(g.group_size)]
                 batch.generated_at_step = s
             tb = time.perf_counter()
-            rollout_s += tb - ta
+            busy = batch.stats.busy_s if batch.stats is not None else 0.0
+            rollout_s += busy
+            idle_s += max(0.0, (tb - ta) - busy)
             items = [ds.train[i] for i in batch.item_indices]
             comps = batch.completions.tolist()
             try:
@@ -252,8 +312,10 @@ class Trainer:
         t3 = time.perf_counter()
 
         frozen = cfg.faults.freeze_weight_sync_after
-        if frozen is None or s <= frozen:
+        synced = frozen is None or s <= frozen
+        if synced:  # the frozen-sync canary really does not push the weights
             self.engine.sync_weights(self.policy, s)
+        served = self.engine.policy_version  # read back from the engine
         t4 = time.perf_counter()
         self.progress.step = s
 
@@ -281,15 +343,17 @@ class Trainer:
             "unparseable_rate": sum(p.digits is None for p in parsed) / len(parsed),
             "tokens_generated": tokens_generated,
             "worker": self.engine.name,
+            **self._mismatch,
+            **_engine_fields(batch),
         }
         phases = {
             "rollout_s": rollout_s,
             "score_s": score_s,
             "optim_s": t3 - t2,
             "sync_s": t4 - t3,
-            "idle_s": 0.0,
+            "idle_s": idle_s,
         }
-        return StepRecord(s, metrics, rollout, phases, self.engine.policy_version)
+        return StepRecord(s, metrics, rollout, phases, served, synced=synced)
 
     def _optimize(self, batch: Any, adv: torch.Tensor) -> dict[str, Any]:
         g = self.cfg.grpo
@@ -302,13 +366,17 @@ class Trainer:
         lp0 = prompts.shape[1] - 1  # logits at lp0.. predict the completion tokens
         n_tok = mask.sum().clamp_min(1.0)
         with torch.no_grad():
-            ref_lp = torch.log_softmax(self.reference(inputs)[:, lp0:] / g.temperature, -1)
+            ref_lp = torch.log_softmax(
+                logits_of(self.reference, inputs)[:, lp0:] / g.temperature, -1
+            )
             ref_lp = ref_lp.gather(2, comps[:, :, None]).squeeze(2)
         lr = float(self.optimizer.param_groups[0]["lr"])
         losses, clips, norms = [], [], []
         kl_first = ent_first = 0.0
         for epoch in range(g.ppo_epochs):
-            logp_all = torch.log_softmax(self.policy(inputs)[:, lp0:] / g.temperature, -1)
+            logp_all = torch.log_softmax(
+                logits_of(self.policy, inputs)[:, lp0:] / g.temperature, -1
+            )
             lp = logp_all.gather(2, comps[:, :, None]).squeeze(2)
             ratio = torch.exp(lp - old_lp)
             surr = torch.minimum(
@@ -327,6 +395,7 @@ class Trainer:
                 losses.append(float(loss.item()))
                 norms.append(float(norm.item()))
                 if epoch == 0:
+                    self._mismatch = _mismatch(lp, old_lp, mask)
                     kl_first = float(((kl * mask).sum() / n_tok).item())
                     ent = -(logp_all.exp() * logp_all).sum(-1)
                     ent_first = float(((ent * mask).sum() / n_tok).item())
@@ -348,12 +417,7 @@ class Trainer:
         ds = self.dataset
         items = ds.heldout[: self.cfg.eval_items]
         prompts = torch.tensor([ds.prompt_tokens(it) for it in items], device=self.device)
-        logits, h = self.policy.prefill(prompts)
-        out = torch.zeros((len(items), self.max_new), dtype=torch.long)
-        for t in range(self.max_new):
-            nxt = logits.argmax(-1)
-            out[:, t] = nxt.cpu()
-            logits, h = self.policy.decode_step(nxt, h)
+        out = greedy(self.policy, prompts, self.max_new).cpu()
         hits = 0
         for item, row in zip(items, out.tolist()):
             got = parse(row)
@@ -387,26 +451,38 @@ class Trainer:
         extra = m.pop("extra")
         self._emit(RolloutBatchCompleted, step=s, **rec.rollout)
         self._emit(TrainerStepCompleted, step=s, algorithm="grpo", extra=extra, **m)
-        self._emit(
-            WeightSyncCompleted,
-            step=s,
-            policy_version=rec.policy_version,
-            duration_s=rec.phases["sync_s"],
-        )
+        if rec.synced:
+            self._emit(
+                WeightSyncCompleted,
+                step=s,
+                policy_version=rec.policy_version,
+                duration_s=rec.phases["sync_s"],
+            )
         p = rec.phases
-        for pool, phase, secs, kw in (
+        fleet, own = self.engine.device_kind, self.trainer_device_kind
+        for pool, phase, kind, secs, kw in (
             (
                 "rollout_fleet",
                 "rollout",
+                fleet,
                 p["rollout_s"],
                 {"tokens_generated": rec.rollout["tokens_generated"]},
             ),
-            ("trainer", "score", p["score_s"], {}),
-            ("trainer", "optim", p["optim_s"], {"tokens_trained": m["tokens_trained"]}),
-            ("trainer", "sync", p["sync_s"], {}),
-            ("trainer", "eval", eval_s, {}),
+            ("trainer", "idle", own, p["idle_s"], {}),
+            ("trainer", "score", own, p["score_s"], {}),
+            ("trainer", "optim", own, p["optim_s"], {"tokens_trained": m["tokens_trained"]}),
+            ("trainer", "sync", own, p["sync_s"], {}),
+            ("trainer", "eval", own, eval_s, {}),
         ):
-            self._emit(UsageRecorded, step=s, pool=pool, phase=phase, gpu_seconds=secs, **kw)
+            self._emit(
+                UsageRecorded,
+                step=s,
+                pool=pool,
+                phase=phase,
+                device_kind=kind,
+                device_seconds=secs,
+                **kw,
+            )
         cut = time.perf_counter()
         other = self._carry_other + eval_s
         self._emit(
@@ -655,6 +731,8 @@ class Trainer:
             self._emit(RunPaused, step=self.step, reason=str(exc))
             self._flush()
             return
+        # the tenant's reward code is attributed by the sandbox; anything else that stops
+        # a run (a rollout engine that died: RolloutEngineFailed) is the platform's
         cls = exc.failure_class if isinstance(exc, RewardUnavailable) else "platform_fault"
         self._emit(
             RunFailed, step=self.step, failure_class=cls, reason=f"{type(exc).__name__}: {exc}"
@@ -716,7 +794,11 @@ def train(
 ) -> Trainer:
     """A whole fresh run. Publishes RunFailed (and re-raises) on an error."""
     lock = RunLock(run_dir).acquire()
-    trainer = Trainer(cfg, run_dir, emitter, progress)
+    try:  # a trainer that cannot be built (an engine that cannot start) published nothing
+        trainer = Trainer(cfg, run_dir, emitter, progress)
+    except BaseException:
+        lock.release()
+        raise
     if emitter is not None:
         trainer.commands = CommandFeed(emitter.sink, cfg.run_id)
     try:

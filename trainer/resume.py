@@ -14,10 +14,12 @@ config and seed reproduce exactly, as the last resort)::
         otherwise                     -> ResumeRejected(deviation, max dev) fall back one
 
 Tiers: ``bitwise`` compares every metric exactly (tolerance 0; deterministic CPU
-kernels); ``statistical`` divides each metric's deviation by that metric's own
-step-to-step noise (std of first differences over the recorded series / sqrt 2) and
-certifies while the largest stays within ``band_k``; a metric with no noise at all must
-match exactly.
+kernels; vLLM on CPU samples bitwise the same for the same weights, seeds and batch, so
+the vLLM engine keeps this tier there; on a GPU it does not promise that, and a run asking
+for ``bitwise`` there is gated at ``statistical``, which the certification event says);
+``statistical`` divides each metric's deviation by that metric's own step-to-step noise
+(std of first differences over the recorded series / sqrt 2) and certifies while the
+largest stays within ``band_k``; a metric with no noise at all must match exactly.
 
 After certification the staleness rules run (rollouts not from the restored policy
 version are discarded from the buffer; the fleet is re-synced and WeightSyncCompleted
@@ -56,6 +58,7 @@ from producers.emitter import Emitter
 from producers.sinks import EventSink
 from trainer import checkpoint as ckpt
 from trainer.config import TrainerConfig
+from trainer.engines import effective_tier, engine_pin, resolve_backend
 from trainer.loop import METRIC_FIELDS, RunLock, Trainer
 from trainer.policy import weights_hash
 from trainer.publish import make_emitter, producer_name, recorded_steps, run_events
@@ -193,7 +196,7 @@ class ResumeGate:
     def run(self) -> tuple[GateResult, Trainer | None]:
         cfg = self.cfg
         self._t_gate = time.perf_counter()
-        tier = cfg.resume.tier
+        tier = effective_tier(cfg)
         bands = noise_bands(self.recorded) if tier == "statistical" else None
         tolerance = 0.0 if tier == "bitwise" else cfg.resume.band_k
         candidates: list[Path | None] = [*ckpt.list_checkpoints(self.run_dir / "checkpoints"), None]
@@ -297,13 +300,15 @@ class ResumeGate:
                     tier=tier,
                     tolerance=tolerance,
                     max_deviation=worst,
+                    rollout_engine=engine_pin(resolve_backend(cfg)),
                 )
                 self.emitter.emit(
                     UsageRecorded,
                     step=self.last,
                     pool="trainer",
                     phase="resume_replay",
-                    gpu_seconds=replay_s,
+                    device_kind=trainer.trainer_device_kind,
+                    device_seconds=replay_s,
                 )
                 self.emitter.flush()
                 result = GateResult(
@@ -374,12 +379,12 @@ def continue_run(gate: GateResult, trainer: Trainer, max_staleness: int) -> None
     frozen = trainer.cfg.faults.freeze_weight_sync_after
     if frozen is None or trainer.step <= frozen:
         trainer.engine.sync_weights(trainer.policy, trainer.step)
-    trainer._emit(
-        WeightSyncCompleted,
-        step=trainer.step,
-        policy_version=trainer.engine.policy_version,
-        duration_s=time.perf_counter() - t0,
-    )
+        trainer._emit(
+            WeightSyncCompleted,
+            step=trainer.step,
+            policy_version=trainer.engine.policy_version,  # read back from the engine
+            duration_s=time.perf_counter() - t0,
+        )
     trainer._emit(
         RunResumed,
         step=trainer.step,

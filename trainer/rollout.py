@@ -1,35 +1,61 @@
-"""Rollouts behind one interface, two implementations.
+"""Rollouts: what the trainer asks of a rollout engine, and what it gets back.
 
 :class:`RolloutEngine` is what the trainer talks to: it holds the *rollout fleet's* copy
 of the policy (which lags the trainer's by design: it only changes on
 :meth:`RolloutEngine.sync_weights`), generates ``n`` completions per prompt and reports
-the behaviour log-probabilities and the ``policy_version`` that produced them.
+the behaviour log-probabilities, the ``policy_version`` that produced them and what it
+measured doing so (:class:`EngineStats`). Two implementations, picked by
+:func:`trainer.engines.make_engine`:
 
-- :class:`TorchSampler` (default, CPU or CUDA): plain torch sampling with its own
-  checkpointed ``torch.Generator``.
-- :class:`trainer.rollout_vllm.VllmEngine`: used when ``vllm`` imports and a GPU is
-  present (optional extra ``runwatch[vllm]``); see that module.
+- :class:`trainer.rollout_vllm.VllmEngine`: vLLM (the default wherever ``vllm`` imports);
+- :class:`trainer.rollout_torch.TorchSampler`: plain torch sampling (the fallback).
 
-:func:`make_engine` picks one from ``rollout_backend`` (``torch`` | ``vllm`` | ``auto``).
+This module defines the shared types only and imports neither implementation (they
+import it), so there is no import cycle between the engines and their interface.
 """
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 import torch
+from torch import nn
 
-from trainer.policy import GruPolicy
-from trainer.task import EOS, PAD
+
+@dataclass(frozen=True)
+class EngineStats:
+    """What an engine measured while generating one batch.
+
+    Time semantics: ``busy_s`` is the engine's own compute for the batch (vLLM: the
+    wall time inside its engine steps; torch: the sampling loop); ``wall_s`` is the
+    engine call from the request to the finished batch, so ``wall_s - busy_s`` is the time
+    the caller waited on the engine while it was not computing the batch (request
+    hand-off, queueing, assembling the results). Counts are per batch; ``None`` means the
+    engine does not report that quantity (the torch sampler has no queue, no paged KV
+    cache and never preempts).
+    """
+
+    wall_s: float
+    busy_s: float
+    engine_steps: int
+    tokens_generated: int
+    queue_depth_max: int | None = None
+    queue_depth_mean: float | None = None
+    running_max: int | None = None
+    kv_cache_usage_max: float | None = None
+    preemptions: int | None = None
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens_generated / self.busy_s if self.busy_s > 0 else 0.0
 
 
 @dataclass
 class RolloutBatch:
     """One batch of generations. ``completions`` is right-padded with ``PAD`` after EOS;
     ``mask`` is 1 on generated tokens (EOS included); ``logprobs`` are the behaviour
-    policy's log-probabilities of those tokens."""
+    policy's log-probabilities of those tokens, as the engine computed them."""
 
     prompts: torch.Tensor  # [B, Lp] long
     completions: torch.Tensor  # [B, T] long
@@ -39,7 +65,9 @@ class RolloutBatch:
     policy_version: int
     item_indices: list[int] = field(default_factory=list)
     generated_at_step: int = 0
-    compute_s: float = 0.0
+    #: measured by the engine while generating (not checkpointed: a restored batch was
+    #: measured when it was made)
+    stats: EngineStats | None = None
 
     @property
     def lengths(self) -> torch.Tensor:
@@ -73,11 +101,18 @@ class RolloutBatch:
 
 @runtime_checkable
 class RolloutEngine(Protocol):
-    name: str
-    policy_version: int
+    """A rollout fleet of one engine. ``device_kind`` is what its compute is billed as
+    (``cpu`` or ``gpu``)."""
 
-    def sync_weights(self, policy: GruPolicy, version: int) -> None:
-        """Make the fleet serve ``policy``'s current weights as ``version``."""
+    name: str
+    device_kind: str
+
+    @property
+    def policy_version(self) -> int:
+        """The weight version the engine serves, read back from the engine."""
+
+    def sync_weights(self, policy: nn.Module, version: int) -> None:
+        """Make the fleet serve ``policy``'s current weights as ``version``, in place."""
 
     def generate(
         self, prompts: torch.Tensor, n: int, max_new_tokens: int, temperature: float
@@ -88,92 +123,15 @@ class RolloutEngine(Protocol):
 
     def load_state_dict(self, state: dict[str, Any]) -> None: ...
 
-
-class TorchSampler:
-    """Ancestral sampling with the fleet's own copy of the policy and generator."""
-
-    name = "torch"
-
-    def __init__(self, policy: GruPolicy, seed: int, device: str = "cpu") -> None:
-        self.policy = copy.deepcopy(policy).eval()
-        for p in self.policy.parameters():
-            p.requires_grad_(False)
-        self.policy_version = 0
-        self.device = device
-        self.generator = torch.Generator(device=device)
-        self.generator.manual_seed(seed)
-
-    def sync_weights(self, policy: GruPolicy, version: int) -> None:
-        with torch.no_grad():
-            for dst, src in zip(self.policy.parameters(), policy.parameters()):
-                dst.copy_(src)
-        self.policy_version = version
-
-    @torch.no_grad()
-    def generate(
-        self, prompts: torch.Tensor, n: int, max_new_tokens: int, temperature: float
-    ) -> RolloutBatch:
-        x = prompts.repeat_interleave(n, dim=0).to(self.device)
-        b = x.shape[0]
-        logits, h = self.policy.prefill(x)
-        toks = torch.full((b, max_new_tokens), PAD, dtype=torch.long, device=self.device)
-        lps = torch.zeros((b, max_new_tokens), device=self.device)
-        mask = torch.zeros((b, max_new_tokens), device=self.device)
-        done = torch.zeros(b, dtype=torch.bool, device=self.device)
-        for t in range(max_new_tokens):
-            logp = torch.log_softmax(logits / temperature, dim=-1)
-            nxt = torch.multinomial(logp.exp(), 1, generator=self.generator).squeeze(1)
-            live = ~done
-            toks[:, t] = torch.where(live, nxt, torch.full_like(nxt, PAD))
-            lps[:, t] = torch.where(live, logp.gather(1, nxt[:, None]).squeeze(1), 0.0)
-            mask[:, t] = live.float()
-            done = done | (nxt == EOS)
-            if bool(done.all()):
-                break
-            logits, h = self.policy.decode_step(toks[:, t], h)
-        return RolloutBatch(
-            prompts=x.cpu(),
-            completions=toks.cpu(),
-            mask=mask.cpu(),
-            logprobs=lps.cpu(),
-            truncated=(~done).cpu(),
-            policy_version=self.policy_version,
-        )
-
-    def state_dict(self) -> dict[str, Any]:
-        return {
-            "weights": {k: v.clone() for k, v in self.policy.state_dict().items()},
-            "policy_version": self.policy_version,
-            "generator": self.generator.get_state(),
-        }
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.policy.load_state_dict(state["weights"])
-        self.policy_version = int(state["policy_version"])
-        self.generator.set_state(state["generator"])
+    def close(self) -> None:
+        """Release the engine (idempotent)."""
 
 
 class RolloutUnavailable(RuntimeError):
-    """The requested rollout backend cannot run here (missing package or GPU)."""
+    """The requested rollout backend cannot run here (missing package, unservable policy)."""
 
 
-def vllm_available() -> bool:
-    try:
-        import vllm  # noqa: F401
-    except Exception:
-        return False
-    return torch.cuda.is_available()
+class RolloutEngineFailed(RuntimeError):
+    """The rollout engine died or failed mid-run: a platform fault, never the tenant's."""
 
-
-def make_engine(backend: str, policy: GruPolicy, seed: int, device: str) -> RolloutEngine:
-    """The engine for ``backend``: ``torch``; ``vllm`` (raises :class:`RolloutUnavailable`
-    when it cannot run here); ``auto`` (vllm when it can run, else torch)."""
-    if backend == "vllm" or (backend == "auto" and vllm_available()):
-        from trainer.rollout_vllm import VllmEngine
-
-        try:
-            return VllmEngine.create(policy, seed)
-        except RolloutUnavailable:
-            if backend == "vllm":
-                raise
-    return TorchSampler(policy, seed, device)
+    failure_class = "platform_fault"

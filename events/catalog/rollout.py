@@ -9,10 +9,31 @@ from events.envelope import Attributes, EventBase
 
 class RolloutBatchCompleted(EventBase):
     """A batch of generations finished. Rates are fractions in [0, 1]; lengths in tokens.
-    ``policy_version`` is the weight version that generated it (staleness)."""
+    ``policy_version`` is the weight version that generated it (staleness), as the engine
+    reported it; ``worker`` names the engine (``vllm``, ``torch``).
+
+    Engine telemetry (measured by the engine while it generated this batch; ``None``: not
+    reported, e.g. the torch sampler has no queue, no paged KV cache, no preemption):
+    ``engine_steps`` (scheduler iterations), ``engine_busy_s`` (the engine's own compute
+    time), ``tokens_per_s`` (generated tokens / busy time), ``queue_depth_max`` /
+    ``queue_depth_mean`` (requests waiting in the engine's queue per step),
+    ``running_max`` (requests running at once), ``kv_cache_usage_max`` (fraction of the
+    KV cache in use, peak), ``preemptions`` (requests the engine preempted).
+
+    Rollout-vs-train mismatch (computed by the trainer on the batch's generated tokens,
+    under the weights the engine was last synced to): ``logprob_abs_diff_mean`` / ``_max``
+    of ``|trainer logp - behaviour logp|`` and the importance weights
+    ``exp(trainer logp - behaviour logp)`` (``importance_weight_mean`` / ``_min`` /
+    ``_max``). Numerical noise when the sync works (~1e-6 in float32); it grows with
+    every step a frozen sync lags.
+
+    Schema history: v1 had neither group; v2 adds both (the upcaster fills nulls).
+    """
 
     TOPIC: ClassVar[str] = "runwatch.telemetry"
+    SCHEMA_VERSION: ClassVar[int] = 2
     type: Literal["RolloutBatchCompleted"] = "RolloutBatchCompleted"
+    schema_version: int = 2
     policy_version: int
     num_sequences: int
     mean_length: float
@@ -21,6 +42,19 @@ class RolloutBatchCompleted(EventBase):
     unparseable_rate: float = 0.0
     tokens_generated: int = 0
     worker: str = ""
+    engine_steps: int | None = None
+    engine_busy_s: float | None = None
+    tokens_per_s: float | None = None
+    queue_depth_max: int | None = None
+    queue_depth_mean: float | None = None
+    running_max: int | None = None
+    kv_cache_usage_max: float | None = None
+    preemptions: int | None = None
+    logprob_abs_diff_mean: float | None = None
+    logprob_abs_diff_max: float | None = None
+    importance_weight_mean: float | None = None
+    importance_weight_min: float | None = None
+    importance_weight_max: float | None = None
 
 
 class RolloutTraceRecorded(EventBase):

@@ -5,6 +5,9 @@ Schema history:
   apart.
 - v2 adds ``pool`` ("rollout_fleet" | "trainer"). The v1->v2 upcaster derives the pool
   from the phase (``rollout`` ran on the rollout fleet, everything else on the trainer).
+- v3 names what was billed: ``device_seconds`` on a ``device_kind`` ("cpu" | "gpu")
+  replaces ``gpu_seconds`` (CPU-only hosts were billing CPU time as "GPU-seconds"). The
+  v2->v3 upcaster maps ``gpu_seconds`` to ``device_seconds`` with ``device_kind`` "gpu".
 """
 
 from __future__ import annotations
@@ -14,17 +17,24 @@ from typing import ClassVar, Literal
 from events.envelope import EventBase
 
 Pool = Literal["rollout_fleet", "trainer"]
+DeviceKind = Literal["cpu", "gpu"]
 
 
 class UsageRecorded(EventBase):
-    """Compute seconds spent in one pool and phase during ``step``, and tokens."""
+    """Device-seconds spent in one pool and phase during ``step`` on one kind of device,
+    and tokens.
+
+    There is no ``gpu_seconds`` field or attribute left to misread CPU time by; a v2
+    record (``gpu_seconds``) decodes through the upcaster as ``device_kind`` "gpu".
+    """
 
     TOPIC: ClassVar[str] = "runwatch.telemetry"
-    SCHEMA_VERSION: ClassVar[int] = 2
+    SCHEMA_VERSION: ClassVar[int] = 3
     type: Literal["UsageRecorded"] = "UsageRecorded"
-    schema_version: int = 2
+    schema_version: int = 3
     pool: Pool
     phase: str
-    gpu_seconds: float
+    device_kind: DeviceKind
+    device_seconds: float
     tokens_generated: int = 0
     tokens_trained: int = 0

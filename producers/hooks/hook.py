@@ -264,7 +264,8 @@ class RunwatchHook:
                     ts,
                     pool="trainer",
                     phase="step",
-                    gpu_seconds=wall_s * self.gpus,
+                    device_kind="gpu",
+                    device_seconds=wall_s * self.gpus,
                 )
             )
         return out

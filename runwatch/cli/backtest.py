@@ -58,7 +58,7 @@ def run(args: argparse.Namespace, term: Terminal) -> int:
         raise Abort("--incident-step must be a step number (0 or more)")
     try:
         prices = Prices.load(args.prices)
-        catalog = load_catalog(args.catalog).with_prices(prices.usd_per_gpu_second, prices.version)
+        catalog = load_catalog(args.catalog).with_prices(prices.by_kind_and_pool(), prices.version)
     except (CatalogError, ValueError) as exc:
         raise Abort(str(exc)) from None
     fold = RunHealthFold(catalog)
@@ -72,7 +72,7 @@ def run(args: argparse.Namespace, term: Terminal) -> int:
     if args.incident_step is not None and len(steps) > 1:
         names = ", ".join(sorted(steps)[:10])
         raise Abort(f"{what} holds {len(steps)} runs ({names}); pick one with --run-id")
-    price = prices.usd_per_gpu_second
+    price = prices.by_kind_and_pool()
     docs = [r.as_dict(args.incident_step, price) for r in steps.values()]
     failed = any(d["passed"] is False for d in docs)
     if args.json:

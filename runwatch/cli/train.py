@@ -36,14 +36,20 @@ def run_dir_for(cfg_run_dir: str | None, runs: str | None, log: Path, run_id: st
 
 def run(args: argparse.Namespace, term: Terminal) -> int:
     from trainer.config import load_config
+    from trainer.engines import check_servable
     from trainer.loop import RunBusy, train
     from trainer.publish import make_emitter, run_events
     from trainer.rewards import RewardUnavailable
+    from trainer.rollout import RolloutEngineFailed, RolloutUnavailable
 
     try:
         cfg = load_config(args.config, run_id=args.run_id, steps=args.steps, seed=args.seed)
     except ValueError as exc:
         raise Abort(str(exc)) from None
+    try:  # before anything is published: a policy the engine cannot serve never starts
+        check_servable(cfg)
+    except RolloutUnavailable as exc:
+        raise Abort(f"run {cfg.run_id} refused at start: {exc}") from None
     if cfg.reward.kind == "sandbox" and not Path(str(cfg.reward.sandbox_path)).is_file():
         raise Abort(f"reward file {cfg.reward.sandbox_path} does not exist")
     log = settings.log_dir(args.log)
@@ -57,11 +63,13 @@ def run(args: argparse.Namespace, term: Terminal) -> int:
     say = (lambda _m: None) if args.quiet else term.progress
     try:
         trainer = train(cfg, run_dir, emitter, progress=say)
-    except RunBusy as exc:
+    except (RunBusy, RolloutUnavailable) as exc:
         raise Abort(str(exc)) from None
     except RewardUnavailable as exc:
         if exc.action == "pause":
             raise Abort(f"run {cfg.run_id} paused for tenant action: {exc}", code=3) from None
+        raise Abort(f"run {cfg.run_id} failed ({exc.failure_class}): {exc}") from None
+    except RolloutEngineFailed as exc:  # RunFailed(platform_fault) is on the log already
         raise Abort(f"run {cfg.run_id} failed ({exc.failure_class}): {exc}") from None
 
     score, n = trainer.evaluate()

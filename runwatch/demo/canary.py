@@ -157,7 +157,7 @@ def judge(
     if paused is not None:  # billed while paused: up to the tenant's resume, if any
         after = facts[facts.index(paused) + 1 :]
         resumed = next((i for i, e in enumerate(after) if isinstance(e, RunResumed)), len(after))
-        billed = sum(e.gpu_seconds for e in after[:resumed] if isinstance(e, UsageRecorded))
+        billed = sum(e.device_seconds for e in after[:resumed] if isinstance(e, UsageRecorded))
     if c.must_pause:
         if paused is None:
             problems.append("the paging alert did not pause the run")

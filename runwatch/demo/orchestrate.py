@@ -7,7 +7,9 @@ optionally damage the newest checkpoint the way a buggy writer would (optimizer 
 dropped, digests still valid), and then ``runwatch resume`` it through the resume gate.
 
 Assumption: trainers write to the embedded log (the default) or to Kafka via
-``--kafka``; either way this module only starts, watches and kills processes.
+``--kafka``; either way this module only starts, watches and kills processes. With
+``warm`` (the default) the processes are forked from a warm launcher that imported the
+trainer stack once (:mod:`runwatch.demo.launcher`); otherwise each is a fresh interpreter.
 """
 
 from __future__ import annotations
@@ -61,7 +63,9 @@ def _cli(*args: str) -> list[str]:
 
 
 class Orchestrator:
-    def __init__(self, out: Path, log: Path, say: Say, parallel: int = 2) -> None:
+    def __init__(
+        self, out: Path, log: Path, say: Say, parallel: int = 2, warm: bool = True
+    ) -> None:
         self.out = out
         self.log = log
         self.runs = out / "runs"
@@ -69,8 +73,16 @@ class Orchestrator:
         self.parallel = parallel
         self._lifecycle_at = 0  # next lifecycle offset to read for pauses
         self._reader: Any = None  # read-only view of the log (opened once)
+        self._telemetry: Any = None  # the same, for the runs' recorded steps
+        self._telemetry_at = 0  # next telemetry offset to read
+        self._steps: dict[str, int] = {}  # run -> newest recorded step
         #: seconds between two looks at the runs (and calls of ``on_tick``)
         self.poll_s = 0.05
+        self._launcher: Any = None
+        if warm:
+            from runwatch.demo.launcher import WarmLauncher
+
+            self._launcher = WarmLauncher()
 
     def run_all(
         self, scenarios: list[Scenario], on_tick: Callable[[], None] | None = None
@@ -149,9 +161,12 @@ class Orchestrator:
         )  # fmt: skip
         return _Active(s, proc, time.monotonic())
 
-    def _spawn(self, argv: list[str], name: str) -> subprocess.Popen[bytes]:
+    def _spawn(self, argv: list[str], name: str) -> Any:
         logs = self.out / "process-logs"
         logs.mkdir(parents=True, exist_ok=True)
+        if self._launcher is not None:  # argv[:3] is "python -m runwatch.cli.main"
+            env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+            return self._launcher.spawn(argv[3:], logs / f"{name}.out", logs / f"{name}.err", env)
         with open(logs / f"{name}.out", "ab") as out, open(logs / f"{name}.err", "ab") as err:
             return subprocess.Popen(  # the child keeps its own copies of the descriptors
                 argv,
@@ -162,14 +177,28 @@ class Orchestrator:
             )
 
     def recorded_step(self, run_id: str) -> int:
-        """The newest step the run recorded on the log (0 when none)."""
-        from trainer.publish import run_events  # reads the embedded log, read-only
+        """The newest step the run recorded on the log (0 when none).
 
-        last = 0
-        for ev in run_events(self.log, run_id):
+        Incremental: the telemetry topic is read (read-only) from where the last look
+        stopped. Reading every run event of the log at each look took long enough on a
+        loaded box for a run to finish its last steps before the kill came."""
+        from events.codec import decode
+
+        if self._telemetry is None:
+            if not (self.log / "runwatch.telemetry").is_dir():
+                return 0
+            from events.log.embedded import EmbeddedLog
+
+            self._telemetry = EmbeddedLog(self.log, readonly=True)
+            self._telemetry.open_sync()
+        for rec in self._telemetry.read_sync("runwatch.telemetry", self._telemetry_at):
+            self._telemetry_at = rec.offset + 1
+            if b'"TrainerStepCompleted"' not in rec.value:
+                continue
+            ev = decode(rec.value)
             if ev.type == "TrainerStepCompleted" and ev.step is not None:
-                last = max(last, ev.step)
-        return last
+                self._steps[ev.run_id] = max(self._steps.get(ev.run_id, 0), ev.step)
+        return self._steps.get(run_id, 0)
 
     def damage_newest_checkpoint(self, run_id: str) -> str | None:
         """Drop the optimizer moments from the newest checkpoint, keeping digests valid:
@@ -191,7 +220,7 @@ class Orchestrator:
         tmp.rename(newest)
         return newest.name
 
-    def resume(self, s: Scenario) -> subprocess.Popen[bytes]:
+    def resume(self, s: Scenario) -> Any:
         self.say(f"  resume {s.tenant_id:<7} {s.run_id:<28} through the resume gate")
         return self._spawn(
             _cli("resume", "--run-id", s.run_id, "--log", str(self.log), "--quiet", "--json"),
@@ -202,7 +231,7 @@ class Orchestrator:
 @dataclass
 class _Active:
     scenario: Scenario
-    proc: subprocess.Popen[bytes]
+    proc: Any  # subprocess.Popen, or a forked run (runwatch.demo.launcher.Launched)
     started: float
     phase: str = "train"
     outcome: RunOutcome = field(init=False)
@@ -243,7 +272,7 @@ class _Active:
         return True
 
 
-def _kill_group(proc: subprocess.Popen[bytes]) -> None:
+def _kill_group(proc: Any) -> None:
     if proc.poll() is None:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)

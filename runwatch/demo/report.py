@@ -77,6 +77,10 @@ def rows(
         outcome = by_run.get(s.run_id)
         if s.expect_paused and not (outcome and outcome.pauses):
             problems.append("the run was never paused")
+        if s.kind != "train" and not (
+            outcome and outcome.resume and outcome.resume.get("certified")
+        ):
+            problems.append("no certified resume (was the run killed before it completed?)")
         reason, failure_class = (view.reason, view.failure_class) if view else ("", None)
         out.append(
             RunRow(
@@ -184,14 +188,14 @@ def write_report(
             f"{' (' + html.escape(row.failure_class) + ')' if row.failure_class else ''}: "
             f"{html.escape(row.reason)}</p>"
             f"<p>alerts: {html.escape(fired or 'none')}{html.escape(resumed)}; "
-            f"spend ${row.spend_usd:.2f}</p>"
+            f"spend {_usd(row.spend_usd)}</p>"
             f'<img src="{png.name}" width="100%">'
         )  # fmt: skip
     table_html = "".join(
         f"<tr><td>{html.escape(r.tenant_id)}</td><td>{html.escape(r.run_id)}</td>"
         f"<td>{html.escape(r.state)}</td><td>{html.escape(r.failure_class or '')}</td>"
         f"<td>{html.escape(r.reason)}</td><td>{html.escape(', '.join(r.alerts))}</td>"
-        f"<td>${r.spend_usd:.2f}</td>"
+        f"<td>{_usd(r.spend_usd)}</td>"
         f"<td>{'ok' if r.expected_ok else html.escape('; '.join(r.problems))}</td></tr>"
         for r in table
     )  # fmt: skip
@@ -208,3 +212,8 @@ small{{color:#666;font-weight:normal}}</style>
     path = out_dir / "report.html"
     path.write_text(doc)
     return path
+
+
+def _usd(x: float) -> str:
+    """Dollars, with the digits a CPU run's fractions of a cent need."""
+    return f"${x:,.2f}" if abs(x) >= 1 else f"${x:.4f}"

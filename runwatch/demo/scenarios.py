@@ -43,10 +43,11 @@ class Scenario:
 def scenarios(short: bool = False) -> list[Scenario]:
     """The demo's runs. ``short`` shrinks step counts for CI (same faults, same story);
     the constant-reward and gameable runs keep theirs (they are cancelled at their page
-    anyway: the dead-run page comes at step 5, the hacking page at step 10).
+    anyway: the dead-run page comes at step 5, the hacking page at step 20).
 
-    Healthy runs stop at 80 steps: the toy task converges, and past ~100 steps a healthy
-    policy's entropy falls fast enough for the entropy-collapse detector to (rightly) say so.
+    Healthy runs stop at 60 steps: the transformer policy's held-out exact match is ~0.8 by
+    then (from ~0.3) and still rising; a longer healthy run shows nothing new and costs the
+    demo its time budget (~0.15 s a step with vLLM rollouts on this box).
     """
     s = 0.6 if short else 1.0
 
@@ -56,7 +57,7 @@ def scenarios(short: bool = False) -> list[Scenario]:
     return [
         Scenario(
             "acme-healthy", "acme", "healthy run", "default.yaml",
-            {"steps": steps(80)},
+            {"steps": steps(60)},
             expect_states=("SUCCEEDED",),
         ),
         Scenario(
@@ -71,14 +72,14 @@ def scenarios(short: bool = False) -> list[Scenario]:
             {"steps": steps(60), "checkpoint": {"every": 10, "keep": 3, "at_start": True}},
             expect_states=("SUCCEEDED",), expect_alerts=("kl_blowup",),
             # the tenant's fix: the intended LR, from the checkpoint before the blowup
-            on_pause=("resume",), fix={"lr": 0.01, "rollback_to_step": 0}, expect_paused=True,
+            on_pause=("resume",), fix={"lr": 0.001, "rollback_to_step": 0}, expect_paused=True,
         ),
         Scenario(
             "globex-gameable-reward", "globex", "reward can be gamed (eval gate disagrees)",
             "canary-gameable-reward.yaml", {"steps": 60},
-            # the hacking gate pauses it at the second eval (step 10: held-out exact match
-            # fell 0.72 -> 0.1 while the reward rose), before the KL gate would have; the
-            # tenant gives up
+            # the hacking gate pauses it at the third eval (step 20: held-out exact match
+            # fell 0.66 -> 0.19 while the reward rose), in the step the KL gate pages too
+            # (the eval's fact comes first); the tenant gives up
             expect_states=("CANCELLED",), expect_alerts=("reward_hacking",),
             on_pause=("cancel",), expect_paused=True,
         ),
@@ -90,22 +91,22 @@ def scenarios(short: bool = False) -> list[Scenario]:
                 "reward": {
                     "kind": "sandbox",
                     "sandbox_path": str(TENANT_REWARDS / "flaky_reward.py"),
-                    "sandbox_deadline_s": 2.0,
+                    "sandbox_deadline_s": 1.0,
                 },
             },
             expect_states=("FAILED",), expect_failure_class="tenant_code_fault",
         ),
         Scenario(
             "globex-preempted", "globex", "killed mid-run (preempted) and resumed",
-            "default.yaml", {"steps": steps(80), "resume": {"tier": "bitwise"}},
-            kind="kill_resume", kill_after_step=steps(80) - 6,
+            "default.yaml", {"steps": steps(60), "resume": {"tier": "bitwise"}},
+            kind="kill_resume", kill_after_step=steps(60) - 10,
             expect_states=("SUCCEEDED",),
         ),
         Scenario(
             "acme-resume-bad-optimizer", "acme",
             "killed, then resumed from a checkpoint whose optimizer state was dropped",
-            "default.yaml", {"steps": steps(80), "resume": {"tier": "bitwise"}},
-            kind="kill_drop_optimizer_resume", kill_after_step=steps(80) - 6,
+            "default.yaml", {"steps": steps(60), "resume": {"tier": "bitwise"}},
+            kind="kill_drop_optimizer_resume", kill_after_step=steps(60) - 10,
             expect_states=("SUCCEEDED",),
         ),
     ]  # fmt: skip

@@ -3,13 +3,18 @@
 Input: the ``runwatch.telemetry`` topic only, so a run's metering facts are totally
 ordered on one partition and the output cannot depend on topic interleaving.
 
-- GPU-seconds come from :class:`~events.UsageRecorded`, split by pool (``rollout_fleet``
-  vs ``trainer``) and by phase; tokens generated/trained come from the same facts (the
-  metering source of truth; trainer and rollout metrics are not added again).
+- Device-seconds come from :class:`~events.UsageRecorded` (v3: ``device_kind`` "cpu" or
+  "gpu" and ``device_seconds``; older records upcast as GPU-seconds), totalled per device
+  kind and pool and priced per device kind and pool; the GPU-seconds of the view
+  (``gpu_seconds_*``, by pool and by phase) count GPU time only, so a CPU host's run shows
+  its CPU-seconds under ``device_seconds_by_kind`` and no GPU time. Tokens
+  generated/trained come from the same facts (the metering source of truth; trainer and
+  rollout metrics are not added again).
 - A *committed* optimizer step is a :class:`~events.TrainerStepCompleted` whose step is
   beyond every step committed before; steps recomputed after a resume are progress
   already paid for, so they add cost but not committed steps.
-- Spend = GPU-seconds x per-pool price + tokens x per-million price (``prices.yaml``).
+- Spend = device-seconds x price per device kind and pool + tokens x per-million price
+  (``prices.yaml``).
 - Duplicates are never billed twice: a :class:`~events.UsageRecorded` whose ``seq`` is
   not beyond the last one billed from the same ``producer`` is a redelivery (a retry, a
   re-shipped spool tail, a history imported twice) and is ignored. Assumption (DESIGN's
@@ -52,6 +57,15 @@ class RunUsage(NamedTuple):
     last_committed_step: int = -1
     #: (producer, last billed seq) of every producer that metered this run
     billed_seq: tuple[tuple[str, int], ...] = ()
+    #: device-seconds per "kind/pool" (e.g. "cpu/trainer"), every device kind: what is priced
+    device_seconds: tuple[tuple[str, float], ...] = ()
+
+    def by_kind(self) -> tuple[tuple[str, float], ...]:
+        """Device-seconds per device kind (every pool)."""
+        out: tuple[tuple[str, float], ...] = ()
+        for name, secs in self.device_seconds:
+            out = _add_phase(out, name.split("/", 1)[0], secs)
+        return out
 
     def by_pool(self) -> tuple[tuple[str, float], ...]:
         return (
@@ -60,9 +74,12 @@ class RunUsage(NamedTuple):
         )
 
     def spend_usd(self, prices: Prices) -> float:
+        devices = 0.0
+        for name, secs in self.device_seconds:
+            kind, pool = name.split("/", 1)
+            devices += secs * prices.device_price(kind, pool)
         return (
-            self.gpu_seconds_rollout_fleet * prices.gpu_price("rollout_fleet")
-            + self.gpu_seconds_trainer * prices.gpu_price("trainer")
+            devices
             + self.tokens_generated * prices.usd_per_million_tokens_generated / 1e6
             + self.tokens_trained * prices.usd_per_million_tokens_trained / 1e6
         )
@@ -133,33 +150,36 @@ class AccountingFold:
         t = type(event)
         if t is UsageRecorded:
             (_, _, fleet_s, trainer_s, phases, generated, trained, steps, last_step,
-             billed) = state  # fmt: skip
+             billed, devices) = state  # fmt: skip
             billed_seq = _bill(billed, event.producer, event.seq)
             if billed_seq is None:
                 return state, ()  # a redelivered or replayed usage fact: billed already
             fleet = event.pool == "rollout_fleet"
-            seconds = event.gpu_seconds
+            seconds = event.device_seconds
+            kind = event.device_kind
+            gpu = seconds if kind == "gpu" else 0.0
             return _record(RunUsage, (
                 event.tenant_id,
                 event.run_id,
-                fleet_s + (seconds if fleet else 0.0),
-                trainer_s + (0.0 if fleet else seconds),
-                _add_phase(phases, event.phase, seconds),
+                fleet_s + (gpu if fleet else 0.0),
+                trainer_s + (0.0 if fleet else gpu),
+                _add_phase(phases, event.phase, gpu) if kind == "gpu" else phases,
                 generated + event.tokens_generated,
                 trained + event.tokens_trained,
                 steps,
                 last_step,
                 billed_seq,
+                _add_phase(devices, f"{kind}/{event.pool}", seconds),
             )), ()  # fmt: skip
         if t is not TrainerStepCompleted:
             return state, ()
         step = event.step
         if step is None or step <= state.last_committed_step:
             return state, ()
-        (_, _, fleet_s, trainer_s, phases, generated, trained, steps, _, billed) = state
+        (_, _, fleet_s, trainer_s, phases, generated, trained, steps, _, billed, devices) = state
         state = _record(RunUsage, (
             event.tenant_id, event.run_id, fleet_s, trainer_s, phases, generated, trained,
-            steps + 1, step, billed,
+            steps + 1, step, billed, devices,
         ))  # fmt: skip
         return state, (self.update_event(state, event),)
 
@@ -179,6 +199,7 @@ class AccountingFold:
                 "seq": 0,
                 "gpu_seconds_by_pool": state.by_pool(),
                 "gpu_seconds_by_phase": state.gpu_seconds_by_phase,
+                "device_seconds_by_kind": state.by_kind(),
                 "tokens_generated": state.tokens_generated,
                 "tokens_trained": state.tokens_trained,
                 "committed_steps": steps,
@@ -194,4 +215,12 @@ class AccountingFold:
         doc: dict[str, Any] = json.loads(raw)
         doc["gpu_seconds_by_phase"] = tuple(tuple(p) for p in doc["gpu_seconds_by_phase"])
         doc["billed_seq"] = tuple(tuple(p) for p in doc.get("billed_seq", ()))
+        if "device_seconds" in doc:
+            doc["device_seconds"] = tuple(tuple(p) for p in doc["device_seconds"])
+        else:  # stored before device kinds: all of it was GPU time
+            gpu = (
+                ("gpu/rollout_fleet", doc["gpu_seconds_rollout_fleet"]),
+                ("gpu/trainer", doc["gpu_seconds_trainer"]),
+            )
+            doc["device_seconds"] = tuple(p for p in gpu if p[1])
         return RunUsage(**doc)

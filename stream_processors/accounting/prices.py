@@ -16,17 +16,33 @@ DEFAULT_PRICES_PATH = Path(__file__).parent / "prices.yaml"
 
 
 class Prices(BaseModel):
-    """USD prices. GPU-seconds are priced per pool; tokens per million (optional)."""
+    """USD prices. Device-seconds are priced per device kind and pool:
+    ``usd_per_gpu_second`` and ``usd_per_cpu_second`` (each per pool); tokens per million
+    (optional)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     version: str = "default"
     usd_per_gpu_second: dict[str, float] = Field(default_factory=dict)
+    usd_per_cpu_second: dict[str, float] = Field(default_factory=dict)
     usd_per_million_tokens_generated: float = 0.0
     usd_per_million_tokens_trained: float = 0.0
 
+    def device_price(self, kind: str, pool: str) -> float:
+        """USD per device-second of ``kind`` (``cpu`` | ``gpu``) in ``pool`` (0: unpriced)."""
+        table = self.usd_per_gpu_second if kind == "gpu" else self.usd_per_cpu_second
+        return table.get(pool, 0.0) if kind in ("cpu", "gpu") else 0.0
+
     def gpu_price(self, pool: str) -> float:
-        return self.usd_per_gpu_second.get(pool, 0.0)
+        return self.device_price("gpu", pool)
+
+    def by_kind_and_pool(self) -> dict[str, float]:
+        """Every price as ``{"<kind>/<pool>": usd}``, GPU prices also under the bare pool
+        name (the older key): the form the dead-run detector's money estimate reads."""
+        out = dict(self.usd_per_gpu_second)
+        out.update({f"gpu/{pool}": usd for pool, usd in self.usd_per_gpu_second.items()})
+        out.update({f"cpu/{pool}": usd for pool, usd in self.usd_per_cpu_second.items()})
+        return out
 
     @classmethod
     def load(cls, path: str | Path | None = None) -> Prices:

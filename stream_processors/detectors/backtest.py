@@ -45,7 +45,8 @@ class RunBacktest:
     last_step: int | None
     config_version: str
     alerts: tuple[FirstAlert, ...] = ()
-    #: (step, pool, GPU-seconds) of every usage fact with a step, in log order
+    #: (step, price key, device-seconds) of every usage fact with a step, in log order; the
+    #: key is the pool for GPU time (``UsageRecorded`` v3), "<kind>/<pool>" for other kinds
     usage: tuple[tuple[int, str, float], ...] = field(default=(), repr=False)
 
     @property
@@ -60,7 +61,8 @@ class RunBacktest:
         )
 
     def gpu_seconds(self, after: int, upto: int) -> float:
-        return sum(gpu for step, _, gpu in self.usage if after < step <= upto)
+        """GPU-seconds at steps in ``(after, upto]`` (other device kinds not counted)."""
+        return sum(s for step, key, s in self.usage if after < step <= upto and "/" not in key)
 
     def verdict(self, incident_step: int | None) -> bool | None:
         """True when a page fired before ``incident_step``; None without one."""
@@ -128,7 +130,9 @@ def backtest(events: Iterable[EventBase], fold: RunHealthFold) -> dict[str, RunB
             lo, hi = spans.get(run, (ev.step, ev.step))
             spans[run] = (min(lo, ev.step), max(hi, ev.step))
         elif ev.type == "UsageRecorded" and ev.step is not None:
-            usage[run].append((ev.step, ev.pool, ev.gpu_seconds))  # type: ignore[attr-defined]
+            kind, pool = ev.device_kind, ev.pool  # type: ignore[attr-defined]
+            key = pool if kind == "gpu" else f"{kind}/{pool}"
+            usage[run].append((ev.step, key, ev.device_seconds))  # type: ignore[attr-defined]
         for a in derived:
             if not isinstance(a, AlertFired) or a.escalated or a.detector in firsts[run]:
                 continue

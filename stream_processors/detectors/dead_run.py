@@ -18,14 +18,14 @@ Two kinds of evidence, the fast one first:
   the same holds for KL with its own tolerances (a run that reports no KL is judged on
   reward alone). ``windows`` flat windows in a row fire. Lag: ``windows x window`` steps.
 
-Either fires only while money is being spent: GPU-seconds from ``UsageRecorded`` grew
-during the stretch, or no usage was ever reported (committed steps are assumed to cost).
-The alert states the money burned since the signal died and in the whole run, priced per
-pool at ``usd_per_gpu_second`` (the composition root fills it from the accounting price
-list, ``stream_processors/accounting/prices.yaml``; ``prices_version`` names it; without
-prices the alert states GPU-seconds only). An episode resolves when its evidence ends: for
-the fast kind, ``resolve_steps`` steps in a row with spread again; for the windowed kind, a
-window that is not flat.
+Either fires only while money is being spent: device-seconds (GPU or CPU: ``UsageRecorded``
+v3) grew during the stretch, or no usage was ever reported (committed steps are assumed to
+cost). The alert states the money burned since the signal died and in the whole run,
+priced per device kind and pool (``usd_per_gpu_second``: the composition root fills it
+from the accounting price list, ``stream_processors/accounting/prices.yaml``;
+``prices_version`` names it; without prices the alert states device-seconds only). An
+episode resolves when its evidence ends: for the fast kind, ``resolve_steps`` steps in a
+row with spread again; for the windowed kind, a window that is not flat.
 """
 
 from __future__ import annotations
@@ -70,7 +70,8 @@ class Params:
     #: relative to max(1, |mean|))
     eps: float = 1e-9
     resolve_steps: int = 5
-    #: (pool, USD per GPU-second) pairs: the accounting price list
+    #: ("<device kind>/<pool>" or a bare pool: GPU, USD per device-second) pairs: the
+    #: accounting price list (the name is the catalog's key; it holds CPU prices too)
     usd_per_gpu_second: tuple[tuple[str, float], ...] = ()
     prices_version: str = ""
 
@@ -124,9 +125,15 @@ def zero_std_fraction(ev: Any, eps: float) -> float | None:
     return None
 
 
-def _price(p: Params, pool: str) -> float:
+def _price(p: Params, where: str) -> float:
+    """The price of ``"<device kind>/<pool>"``; a price list keyed by bare pool names (the
+    older form) prices GPU time only."""
+    bare = where.split("/", 1)[1] if where.startswith("gpu/") else None
     for name, usd in p.usd_per_gpu_second:
-        if name == pool:
+        if name == where:
+            return usd
+    for name, usd in p.usd_per_gpu_second:
+        if name == bare:
             return usd
     return 0.0
 
@@ -150,10 +157,11 @@ class DeadRun:
     ) -> tuple[DeadRunState, Sequence[AlertEvent]]:
         p = cfg.params
         if ev.type == "UsageRecorded":
-            gpu = ev.gpu_seconds  # type: ignore[attr-defined]
+            gpu = ev.device_seconds  # type: ignore[attr-defined]  (any device kind: the spend)
             if not isfinite(gpu):
                 return st, NO_ALERTS
-            usd = st.usd + gpu * _price(p, ev.pool) if p.usd_per_gpu_second else 0.0  # type: ignore[attr-defined]
+            where = f"{ev.device_kind}/{ev.pool}"  # type: ignore[attr-defined]
+            usd = st.usd + gpu * _price(p, where) if p.usd_per_gpu_second else 0.0
             return st._replace(gpu_s=st.gpu_s + gpu, usd=usd, usage_seen=True), NO_ALERTS
         step: int = ev.step  # type: ignore[assignment]  (the composite drops step-less)
         r, k = ev.reward_mean, ev.kl_to_ref  # type: ignore[attr-defined]
@@ -370,7 +378,8 @@ class DeadRun:
 
 
 def _gpu(seconds: float) -> str:
-    return f"{seconds / 3600:,.1f} GPU-hours" if seconds >= 3600 else f"{seconds:,.0f} GPU-s"
+    """Device time as the alert says it (``UsageRecorded`` v3: GPU or CPU seconds)."""
+    return f"{seconds / 3600:,.1f} device-hours" if seconds >= 3600 else f"{seconds:,.0f} device-s"
 
 
 DETECTOR = DeadRun()

@@ -208,7 +208,16 @@ def synthetic_run(
                 optim_s=float(wall[s] - idle[s]),
             )
         )
-        out.append(emit(UsageRecorded, s, pool="trainer", phase="optim", gpu_seconds=8 * wall[s]))
+        out.append(
+            emit(
+                UsageRecorded,
+                s,
+                pool="trainer",
+                phase="optim",
+                device_kind="gpu",
+                device_seconds=8 * wall[s],
+            )
+        )
         if not frozen:
             out.append(emit(WeightSyncCompleted, s, policy_version=s, duration_s=1.0))
         if s % eval_every == eval_every - 1 and fault != "no_eval_gate":

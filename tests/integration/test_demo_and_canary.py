@@ -66,8 +66,8 @@ def test_short_demo_ends_in_the_expected_states(tmp_path: Path) -> None:
     assert lr["tenant_actions"][0].startswith("resume with")
     hacked = runs["globex-gameable-reward"]
     assert "reward_hacking" in hacked["alerts"] and hacked["state"] == "CANCELLED"
-    # the hacking gate pauses it at the second eval, before the KL gate could
-    assert len(hacked["pauses"]) == 1
+    # the hacking gate pauses it at the third eval (step 20); the tenant cancels
+    assert len(hacked["pauses"]) == 1, hacked["pauses"]
     flaky = runs["acme-flaky-reward"]
     assert (flaky["state"], flaky["failure_class"]) == ("FAILED", "tenant_code_fault")
     assert "certified" in runs["globex-preempted"]["resume"]

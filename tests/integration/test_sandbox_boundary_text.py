@@ -40,7 +40,7 @@ seed: 0
 steps: 3
 eval_every: 10
 task: {kind: reverse, digits: 3, base: 10, heldout_percent: 20}
-model: {embed: 32, hidden: 96, warm_start_steps: 20}
+model: {hidden: 64, heads: 2, warm_start_steps: 20}
 grpo: {prompts_per_step: 8, group_size: 4, lr: 0.01, warmup_steps: 5, kl_coef: 0.4}
 reward: {kind: sandbox, sandbox_path: REWARD, max_skips_per_step: 1, sandbox_deadline_s: 5}
 checkpoint: {every: 10, keep: 5}

@@ -77,6 +77,9 @@ def test_kill9_resume_is_bitwise(tmp_path: Path) -> None:
     events = list(run_events(log, "killed"))
     cert = [e for e in events if isinstance(e, ResumeCertified)]
     assert len(cert) == 1 and cert[0].window_end == gate["window"][1]
+    # the replay generated with the run's own engine (vLLM wherever it imports): bitwise
+    engine = cert[0].rollout_engine or ""
+    assert cert[0].tier == "bitwise" and engine.startswith(("vllm:", "torch:")), engine
     # re-sync before the first new generation, with the restored version
     after = events[events.index(cert[0]) :]
     first_sync = next(e for e in after if isinstance(e, WeightSyncCompleted))

@@ -7,7 +7,7 @@ submission. Metric names:
 - ``train/<field>`` for ``TrainerStepCompleted``'s typed fields; its ``extra`` keys as the
   framework reported them (``actor/ppo_kl``, ``completions/mean_length``; numbers only);
 - ``rollout/<field>`` (``RolloutBatchCompleted``), ``timing/<phase>_s``
-  (``StepPhaseTimed``), ``eval/score`` (``EvalGateScored``), ``usage/<pool>_gpu_seconds``
+  (``StepPhaseTimed``), ``eval/score`` (``EvalGateScored``), ``usage/<pool>_<device kind>_seconds``
   (``UsageRecorded``, summed per step), ``spend/usd`` (``TenantUsageUpdated``).
 
 A step reported twice (a run resumed from an earlier checkpoint retrains it) keeps the
@@ -162,8 +162,8 @@ def _apply(h: RunHistory, ev: EventBase) -> None:
     elif kind == "UsageRecorded":
         row = _metrics(h, ev.step, ev.ts)
         if row is not None:
-            key = f"usage/{ev.pool}_gpu_seconds"
-            row[key] = row.get(key, 0.0) + float(ev.gpu_seconds)
+            key = f"usage/{ev.pool}_{ev.device_kind}_seconds"
+            row[key] = row.get(key, 0.0) + float(ev.device_seconds)
     elif kind == "TenantUsageUpdated":
         row = _metrics(h, ev.step, ev.ts)
         if row is not None:

@@ -91,8 +91,8 @@ def test_wrong_field_type_reports_pydantic_error_codes():
     assert set(result.error_types) == {"int_parsing"}
 
 
-def test_v1_usage_record_is_upcast_to_v2():
-    """A real schema change: v1 UsageRecorded had no ``pool``."""
+def test_v1_usage_record_is_upcast_to_v3():
+    """Real schema changes: v1 UsageRecorded had no ``pool``; v2 said ``gpu_seconds``."""
     v1 = {
         "event_id": str(uuid.uuid4()), "type": "UsageRecorded", "schema_version": 1,
         "tenant_id": "t", "run_id": "r", "step": 3, "ts": 1.0, "producer": "old-trainer",
@@ -100,12 +100,48 @@ def test_v1_usage_record_is_upcast_to_v2():
     }  # fmt: skip
     ev = decode(json.dumps(v1).encode())
     assert isinstance(ev, UsageRecorded)
-    assert (ev.schema_version, ev.pool, ev.gpu_seconds) == (2, "rollout_fleet", 12.5)
+    assert (ev.schema_version, ev.pool) == (3, "rollout_fleet")
+    assert (ev.device_kind, ev.device_seconds) == ("gpu", 12.5)
     v1["phase"] = "optim"
     assert decode(json.dumps(v1).encode()).pool == "trainer"
+    v2 = {**v1, "schema_version": 2, "pool": "trainer", "gpu_seconds": 3.0}
+    ev = decode(json.dumps(v2).encode())
+    assert isinstance(ev, UsageRecorded)
+    assert (ev.schema_version, ev.device_kind, ev.device_seconds) == (3, "gpu", 3.0)
+    assert not hasattr(ev, "gpu_seconds")  # CPU time can no longer be read as GPU time
+    # the v3 payload names its device kind; CPU time stays CPU time through the codec
+    v3 = {k: v for k, v in v2.items() if k != "gpu_seconds"}
+    v3 |= {"schema_version": 3, "device_kind": "cpu", "device_seconds": 2.0}
+    ev = decode(json.dumps(v3).encode())
+    assert isinstance(ev, UsageRecorded) and (ev.device_kind, ev.device_seconds) == ("cpu", 2.0)
     # constructing an old version directly is refused: old versions come only via the codec
     with pytest.raises(ValidationError):
         UsageRecorded(**{**v1, "pool": "trainer"})
+
+
+def test_rollout_certified_and_tenant_usage_upcasts():
+    """RolloutBatchCompleted v1 (no engine telemetry), ResumeCertified v1 (no engine) and
+    TenantUsageUpdated v1 (GPU-seconds only) read as their current versions."""
+    env = {
+        "event_id": str(uuid.uuid4()), "tenant_id": "t", "run_id": "r", "step": 3,
+        "ts": 1.0, "producer": "p", "seq": 1, "schema_version": 1,
+    }  # fmt: skip
+    ev = decode(json.dumps({**env, "type": "RolloutBatchCompleted", "policy_version": 2,
+                            "num_sequences": 8, "mean_length": 3.0}).encode())  # fmt: skip
+    assert ev.schema_version == 2 and ev.tokens_per_s is None  # type: ignore[union-attr]
+    assert ev.logprob_abs_diff_mean is None  # type: ignore[union-attr]
+    ev = decode(json.dumps({**env, "type": "ResumeCertified", "checkpoint_path": "c",
+                            "checkpoint_step": 2, "window_start": 3, "window_end": 4,
+                            "tier": "bitwise", "tolerance": 0.0,
+                            "max_deviation": 0.0}).encode())  # fmt: skip
+    assert ev.schema_version == 2 and ev.rollout_engine is None  # type: ignore[union-attr]
+    usage = {**env, "type": "TenantUsageUpdated",
+             "gpu_seconds_by_pool": {"trainer": 3.0, "rollout_fleet": 1.5}}  # fmt: skip
+    ev = decode(json.dumps(usage).encode())
+    assert ev.schema_version == 2  # type: ignore[union-attr]
+    assert dict(ev.device_seconds_by_kind) == {"gpu": 4.5}  # type: ignore[union-attr]
+    ev = decode(json.dumps({**usage, "gpu_seconds_by_pool": {}}).encode())
+    assert dict(ev.device_seconds_by_kind) == {}  # type: ignore[union-attr]
 
 
 def test_derived_ids_are_uuid5_of_their_parts_in_the_runwatch_namespace():

@@ -107,8 +107,8 @@ def test_old_versions_are_upcast_by_the_codec() -> None:
           "tenant_id": "t", "run_id": "r", "step": 3, "ts": 1.0, "producer": "old-trainer",
           "seq": 9, "phase": "rollout", "gpu_seconds": 12.5}  # fmt: skip
     ev = same(json.dumps(v1, separators=(",", ":")).encode())
-    assert isinstance(ev, UsageRecorded) and ev.schema_version == 2
-    assert ev.pool == "rollout_fleet"
+    assert isinstance(ev, UsageRecorded) and ev.schema_version == 3
+    assert (ev.pool, ev.device_kind, ev.device_seconds) == ("rollout_fleet", "gpu", 12.5)
 
 
 def test_a_decoded_event_copies_like_any_other() -> None:

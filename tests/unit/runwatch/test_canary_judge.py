@@ -48,7 +48,9 @@ def test_billing_is_judged_while_paused_not_after_a_resume() -> None:
                              alert_id=alert.alert_id)  # fmt: skip
     paused = RunPaused(**_env(11, 3), reason="gate", request_id=str(request.event_id))
     resumed = RunResumed(**_env(11, 4))
-    billed = UsageRecorded(**_env(12, 5), pool="trainer", phase="optim", gpu_seconds=3.0)
+    billed = UsageRecorded(
+        **_env(12, 5), pool="trainer", phase="optim", device_kind="gpu", device_seconds=3.0
+    )
     view = _view((1, "RUNNING"), (10, "DEGRADED"), (11, "PAUSED_BY_GATE"), (11, "RUNNING"))
     ok = judge(GAMEABLE, view, [alert], [request, paused, resumed, billed])
     assert ok.passed and ok.billed_after_pause_s == 0.0

@@ -26,7 +26,8 @@ def test_accounting_splits_pools_and_phases_and_prices_committed_steps():
                 step,
                 pool="rollout_fleet",
                 phase="rollout",
-                gpu_seconds=10.0,
+                device_kind="gpu",
+                device_seconds=10.0,
                 tokens_generated=100,
             ),
             f.ev(
@@ -34,7 +35,8 @@ def test_accounting_splits_pools_and_phases_and_prices_committed_steps():
                 step,
                 pool="trainer",
                 phase="optim",
-                gpu_seconds=5.0,
+                device_kind="gpu",
+                device_seconds=5.0,
                 tokens_trained=100,
             ),
             f.ev(TrainerStepCompleted, step),
@@ -52,19 +54,65 @@ def test_accounting_splits_pools_and_phases_and_prices_committed_steps():
     assert fold.load_state(fold.dump_state(state)) == state
 
 
+def test_device_seconds_are_priced_by_device_kind_and_pool():
+    """A CPU host's usage (v3: ``device_kind`` "cpu") is priced at CPU prices and is no
+    GPU time; GPU facts keep GPU prices."""
+    import json
+
+    prices = Prices(
+        usd_per_gpu_second={"trainer": 0.002, "rollout_fleet": 0.001},
+        usd_per_cpu_second={"trainer": 0.0001, "rollout_fleet": 0.00005},
+    )
+    fold = AccountingFold(prices)
+    f = RunFactory()
+    state, out = fold.initial(), []
+    for ev in (
+        f.ev(UsageRecorded, 1, pool="rollout_fleet", phase="rollout", device_kind="cpu",
+             device_seconds=10.0),
+        f.ev(UsageRecorded, 1, pool="trainer", phase="optim", device_kind="cpu",
+             device_seconds=4.0),
+        f.ev(UsageRecorded, 1, pool="trainer", phase="optim", device_kind="gpu",
+             device_seconds=2.0),
+        f.ev(TrainerStepCompleted, 1),
+    ):  # fmt: skip
+        state, derived = fold.apply(state, ev)
+        out.extend(derived)
+    assert state.gpu_seconds_trainer == 2.0 and state.gpu_seconds_rollout_fleet == 0.0
+    assert dict(state.gpu_seconds_by_phase) == {"optim": 2.0}
+    last = out[-1]
+    assert last.schema_version == 2
+    assert dict(last.device_seconds_by_kind) == {"cpu": 14.0, "gpu": 2.0}
+    assert last.spend_usd == pytest.approx(10 * 0.00005 + 4 * 0.0001 + 2 * 0.002)
+    assert fold.load_state(fold.dump_state(state)) == state
+    # a state stored before device kinds (no ``device_seconds``): all of it was GPU time
+    old = {k: v for k, v in state._asdict().items() if k != "device_seconds"}
+    restored = fold.load_state(json.dumps(old).encode())
+    assert dict(restored.device_seconds) == {"gpu/trainer": 2.0}
+    # the packaged price list prices both kinds, GPU above CPU
+    packaged = Prices.load()
+    for pool in ("trainer", "rollout_fleet"):
+        assert 0 < packaged.device_price("cpu", pool) < packaged.device_price("gpu", pool)
+    assert PRICES.device_price("cpu", "trainer") == 0 and PRICES.device_price("tpu", "x") == 0
+    assert packaged.by_kind_and_pool()["trainer"] == packaged.device_price("gpu", "trainer")
+
+
 def test_a_redelivered_usage_fact_is_not_billed_twice():
     """Duplicates (a retry, a re-shipped spool tail, a re-import) carry the same producer
     and seq: the second copy costs nothing."""
     fold = AccountingFold(PRICES)
     f = RunFactory()
-    usage = f.ev(UsageRecorded, 1, pool="trainer", phase="optim", gpu_seconds=10.0)
-    other = f.ev(UsageRecorded, 1, pool="trainer", phase="optim", gpu_seconds=1.0,
-                 producer="rollout-worker-3")  # fmt: skip
+    usage = f.ev(
+        UsageRecorded, 1, pool="trainer", phase="optim", device_kind="gpu", device_seconds=10.0
+    )
+    other = f.ev(UsageRecorded, 1, pool="trainer", phase="optim", device_kind="gpu",
+                 device_seconds=1.0, producer="rollout-worker-3")  # fmt: skip
     state = fold.initial()
     for ev in (usage, other, usage, other, usage):
         state, _ = fold.apply(state, ev)
     assert state.gpu_seconds_trainer == 11.0
-    later = f.ev(UsageRecorded, 2, pool="trainer", phase="optim", gpu_seconds=5.0)
+    later = f.ev(
+        UsageRecorded, 2, pool="trainer", phase="optim", device_kind="gpu", device_seconds=5.0
+    )
     state, _ = fold.apply(state, later)
     assert state.gpu_seconds_trainer == 16.0
     assert fold.load_state(fold.dump_state(state)) == state
@@ -77,7 +125,9 @@ def test_usage_with_a_negative_seq_is_never_billed():
     f = RunFactory()
     state = fold.initial()
     for seq in (-1, -1, 0, 0):
-        ev = f.ev(UsageRecorded, 1, pool="trainer", phase="optim", gpu_seconds=4.0)
+        ev = f.ev(
+            UsageRecorded, 1, pool="trainer", phase="optim", device_kind="gpu", device_seconds=4.0
+        )
         state, _ = fold.apply(state, ev.model_copy(update={"seq": seq}))
     assert state.gpu_seconds_trainer == 4.0
 
@@ -101,7 +151,9 @@ def test_the_read_model_shows_the_bills_and_the_usage_after_the_last_one() -> No
     events = synth_fleet(4, 30)
     f = RunFactory("run-late", "tenant-0")
     events += [f.ev(TrainerStepCompleted, 1)]
-    events += [f.ev(UsageRecorded, 1, pool="trainer", phase="optim", gpu_seconds=7.0)]
+    events += [
+        f.ev(UsageRecorded, 1, pool="trainer", phase="optim", device_kind="gpu", device_seconds=7.0)
+    ]
     host = read_model_host(InMemoryReadModel(), prices=PRICES)
     derived = host.process_events((type(e).TOPIC, 0, e) for e in events)
     derived += host.release_held()

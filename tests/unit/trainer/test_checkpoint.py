@@ -15,7 +15,7 @@ from trainer.loop import Trainer
 TINY = {
     "steps": 6,
     "task": {"kind": "reverse", "digits": 2},
-    "model": {"embed": 8, "hidden": 16, "warm_start_steps": 2},
+    "model": {"hidden": 32, "heads": 1, "layers": 1, "intermediate": 32, "warm_start_steps": 2},
     "grpo": {"prompts_per_step": 4, "group_size": 4},
     "checkpoint": {"every": 2},
 }
@@ -60,7 +60,7 @@ def test_round_trip_restores_every_part_into_fresh_objects(tmp_path: Path) -> No
 def test_pins_are_recorded(tmp_path: Path) -> None:
     tr = _trainer(tmp_path)
     info = tr.save_checkpoint().info
-    assert set(info.pins) == {"reward_fn", "kl_reference", "dataset"}
+    assert set(info.pins) == {"reward_fn", "kl_reference", "dataset", "rollout_engine"}
     assert info.pins == tr.pins
 
 

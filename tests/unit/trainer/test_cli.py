@@ -15,7 +15,7 @@ TINY = {
     "run_id": "cli",
     "steps": 2,
     "task": {"kind": "reverse", "digits": 2},
-    "model": {"embed": 8, "hidden": 16, "warm_start_steps": 2},
+    "model": {"hidden": 32, "heads": 1, "layers": 1, "intermediate": 32, "warm_start_steps": 2},
     "grpo": {"prompts_per_step": 4, "group_size": 4},
 }
 
@@ -31,7 +31,7 @@ def test_inspect_json(saved: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["checkpoint", "inspect", str(saved), "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["verdict"] == "ok" and out["step"] == 1 and out["run_id"] == "cli"
-    assert set(out["pins"]) == {"reward_fn", "kl_reference", "dataset"}
+    assert set(out["pins"]) == {"reward_fn", "kl_reference", "dataset", "rollout_engine"}
     assert "optimizer" in out["parts"] and out["parts"]["model"]["digest"].startswith("crc32:")
 
 
@@ -72,3 +72,19 @@ def test_resume_unknown_run_is_a_clear_error(
     (tmp_path / "log").mkdir()
     assert main(["resume", "--run-id", "nope", "--log", str(tmp_path / "log")]) == 1
     assert "no RunSubmitted" in capsys.readouterr().err
+
+
+def test_train_refuses_a_policy_vllm_cannot_serve(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Head size 16 (hidden 64 / 4 heads) is not served by vLLM's CPU attention: refused
+    before anything starts or is published, naming the reason and the nearest setting."""
+    pytest.importorskip("vllm")
+    cfg = tmp_path / "heads.yaml"
+    cfg.write_text("rollout_backend: vllm\nmodel: {hidden: 64, heads: 4}\n")
+    log = tmp_path / "log"
+    assert main(["train", "--config", str(cfg), "--log", str(log)]) == 1
+    err = capsys.readouterr().err
+    assert "refused at start" in err and "head size 16" in err
+    assert "model.heads: 2 (head size 32)" in err and "model.hidden: 128" in err
+    assert not log.exists()  # nothing was published

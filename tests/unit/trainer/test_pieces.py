@@ -109,15 +109,57 @@ def test_deviation_bitwise_and_statistical() -> None:
 
 
 def test_rollout_backends() -> None:
+    """``torch`` is the torch sampler; ``auto`` is vLLM exactly where vLLM imports; both
+    implement the one protocol."""
     import pytest
 
     from trainer.config import ModelConfig
+    from trainer.engines import make_engine, resolve_backend, vllm_available
     from trainer.policy import build_policy
-    from trainer.rollout import RolloutEngine, RolloutUnavailable, TorchSampler, make_engine
+    from trainer.rollout import RolloutEngine
+    from trainer.rollout_torch import TorchSampler
 
-    policy = build_policy(14, ModelConfig(embed=8, hidden=8), seed=0)
-    assert isinstance(make_engine("torch", policy, 0, "cpu"), TorchSampler)
-    engine = make_engine("auto", policy, 0, "cpu")  # vllm only when it can actually run
-    assert isinstance(engine, RolloutEngine)
-    with pytest.raises(RolloutUnavailable):
-        make_engine("vllm", policy, 0, "cpu")
+    tiny = {"hidden": 32, "heads": 1, "layers": 1, "intermediate": 32}
+    cfg = TrainerConfig(rollout_backend="torch", model=ModelConfig(**tiny))
+    policy = build_policy(14, cfg.model, seed=0)
+    engine = make_engine(cfg, policy, 14, 0)
+    assert isinstance(engine, TorchSampler) and isinstance(engine, RolloutEngine)
+    auto = cfg.with_overrides(rollout_backend="auto")
+    assert resolve_backend(auto) == ("vllm" if vllm_available() else "torch")
+    if not vllm_available():
+        from trainer.rollout import RolloutUnavailable
+
+        with pytest.raises(RolloutUnavailable, match="needs vLLM"):
+            make_engine(cfg.with_overrides(rollout_backend="vllm"), policy, 14, 0)
+
+
+def test_unservable_head_sizes_name_the_nearest_valid_setting() -> None:
+    from trainer.config import ModelConfig
+    from trainer.rollout_vllm import CPU_HEAD_SIZES, unservable
+
+    assert unservable(ModelConfig(hidden=64, heads=2), "cpu") is None
+    why = unservable(ModelConfig(hidden=64, heads=4), "cpu")
+    assert why is not None and "head size 16" in why
+    assert "model.heads: 2 (head size 32)" in why and "model.hidden: 128" in why
+    why = unservable(ModelConfig(hidden=40, heads=1), "cpu")  # 40: no divisor is served
+    assert why is not None and "Nearest valid setting: model.hidden: 32 (head size 32" in why
+    assert unservable(ModelConfig(hidden=64, heads=4), "cuda") is None  # vLLM decides there
+    assert all(unservable(ModelConfig(hidden=h, heads=1), "cpu") is None for h in CPU_HEAD_SIZES)
+
+
+def test_rollout_interface_imports_no_engine() -> None:
+    """No import circle: the interface module imports neither engine (they import it);
+    the choice between them lives in trainer/engines.py."""
+    import ast
+    from pathlib import Path
+
+    import trainer.rollout
+
+    tree = ast.parse(Path(trainer.rollout.__file__).read_text())
+    imported = {
+        node.module if isinstance(node, ast.ImportFrom) else alias.name
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Import | ast.ImportFrom)
+        for alias in (node.names if isinstance(node, ast.Import) else [node])  # type: ignore[list-item]
+    }
+    assert not {m for m in imported if m and m.startswith("trainer.")}, imported

@@ -64,7 +64,13 @@ class Run:
         return StepPhaseTimed(**self._env(step), wall_s=wall, idle_s=idle, optim_s=wall - idle)
 
     def usage(self, step: int, gpu_seconds: float, pool: str = "trainer") -> UsageRecorded:
-        return UsageRecorded(**self._env(step), pool=pool, phase="optim", gpu_seconds=gpu_seconds)
+        return UsageRecorded(
+            **self._env(step),
+            pool=pool,
+            phase="optim",
+            device_kind="gpu",
+            device_seconds=gpu_seconds,
+        )
 
     def checkpoint(self, step: int) -> CheckpointWritten:
         return CheckpointWritten(
