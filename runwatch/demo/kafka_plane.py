@@ -41,6 +41,16 @@ from projections.views import RunView
 from runwatch.hosting.follow import follow
 from runwatch.hosting.read_model import read_model_host
 
+#: The shipper looks at the spool this often when it found nothing new (what it finds
+#: it ships at once and looks again): part of every alert's way there and of every
+#: controller command's way back, so it is kept short; an idle look is a positions
+#: file read and a stat per topic.
+SHIP_EVERY_S = 0.02
+
+#: How long the plane waits for its faust worker to join its group (a cold start on a
+#: loaded 2-core box took 10-40 s: interpreter and faust imports, then the join).
+WORKER_START_S = 180.0
+
 #: The projections hold a run's terminal event until the processors have caught up; the
 #: plane releases it itself at the end (see :meth:`KafkaPlane._settle`).
 HOLD_UNTIL_SETTLED = 3600.0
@@ -79,6 +89,27 @@ class KafkaPlane:
             self.close()
             why = repr(self._errors[0]) if self._errors else "timed out"
             raise RuntimeError(f"could not start the plane on Kafka at {bootstrap}: {why}")
+        self._wait_for_worker(WORKER_START_S)
+
+    def _wait_for_worker(self, timeout_s: float) -> None:
+        """Return once the faust worker's consumer group is stable with a member (it holds
+        its partitions): the plane is up before the runs start, as in a deployment, so a
+        fault in a run's first steps is not judged while the worker is still starting
+        (its start takes seconds: imports, faust's start-up, the group join)."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self._worker.poll() is not None:
+                self.close()
+                raise RuntimeError(
+                    f"the faust worker exited ({self._worker.returncode}) before it was up; "
+                    f"see {self.out / 'process-logs' / 'faust-worker.err'}"
+                )
+            ready = asyncio.run_coroutine_threadsafe(self._worker_joined(), self._loop)
+            if ready.result(30):
+                return
+            time.sleep(0.2)
+        self.close()
+        raise RuntimeError(f"the faust worker did not join its group within {timeout_s:.0f} s")
 
     # -- the faust worker process ---------------------------------------------------------
 
@@ -131,7 +162,7 @@ class KafkaPlane:
             if n:
                 self.records += n
                 self._last_activity = time.monotonic()
-            await asyncio.sleep(0.1)
+            await asyncio.sleep(0 if n else SHIP_EVERY_S)
 
     async def _watch_alerts(self, kafka: KafkaLog) -> None:
         assert self._stop is not None
@@ -221,6 +252,23 @@ class KafkaPlane:
 
         async with KafkaLog(self.bootstrap, create_registry_topics=False) as kafka:
             await publish(kafka, events)
+
+    async def _worker_joined(self) -> bool:
+        """Is the faust worker's consumer group (its app id) stable with a member?"""
+        from aiokafka.admin import AIOKafkaAdminClient
+
+        admin = AIOKafkaAdminClient(bootstrap_servers=self.bootstrap)
+        try:
+            await admin.start()
+            for response in await admin.describe_consumer_groups([self.app_id]):
+                for group in response.groups:  # (error, id, state, protocol type, ..., members)
+                    if group[1] == self.app_id:
+                        return bool(group[0] == 0 and group[2] == "Stable" and group[5])
+            return False
+        except Exception:  # the coordinator is still being elected: not yet
+            return False
+        finally:
+            await admin.close()
 
     async def _worker_caught_up(self) -> bool:
         """Has the faust worker (consumer group = its app id) committed every telemetry
