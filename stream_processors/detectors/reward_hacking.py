@@ -159,26 +159,21 @@ class _HackingFields(NamedTuple):
     evals: EvalSide = EvalSide()
 
 
-#: fields of the state round one's rule persisted (cum, x0, points, snaps, d2, n_items,
-#: episode, calm, fell_from)
-_ROUND_ONE_FIELDS = 9
-
-
 @state_type
 class HackingState(_HackingFields):
-    """The detector's state. Built from stored fields (the state codec), a state persisted
-    by round one's rule starts afresh but keeps its open episode, so a host restarted on it
-    neither crashes nor pages twice for one episode. The fold's hot paths build records with
-    ``tuple.__new__`` and never come here."""
+    """The detector's state. A state stored by an earlier rule (8 fields before issue 17,
+    9 in its first round; the open episode and its calm count at places 6 and 7 in both)
+    starts afresh but keeps its open episode (:meth:`from_stale`, called by the state
+    codec), so a host restarted on it neither crashes nor pages twice for one episode."""
 
     __slots__ = ()
 
-    def __new__(cls, *fields: Any) -> HackingState:
-        if len(fields) == _ROUND_ONE_FIELDS:
-            n_items, episode, calm, fell_from = fields[5:]
-            side = EvalSide(n_items=n_items, episode=episode, calm=calm, fell_from=fell_from)
-            return tuple.__new__(cls, (EMPTY, -1, (), side))
-        return super().__new__(cls, *fields)
+    @classmethod
+    def from_stale(cls, fields: tuple[Any, ...]) -> HackingState:
+        if len(fields) in (8, 9) and (fields[6] is None or isinstance(fields[6], str)):
+            fell_from = float(fields[8]) if len(fields) == 9 else 0.0  # round one kept it
+            return cls(evals=EvalSide(episode=fields[6], calm=int(fields[7]), fell_from=fell_from))
+        return cls()
 
 
 class Fall(NamedTuple):

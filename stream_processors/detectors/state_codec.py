@@ -6,6 +6,11 @@ Records (NamedTuples and frozen dataclasses registered with
 binary doubles (NaN and infinities included, bit-exact). msgpack because the faust host
 writes a run's state to its changelog for every event: a JSON float repr costs more than
 the fold itself.
+
+Layout changes: a record stored with another number of fields than its class has now
+(the detector's state changed shape between versions) loads as the class's fresh state,
+or as what its ``from_stale(fields)`` class method keeps of it; so a change of a state's
+layout must change its field count (or its class name), never only the fields' meaning.
 """
 
 from __future__ import annotations
@@ -37,7 +42,27 @@ def _record(obj: dict[str, Any]) -> Any:
         cls = STATE_TYPES[name]
     except KeyError:
         raise ValueError(f"unknown state record {name!r}") from None
-    return cls(*obj["v"])
+    fields = obj["v"]
+    if len(fields) != _arity(cls):
+        # stored by a version of the detector whose state had another layout: that
+        # detector starts afresh (its class may keep what still means the same, e.g. an
+        # open episode) instead of the host failing on every record of the run
+        stale = getattr(cls, "from_stale", None)
+        return stale(tuple(fields)) if stale is not None else cls()
+    return cls(*fields)
+
+
+def _arity(cls: type) -> int:
+    """The number of fields a record of ``cls`` is stored with."""
+    found = _ARITY.get(cls)
+    if found is None:
+        fields = getattr(cls, "_fields", None)
+        found = len(fields) if fields is not None else len(dataclasses.fields(cls))  # type: ignore[arg-type]
+        _ARITY[cls] = found
+    return found
+
+
+_ARITY: dict[type, int] = {}
 
 
 def dump(state: Any) -> bytes:

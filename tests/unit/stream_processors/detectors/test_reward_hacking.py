@@ -284,3 +284,19 @@ def test_a_state_persisted_by_round_ones_rule_loads_afresh_keeping_its_episode()
             out.extend(derived)
     assert out[0].type == "AlertResolved" and out[0].alert_id == "run-1:reward_hacking:5"
     assert [a.type for a in out[1:]] == ["AlertFired"]  # the later fall: a new episode
+
+
+def test_a_state_persisted_before_issue_17_loads_afresh_keeping_its_episode() -> None:
+    import msgpack
+
+    from stream_processors.detectors import state_codec
+    from stream_processors.detectors.reward_hacking import HackingState
+
+    # main's 8 fields before issue 17: win, reward sums, eval sums, reward_step, eval_step,
+    # true_windows, episode, calm
+    sums = {"@": "Sums", "v": [3, 3.0, 1.5, 5.0, 1.5, 0.75]}
+    stored = {"@": "HackingState", "v": [4, sums, sums, 199, 195, [3],
+                                         "run-1:reward_hacking:150", 0]}  # fmt: skip
+    state = state_codec.load(msgpack.packb(stored, use_bin_type=True))
+    assert isinstance(state, HackingState) and state.cum.n == 0 and state.evals.points == ()
+    assert (state.evals.episode, state.evals.calm) == ("run-1:reward_hacking:150", 0)
