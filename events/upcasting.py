@@ -7,7 +7,7 @@ upcast every time they are read, so an auditor's export stays byte-identical.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 Upcaster = Callable[[dict[str, Any]], dict[str, Any]]
@@ -53,14 +53,26 @@ def _usage_v1_to_v2(raw: dict[str, Any]) -> dict[str, Any]:
     return raw
 
 
+def _not_yet(raw: dict[str, Any], names: Iterable[str]) -> None:
+    """A record of an older version carrying a field that version did not have is not a
+    record of that version: ``ValueError`` (the codec dead-letters it, ``upcast_failed``),
+    never a silent merge into the newer one."""
+    found = sorted(n for n in names if n in raw)
+    if found:
+        raise ValueError(
+            f"{raw.get('type')} v{raw.get('schema_version', 1)} has no field {', '.join(found)}"
+        )
+
+
 @upcaster("UsageRecorded", 2)
 def _usage_v2_to_v3(raw: dict[str, Any]) -> dict[str, Any]:
     """v2 billed ``gpu_seconds``: they become ``device_seconds`` with ``device_kind``
-    "gpu" (what v2 said it metered, whatever the host really had)."""
+    "gpu" (what v2 said it metered, whatever the host really had). A v2 record without
+    ``gpu_seconds`` stays without ``device_seconds`` (a dead letter, as it was in v2)."""
+    _not_yet(raw, ("device_seconds", "device_kind"))
     if "gpu_seconds" in raw:
         raw["device_seconds"] = raw.pop("gpu_seconds")
-    raw.setdefault("device_seconds", 0.0)
-    raw.setdefault("device_kind", "gpu")
+    raw["device_kind"] = "gpu"
     return raw
 
 
@@ -68,6 +80,7 @@ def _usage_v2_to_v3(raw: dict[str, Any]) -> dict[str, Any]:
 def _tenant_usage_v1_to_v2(raw: dict[str, Any]) -> dict[str, Any]:
     """v1 billed every device-second as a GPU-second: ``device_seconds_by_kind`` is the
     v1 total over ``gpu_seconds_by_pool`` under "gpu" (empty when there was none)."""
+    _not_yet(raw, ("device_seconds_by_kind",))
     pools = raw.get("gpu_seconds_by_pool") or ()
     items = pools.items() if isinstance(pools, dict) else pools
     total = sum(float(v) for _k, v in items)
@@ -79,15 +92,17 @@ def _tenant_usage_v1_to_v2(raw: dict[str, Any]) -> dict[str, Any]:
 def _rollout_v1_to_v2(raw: dict[str, Any]) -> dict[str, Any]:
     """v1 carried no engine telemetry and no rollout-vs-train mismatch: every new field is
     null (not measured)."""
+    _not_yet(raw, ROLLOUT_V2_FIELDS)
     for name in ROLLOUT_V2_FIELDS:
-        raw.setdefault(name, None)
+        raw[name] = None
     return raw
 
 
 @upcaster("ResumeCertified", 1)
 def _certified_v1_to_v2(raw: dict[str, Any]) -> dict[str, Any]:
     """v1 did not name the rollout engine the replay ran on: ``rollout_engine`` is null."""
-    raw.setdefault("rollout_engine", None)
+    _not_yet(raw, ("rollout_engine",))
+    raw["rollout_engine"] = None
     return raw
 
 

@@ -159,3 +159,49 @@ def test_derived_ids_are_uuid5_of_their_parts_in_the_runwatch_namespace():
 def test_derived_ids_are_deterministic():
     assert derived_id("kl", "abc", 5) == derived_id("kl", "abc", 5)
     assert derived_id("kl", "abc", 5) != derived_id("kl", "abc", 6)
+
+
+_OLD_USAGE = {
+    "event_id": "00000000-0000-0000-0000-000000000001",
+    "type": "UsageRecorded",
+    "tenant_id": "t",
+    "run_id": "r",
+    "step": 1,
+    "ts": 1.0,
+    "producer": "p",
+    "seq": 1,
+    "pool": "trainer",
+    "phase": "optim",
+}
+
+
+@pytest.mark.parametrize(
+    ("doc", "kind"),
+    [
+        # a v2 record without its required gpu_seconds stays a dead letter (not a $0 bill)
+        ({**_OLD_USAGE, "schema_version": 2}, "validation_error"),
+        # a v2 record with a field only v3 has is not a v2 record
+        ({**_OLD_USAGE, "schema_version": 2, "gpu_seconds": 1.5, "device_kind": "cpu"},
+         "upcast_failed"),
+        ({**_OLD_USAGE, "schema_version": 2, "gpu_seconds": 1.5, "device_seconds": 9.0},
+         "upcast_failed"),
+    ],
+)  # fmt: skip
+def test_old_usage_records_that_were_invalid_stay_dead_letters(doc: dict, kind: str) -> None:
+    from events.fast_decode import decode_fast
+
+    for fn in (decode, decode_fast):
+        out = fn(json.dumps(doc).encode())
+        assert isinstance(out, DeadLetter) and out.kind == kind, (fn.__name__, out)
+
+
+def test_old_rollout_and_certified_records_with_newer_fields_are_dead_letters() -> None:
+    from events.fast_decode import decode_fast
+
+    rollout = json.loads(
+        encode(next(e for e in all_samples() if e.type == "RolloutBatchCompleted"))
+    )
+    rollout["schema_version"] = 1
+    for fn in (decode, decode_fast):
+        out = fn(json.dumps(rollout).encode())  # every v2 field present: not a v1 record
+        assert isinstance(out, DeadLetter) and out.kind == "upcast_failed", out
