@@ -73,6 +73,8 @@ class RunPage(BaseModel):
 
 class Usage(BaseModel):
     gpu_seconds_by_pool: dict[str, float] = {}
+    #: every device-second billed, by device kind ("cpu", "gpu")
+    device_seconds_by_kind: dict[str, float] = {}
     tokens_generated: int = 0
     tokens_trained: int = 0
     committed_steps: int = 0
@@ -109,6 +111,7 @@ class TenantUsage(BaseModel):
     runs: int
     runs_by_state: dict[str, int]
     gpu_seconds_by_pool: dict[str, float]
+    device_seconds_by_kind: dict[str, float] = {}
     tokens_generated: int
     tokens_trained: int
     committed_steps: int

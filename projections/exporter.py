@@ -217,6 +217,7 @@ class ProjectionCollector:
     def _tenants(self, views: list[RunView]) -> Iterator[Metric]:
         label = bounded_tenants(views, self.top_tenants)
         gpu: dict[tuple[str, str], float] = {}
+        device: dict[tuple[str, str], float] = {}
         spend: dict[str, float] = {}
         tokens: dict[tuple[str, str], int] = {}
         steps: dict[str, int] = {}
@@ -227,6 +228,8 @@ class ProjectionCollector:
             runs[t] = runs.get(t, 0) + 1
             for pool, s in u.get("gpu_seconds_by_pool", {}).items():
                 gpu[(t, pool)] = gpu.get((t, pool), 0.0) + s
+            for kind, s in u.get("device_seconds_by_kind", {}).items():
+                device[(t, kind)] = device.get((t, kind), 0.0) + s
             spend[t] = spend.get(t, 0.0) + u.get("spend_usd", 0.0)
             for kind in ("generated", "trained"):
                 tokens[(t, kind)] = tokens.get((t, kind), 0) + u.get(f"tokens_{kind}", 0)
@@ -237,6 +240,13 @@ class ProjectionCollector:
                 "GPU-seconds by tenant and pool.",
                 ["tenant", "pool"],
                 gpu,
+                CounterMetricFamily,
+            ),
+            (
+                "runwatch_tenant_device_seconds",
+                "Device-seconds billed by tenant and device kind (cpu, gpu).",
+                ["tenant", "kind"],
+                device,
                 CounterMetricFamily,
             ),
             (

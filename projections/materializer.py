@@ -68,6 +68,8 @@ class UsageTotals(Protocol):
 
     def by_pool(self) -> tuple[tuple[str, float], ...]: ...
 
+    def by_kind(self) -> tuple[tuple[str, float], ...]: ...
+
     def spend_usd(self, prices: Any) -> float: ...
 
 
@@ -77,6 +79,8 @@ def sync_usage(view: RunView, usage: UsageTotals, prices: PriceList) -> None:
     view.usage = {
         "gpu_seconds_by_pool": dict(usage.by_pool()),
         "gpu_seconds_by_phase": dict(usage.gpu_seconds_by_phase),
+        # what is billed: device-seconds of every kind (cpu where the run had no GPU)
+        "device_seconds_by_kind": dict(usage.by_kind()),
         "tokens_generated": usage.tokens_generated,
         "tokens_trained": usage.tokens_trained,
         "committed_steps": usage.committed_steps,

@@ -56,6 +56,7 @@ def tenant_totals(views: list[RunView]) -> list[dict[str, Any]]:
                 "tenant_id": v.tenant_id,
                 "runs": 0,
                 "gpu_seconds_by_pool": {},
+                "device_seconds_by_kind": {},
                 "tokens_generated": 0,
                 "tokens_trained": 0,
                 "committed_steps": 0,
@@ -69,6 +70,9 @@ def tenant_totals(views: list[RunView]) -> list[dict[str, Any]]:
         u = v.usage
         for pool, s in u.get("gpu_seconds_by_pool", {}).items():
             t["gpu_seconds_by_pool"][pool] = t["gpu_seconds_by_pool"].get(pool, 0.0) + s
+        for kind, s in u.get("device_seconds_by_kind", {}).items():
+            by_kind = t["device_seconds_by_kind"]
+            by_kind[kind] = by_kind.get(kind, 0.0) + s
         for k in ("tokens_generated", "tokens_trained", "committed_steps", "spend_usd"):
             t[k] += u.get(k, 0)
     for t in out.values():

@@ -564,6 +564,23 @@ def build() -> dict[str, Any]:
     )
     g.add(
         series(
+            "Devices billed by tenant and kind",
+            [
+                target(
+                    "sum by (tenant, kind) "
+                    f"(rate(runwatch_tenant_device_seconds_total{{{T}}}[$__rate_interval]))",
+                    "{{tenant}} / {{kind}}",
+                )
+            ],
+            desc="Device-seconds billed per second, every device kind (cpu where a run "
+            "had no GPU): what the spend is priced on.",
+            stack=True,
+        ),
+        12,
+        8,
+    )
+    g.add(
+        series(
             "Tokens per second by tenant",
             [
                 target(

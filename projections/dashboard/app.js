@@ -255,6 +255,10 @@
       tile("Spend so far", fmtUsd(u.spend_usd), "all runs, list prices"),
       tile("GPU hours", hours(total).toFixed(1),
         `trainer ${hours(pools.trainer).toFixed(1)} · rollout ${hours(pools.rollout_fleet).toFixed(1)}`),
+      tile("Device hours billed", hours(Object.values(u.device_seconds_by_kind || {})
+        .reduce((a, b) => a + b, 0)).toFixed(2),
+        Object.entries(u.device_seconds_by_kind || {}).sort()
+          .map(([k, s]) => `${k} ${hours(s).toFixed(2)}`).join(" · ") || "none yet"),
       tile("Committed steps", fmtInt(u.committed_steps),
         u.tokens_trained || u.tokens_generated
           ? `${fmtCompact(u.tokens_trained)} tokens trained · ${fmtCompact(u.tokens_generated)} generated`

@@ -82,11 +82,13 @@ def test_a_spool_left_by_a_dead_process_is_shipped_by_the_next(tmp_path: Path) -
     second = RunwatchHook("r", "t", log=target, spool=tmp_path / "spool", install_exit_hooks=False)
     second.log({"reward": 0.6}, step=2)
     later = second.close(10)
-    # the leftovers first, then its own events through the spool behind them (order kept)
-    assert later.shipped_from_spool == stats.built + later.built and later.left_in_spool == 0
+    # the leftovers first, then its own events: behind them through the spool, or written
+    # directly once the spool was drained (which of the two depends on the worker's pace)
+    assert later.shipped_from_spool >= stats.built and later.left_in_spool == 0
+    assert later.shipped_from_spool + later.written == stats.built + later.built
     assert later.outages == 0  # the log was not found unreachable: nothing warned so
-    types = [e.type for e in _events(target)]
-    assert types.count("TrainerStepCompleted") == 2
+    steps = [e.step for e in _events(target) if e.type == "TrainerStepCompleted"]
+    assert steps == [1, 2]  # order kept
 
 
 def test_a_bad_fact_is_counted_never_raised(

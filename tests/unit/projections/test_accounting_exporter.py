@@ -46,6 +46,11 @@ def test_exporter_reads_the_read_model_at_scrape_time():
     assert value("runwatch_step_phase_seconds_count", {"phase": "sync"}) == 10
     assert value("runwatch_step_phase_seconds_bucket", {"phase": "sync", "le": "0.5"}) == 10
     assert value("runwatch_tenant_gpu_seconds_total", {"tenant": "acme", "pool": "trainer"}) == 40.0
+    # what is billed, by device kind: the trainer's 40 s and the fleet's, all GPU here
+    device = value("runwatch_tenant_device_seconds_total", {"tenant": "acme", "kind": "gpu"})
+    pools = sum(store.tenants()[0]["gpu_seconds_by_pool"].values())
+    assert device == pools and device >= 40.0
+    assert store.tenants()[0]["device_seconds_by_kind"] == {"gpu": device}
     assert value("runwatch_run_state_transitions_total", {"to_state": "FAILED"}) == 1
 
 

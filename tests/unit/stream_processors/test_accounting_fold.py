@@ -173,3 +173,29 @@ def test_the_read_model_shows_the_bills_and_the_usage_after_the_last_one() -> No
     late = store.get_run("run-late")
     assert late.usage["gpu_seconds_by_pool"]["trainer"] == 7.0  # after its only bill
     assert dict(store.all_series("run-late")["spend_usd"]) == {1: 0.0}
+
+
+def test_cpu_time_shows_in_the_views_by_device_kind() -> None:
+    """A run on a host without a GPU is billed CPU-seconds: the view, the tenant totals
+    and the API's usage name them (GPU-seconds alone would show 0 beside the spend)."""
+    from events.envelope import new_envelope
+    from projections.materializer import sync_usage
+    from projections.store import tenant_totals
+    from projections.views import RunView
+
+    fold = AccountingFold(
+        Prices(usd_per_gpu_second={"trainer": 0.002}, usd_per_cpu_second={"trainer": 0.0001})
+    )
+    state = fold.initial()
+    for seq, step in enumerate(range(3), start=1):
+        envelope = new_envelope(tenant_id="t", run_id="r", producer="trainer", seq=seq, step=step)
+        usage = UsageRecorded(
+            **envelope, pool="trainer", phase="optim", device_kind="cpu", device_seconds=2.0
+        )
+        state, _ = fold.apply(state, usage)
+    view = RunView(run_id="r", tenant_id="t")
+    sync_usage(view, state, fold.prices)
+    assert view.usage["device_seconds_by_kind"] == {"cpu": 6.0}
+    assert view.usage["gpu_seconds_by_pool"] == {"rollout_fleet": 0.0, "trainer": 0.0}
+    assert view.usage["spend_usd"] > 0
+    assert tenant_totals([view])[0]["device_seconds_by_kind"] == {"cpu": 6.0}
