@@ -290,10 +290,15 @@ def _start(vocab: int, model: ModelConfig, cfg: EngineConfig, initial: nn.Module
     return _Served(engine, meter, kind, inline, watchdog=None if inline else _Watchdog(engine))
 
 
+def _release(served: _Served) -> None:
+    """Shut an engine down (its engine-core process too, in the separate mode)."""
+    with contextlib.suppress(Exception):  # already gone: nothing left to release
+        served.engine.engine_core.shutdown()
+
+
 def _shutdown_all() -> None:
     for served in list(_ENGINES.values()):
-        with contextlib.suppress(Exception):  # already gone: nothing left to release
-            served.engine.engine_core.shutdown()
+        _release(served)
     _ENGINES.clear()
 
 
@@ -372,8 +377,11 @@ class VllmEngine:
                 return self._served.watchdog.call(fn, *args, **kwargs)
             return fn(*args, **kwargs)
         except Exception as exc:
+            # the engine is not trusted again: released now (the exit handler no longer
+            # sees it once it is out of _ENGINES, and a replacement may start beside it)
             self._served.dead = True
             _ENGINES.pop(self._key, None)
+            _release(self._served)
             raise RolloutEngineFailed(
                 f"rollout engine (vLLM) failed: {type(exc).__name__}: {exc}"
             ) from exc
