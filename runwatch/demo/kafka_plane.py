@@ -105,7 +105,15 @@ class KafkaPlane:
                     f"see {self.out / 'process-logs' / 'faust-worker.err'}"
                 )
             ready = asyncio.run_coroutine_threadsafe(self._worker_joined(), self._loop)
-            if ready.result(30):
+            try:
+                joined = ready.result(max(1.0, deadline - time.monotonic()))
+            except Exception as exc:  # the broker did not answer: the plane is not up
+                ready.cancel()
+                self.close()
+                raise RuntimeError(
+                    f"could not ask the broker whether the faust worker joined: {exc!r}"
+                ) from exc
+            if joined:
                 return
             time.sleep(0.2)
         self.close()

@@ -3,9 +3,9 @@
 Every view and fold state is per run; the fleet aggregates are commutative integer sums;
 the one thing shared across runs is the barrier's watermarks (global, so every shard reads
 the barrier topics whole). So the parent merges the shards' runs (disjoint), sums the
-fleet aggregates, takes the watermarks' maxima and the positions where the readers
-stopped, and merges the derived events by their tags: the read model and the derived
-events are what one process builds (tested).
+fleet aggregates, takes the watermarks' maxima, the union of the runs still held at the
+barrier and the positions where the readers stopped, and merges the derived events by
+their tags: the read model and the derived events are what one process builds (tested).
 
 Two targets: in memory (each worker hands its runs back; the parent builds one
 :class:`~projections.store.InMemoryReadModel`), or a new SQLite file (each worker writes
@@ -70,7 +70,10 @@ def replay_sharded(
         for r in results:
             for k, ts in r["watermarks"].items():
                 watermarks[k] = max(ts, watermarks.get(k, ts))
-        held = {"watermarks": watermarks, "runs": {}} if watermarks else {}
+        # the runs still held at the barrier (none after the forced release) are each
+        # one shard's: their union is what one process holds
+        held_runs = {rid: q for r in results for rid, q in r["held_runs"].items()}
+        held = {"watermarks": watermarks, "runs": held_runs} if watermarks or held_runs else {}
         if store_path is None:
             store: Any = InMemoryReadModel()
             for r in results:

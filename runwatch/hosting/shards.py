@@ -231,7 +231,8 @@ def _emitted(host: Host, shard: Shard) -> list[EventBase]:
 def export(shard: Shard) -> dict[str, Any]:
     """What a worker process hands back (picklable): counters, dead letters, the
     read model's runs (in memory) or nothing (its SQLite file holds them), the fleet,
-    watermarks, where each topic was read to, and the tagged derived events."""
+    watermarks, the runs still held at the barrier, where each topic was read to, and the
+    tagged derived events."""
     proj = shard.projection
     doc: dict[str, Any] = {
         "records": shard.records,
@@ -249,6 +250,8 @@ def export(shard: Shard) -> dict[str, Any]:
             projection_dead_letters=list(proj.dead_letters),
             fleet=view.fleet.to_doc(),  # type: ignore[union-attr]
             watermarks=proj.watermarks,
+            # runs still held at the barrier (a replay without the forced release)
+            held_runs=proj.barrier.to_doc()["runs"] if proj.barrier is not None else {},
             runs=store.runs_contents() if isinstance(store, InMemoryReadModel) else None,
         )
         store.close()

@@ -57,4 +57,14 @@ class Prices(BaseModel):
             raise ValueError(f"{p}: not valid YAML: {exc}") from None
         if not isinstance(data, dict):
             raise ValueError(f"{p}: expected a mapping at the top level")
-        return cls.model_validate(data)
+        # a list written before CPU-seconds were billed would bill them at $0 silently
+        missing = [k for k in ("usd_per_gpu_second", "usd_per_cpu_second") if k not in data]
+        if missing:
+            raise ValueError(
+                f"{p}: no {' and no '.join(missing)}: every device kind a run can use is "
+                "priced explicitly (write {} to bill it at no cost on purpose)"
+            )
+        try:
+            return cls.model_validate(data)
+        except ValueError as exc:
+            raise ValueError(f"{p}: {exc}") from None

@@ -316,6 +316,29 @@ def test_sharded_replay_releases_held_terminals_where_one_process_does(tmp_path)
     assert verify(live, tmp_path / "log", workers=2).identical
 
 
+def test_sharded_replay_without_the_forced_release_keeps_every_held_run(tmp_path):
+    """Runs whose ends no later record releases stay held when the replay does not force
+    the release (a store a live follower resumes): each shard's held runs survive the
+    merge, and resuming that store releases them exactly as one process does."""
+    a = "run-a"
+    b = _other_shard_run(a, "run-b")
+    log = EmbeddedLog(tmp_path / "log", sync=False)
+    log.open_sync()
+    log.append_events_sync(synth_run(a, "acme", "healthy", steps=20, t0=1.7e9))
+    log.append_events_sync(synth_run(b, "acme", "hacked", steps=20, t0=1.7e9 + 3))
+    one = replay_log(tmp_path / "log", force_release=False)
+    held = one.store.load().held
+    assert set(held["runs"]) == {a, b}  # both ends wait for the watermarks to pass them
+    for store_path in (None, tmp_path / "sharded.sqlite"):
+        two = replay_log(tmp_path / "log", store_path=store_path, workers=2, force_release=False)
+        assert two.store.load().held == held
+        assert first_difference(one.store.export(), two.store.export()) is None
+    resumed = rebuild_from_log(tmp_path / "log", SqliteReadModel(tmp_path / "sharded.sqlite"))
+    whole = rebuild_from_log(tmp_path / "log")
+    assert [resumed.store.get_run(r).state for r in (a, b)] == ["SUCCEEDED", "FAILED"]
+    assert first_difference(whole.store.export(), resumed.store.export()) is None
+
+
 def test_sharded_replay_stops_at_a_corrupt_record_like_one_process(tmp_path):
     from pathlib import Path
 

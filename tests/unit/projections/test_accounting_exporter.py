@@ -130,6 +130,16 @@ def test_config_errors_are_clear(tmp_path):
         RunStatePolicy.load(p)
     with pytest.raises(ValueError, match="not found"):
         Prices.load(tmp_path / "missing.yaml")
+    # a price list written before CPU-seconds were billed is refused, not read as $0
+    old_list = tmp_path / "prices.yaml"
+    old_list.write_text("version: v1\nusd_per_gpu_second: {trainer: 0.002}\n")
+    with pytest.raises(ValueError, match="no usd_per_cpu_second"):
+        Prices.load(old_list)
+    old_list.write_text("version: v2\nusd_per_gpu_second: {}\nusd_per_cpu_second: {}\n")
+    assert Prices.load(old_list).device_price("cpu", "trainer") == 0.0  # free on purpose
+    old_list.write_text("usd_per_gpu_second: {}\nusd_per_cpu_second: {}\nusd_per_tpu: 1\n")
+    with pytest.raises(ValueError, match=r"prices\.yaml"):
+        Prices.load(old_list)
     p.write_text("detectors:\n  kl_blowup:\n    action: explode\n")
     with pytest.raises(ValueError):
         RunStatePolicy.load(p)
