@@ -199,9 +199,11 @@ def canary_table() -> list[str]:
     out = [
         "## Canaries on the real GRPO trainer (`runwatch train`: Llama policy, vLLM rollouts, CPU)",
         "",
-        "| config | steps | alerts fired | before #17 |",
+        "| config | steps | alerts fired | before #17 (recorded, not re-run: the GRU trainer) |",
         "| --- | ---: | --- | --- |",
     ]
+    #: the same configs before issue 17, on the GRU policy trainer that issue 15 replaced:
+    #: recorded from that session's run of this benchmark, kept for comparison only
     before = {
         "canary-oversized-lr": "kl_blowup @ 3",
         "canary-constant-reward": "dead_run @ 99",

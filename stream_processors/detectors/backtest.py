@@ -60,10 +60,6 @@ class RunBacktest:
             gpu * prices.get(pool, 0.0) for step, pool, gpu in self.usage if after < step <= upto
         )
 
-    def gpu_seconds(self, after: int, upto: int) -> float:
-        """GPU-seconds at steps in ``(after, upto]`` (other device kinds not counted)."""
-        return sum(s for step, key, s in self.usage if after < step <= upto and "/" not in key)
-
     def verdict(self, incident_step: int | None) -> bool | None:
         """True when a page fired before ``incident_step``; None without one."""
         if incident_step is None:

@@ -6,6 +6,12 @@ min_band_rel·|median|)``, ``sigma`` the step-to-step noise (median absolute fir
 difference, scaled): the floors keep a near-constant reward from turning every wiggle
 into an alert, and an IQR that came out small by chance from a short trailing window
 from paging on ordinary noise.
+Where the median is positive, a reward below ``collapse_frac`` of it and at least
+``k_collapse`` noise units (and ``min_band_abs``) under it has collapsed even inside that
+band once it stays there ``collapse_steps`` steps (the run counts from its first step
+under the line; a step outside the band itself fires after ``consecutive``): a slow
+learner's noise (a reward of 0.12 moving 0.02 a step) widens the band past zero, so a fall
+to 0.01 would otherwise never leave it, and a noisy run's reward dips for a few steps.
 Rule: ``consecutive`` steps in a row outside the band on the same side fire; the alert
 resolves after ``consecutive`` steps back inside. The band keeps learning while firing,
 so a sustained level shift fires once and resolves once the trailing window has absorbed
@@ -53,6 +59,12 @@ class Params:
     k_noise: float = 5.0
     min_band_abs: float = 0.02
     min_band_rel: float = 0.05
+    #: a positive reward below this fraction of the median ...
+    collapse_frac: float = 0.25
+    #: ... and this many step-to-step noise units under it has collapsed, once it stays
+    #: there this many steps (a noisy run's reward dips for 3-4 steps and recovers)
+    k_collapse: float = 3.0
+    collapse_steps: int = 8
 
 
 @state_type
@@ -100,12 +112,32 @@ class RewardExplosionCollapse:
             half = p.k_noise * _step_noise(history)
             lo, hi, widened = min(lo, median - half), max(hi, median + half), True
             side = 1 if r > hi else -1 if r < lo else 0
+        collapsed = (
+            not side
+            and ready
+            and median > 0.0
+            and r < p.collapse_frac * median
+            and (median - r >= max(p.k_collapse * _step_noise(history), p.min_band_abs))
+        )  # the noise is only computed for a value already under a quarter of the median
+        if collapsed:
+            side = -1
         if side and side == last_side:
             run += 1
         else:
             run, run_start = (1 if side else 0), step
-        if side and episode is None and run >= p.consecutive:
+        if side and episode is None and run >= (p.collapse_steps if collapsed else p.consecutive):
             what = "exploded above" if side > 0 else "collapsed below"
+            reason = (
+                f"reward mean {r:.4g} {what} its robust band [{lo:.4g}, {hi:.4g}] (median ± "
+                f"the wider of {p.k:g}·IQR and {p.k_noise:g} step-to-step noise units, "
+                f"trailing {p.window} steps) for {run} consecutive steps"
+            )
+            if collapsed:
+                reason = (
+                    f"reward mean {r:.4g} collapsed below {p.collapse_frac:g} of its median "
+                    f"{median:.4g} and {p.k_collapse:g} step-to-step noise units under it "
+                    f"(trailing {p.window} steps) for {run} consecutive steps"
+                )
             out = (
                 fire(
                     ev,
@@ -113,13 +145,13 @@ class RewardExplosionCollapse:
                     first_step=run_start,
                     window=(run_start, step),
                     observed={"reward_mean": r, "band_median": median, "steps_outside": run},
-                    thresholds={"band_lo": lo, "band_hi": hi, "k_iqr": p.k},
-                    reason=(
-                        f"reward mean {r:.4g} {what} its robust band [{lo:.4g}, "
-                        f"{hi:.4g}] (median ± the wider of {p.k:g}·IQR and {p.k_noise:g} "
-                        f"step-to-step noise units, trailing {p.window} steps) for {run} "
-                        "consecutive steps"
-                    ),
+                    thresholds={
+                        "band_lo": lo,
+                        "band_hi": hi,
+                        "k_iqr": p.k,
+                        "collapse_line": p.collapse_frac * median,
+                    },
+                    reason=reason,
                 ),
             )
             episode, inside = alert_id(ev.run_id, self.name, run_start), 0

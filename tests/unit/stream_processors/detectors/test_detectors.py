@@ -111,3 +111,21 @@ def test_state_dumped_mid_run_continues_identically() -> None:
         state, derived = fold.apply(state, ev)
         out.extend(derived)
     assert [encode(e) for e in out] == [encode(e) for e in whole]
+
+
+def test_a_slow_learners_reward_collapse_fires_inside_its_noise_band() -> None:
+    """A reward of ~0.12 moving ~0.03 a step has a band reaching below zero: its fall to
+    0.01 never leaves it, and is a collapse all the same (the quality benchmark's one miss
+    before the collapse line). A fall to half the median is not one, nor a 4-step dip."""
+    import numpy as np
+
+    rng = np.random.default_rng(5)
+    level = 0.12 + rng.normal(0, 0.03, 200)
+    for after, lasts, pages in ((0.01, 50, True), (0.06, 50, False), (0.01, 4, False)):
+        run = Run()
+        values = [*level[:150], *(after + rng.normal(0, 0.004, lasts)), *level[150 + lasts :]]
+        _, derived = fold_all([run.step(s, reward_mean=float(v)) for s, v in enumerate(values)])
+        alerts = fired(derived, "reward_explosion_collapse")
+        assert bool(alerts) is pages, [(a.step, a.reason) for a in alerts]
+        if pages:
+            assert 157 <= alerts[0].step <= 158 and "0.25 of its median" in alerts[0].reason
