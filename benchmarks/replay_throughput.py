@@ -14,7 +14,8 @@ measures, in the same run and on the same records:
   accounting) and the read model from one read, as ``runwatch replay`` runs it;
 - the same into a SQLite read model, and again into that store (the no-op path);
 - the key-sharded replay (``--workers`` 1, 2, ... up to the cores) into memory: its
-  speed-up over one process.
+  speed-up over one process, beside the anchor of what W forked processes of a pure-Python
+  loop get from this box's cores (W loops in W processes against one loop in one).
 
 Rates are events per CPU-second of this process and its children for the one-process
 figures (what other jobs on a shared box disturb least), and events per wall-second for
@@ -75,6 +76,25 @@ def best(fn: Callable[[], Any], repeat: int) -> tuple[float, float, Any]:
     return min(walls), min(cpus), out
 
 
+def _loop(n: int) -> int:
+    total = 0
+    for i in range(n):
+        total += i * i % 7
+    return total
+
+
+def _spin(workers: int, n: int = 4_000_000) -> None:
+    """The anchor of the sharded figures: ``workers`` pure-Python loops of ``n`` steps in
+    ``workers`` forked processes (what this box's free cores give a CPU-bound process)."""
+    import multiprocessing
+
+    if workers == 1:
+        _loop(n)
+        return
+    with multiprocessing.get_context("fork").Pool(workers) as pool:
+        pool.map(_loop, [n] * workers)
+
+
 def measure(root: Path, tmp: Path, repeat: int, workers: int) -> dict[str, Any]:
     """Every figure on the log at ``root``: CPU seconds one process, wall seconds sharded."""
     reader = EmbeddedLog(root, readonly=True)
@@ -96,6 +116,7 @@ def measure(root: Path, tmp: Path, repeat: int, workers: int) -> dict[str, Any]:
         lambda: rebuild_from_log(root, SqliteReadModel(path), collect=False), 1
     )
     shards = []
+    cores = [(w, best(lambda w=w: _spin(w), repeat)[0]) for w in range(1, max(1, workers) + 1)]
     for w in range(1, max(1, workers) + 1):
         wall, _, sharded = best(lambda w=w: replay_log(root, workers=w, collect=False), repeat)
         same = sharded.summary()["runs_by_state"] == result.summary()["runs_by_state"]
@@ -111,6 +132,7 @@ def measure(root: Path, tmp: Path, repeat: int, workers: int) -> dict[str, Any]:
             ("replay again into that SQLite (no-op)", noop_cpu),
         ],
         "shards": shards,
+        "cores": dict(cores),
         "noop_applied": noop.host.view.applied,
     }
 
@@ -121,11 +143,15 @@ def report(n: int, m: dict[str, Any]) -> None:
     print(f"{'one process':40s} {'CPU s':>8s} {'ev/CPU-s':>10s} {'x anchor':>9s}")
     for name, cpu in m["rows"]:
         print(f"{name:40s} {cpu:8.3f} {n / cpu:10.0f} {decode_cpu / cpu:9.2f}")
-    print(f"\n{'key-sharded, in memory':40s} {'wall s':>8s} {'ev/s':>10s} {'x 1 shard':>9s}")
-    one = m["shards"][0][1]
+    print(
+        f"\n{'key-sharded, in memory':40s} {'wall s':>8s} {'ev/s':>10s} {'x 1 shard':>9s}"
+        f" {'anchor: W loops in W processes, x 1':>37s}"
+    )
+    one, cores = m["shards"][0][1], m["cores"]
     for workers, wall, same in m["shards"]:
         name = f"{workers} worker{'s' if workers > 1 else ''} (same read model: {same})"
-        print(f"{name:40s} {wall:8.3f} {n / wall:10.0f} {one / wall:9.2f}")
+        anchor = workers * cores[1] / cores[workers]
+        print(f"{name:40s} {wall:8.3f} {n / wall:10.0f} {one / wall:9.2f} {anchor:37.2f}")
     mem_cpu = rows["replay -> in-memory read model"]
     ratio, all_ratio = decode_cpu / mem_cpu, decode_cpu / rows["replay, all folds + read model"]
     print(
