@@ -26,25 +26,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from events.catalog.trainer import STEP_METRICS
 from events.codec import decode
 from events.envelope import EventBase
 from events.log.embedded import EmbeddedLog
 from events.topics import TOPICS
 
-TRAIN_FIELDS = (
-    "reward_mean",
-    "reward_std",
-    "kl_to_ref",
-    "entropy",
-    "grad_norm",
-    "clip_fraction",
-    "advantage_mean",
-    "advantage_std",
-    "loss",
-    "lr",
-    "tokens_trained",
-    "grad_clip_threshold",
-)
+TRAIN_FIELDS = (*STEP_METRICS, "tokens_trained", "grad_clip_threshold")
 ROLLOUT_FIELDS = (
     "mean_length",
     "max_length",
