@@ -25,9 +25,7 @@ Per round, in turn:
 faust's defaults (no static membership, 60 s session timeout: how ``runwatch process``
 ran before), the figure the tuned settings replace. Every alert is also checked for
 duplicates by event id (at-least-once redelivery may re-derive an alert; it keeps its
-id, so consumers dedupe) and every probe for an answer (nothing lost). The workers' logs
-also say how many records faust never delivered to their agents (read back and folded by
-``runwatch/hosting/gaps.py``): what was lost before that existed.
+id, so consumers dedupe) and every probe for an answer (nothing lost).
 
 Time semantics: wall clock of this process (``time.monotonic``), the broker and the
 worker on the same machine.
@@ -307,25 +305,6 @@ def report(out: dict[str, Any]) -> None:
         f"{out['duplicate_alerts']} alerts derived again after a kill (same event id: "
         f"consumers dedupe); worker logs in {out['logs']}"
     )
-    for name, (gaps, records) in read_backs(Path(out["logs"])).items():
-        print(
-            f"{name} worker: faust never delivered {records} records to the agent ({gaps} "
-            "jumps of an offset); read back and folded (runwatch/hosting/gaps.py)"
-        )
-
-
-def read_backs(logdir: Path) -> dict[str, tuple[int, int]]:
-    """Per worker kind (tuned, defaults): the gaps its agents read back and the records in
-    them, from the workers' warnings."""
-    import re
-
-    found: dict[str, tuple[int, int]] = {}
-    for log in sorted(logdir.glob("*.log")):
-        kind = log.stem.rsplit("-", 1)[0]
-        hits = re.findall(r"never delivered to the agent; read back (\d+) records", log.read_text())
-        gaps, records = found.get(kind, (0, 0))
-        found[kind] = (gaps + len(hits), records + sum(int(h) for h in hits))
-    return found
 
 
 def main() -> int:

@@ -12,15 +12,10 @@ and waits until Kafka acknowledged them *before* it stores the new slot in the t
 table's changelog, so the redelivered record is folded again and derives the same
 events again (same ids: consumers deduplicate). A crash after the store means they were
 already delivered; the slot then holds the record's event id and it derives nothing twice.
-
-And nothing read is skipped: the agent keeps the last offset it folded per partition, and
-folds the records faust never delivered (it can commit past some around a restart) once
-it sees the offset jump (:mod:`runwatch.hosting.gaps`).
 """
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -31,9 +26,6 @@ from events.fast_decode import decode_fast
 from events.fold import Fold
 from events.topics import DEAD_LETTER_TOPIC
 from runwatch.hosting.core import Slot, apply_event, dump_slot, load_slot
-from runwatch.hosting.gaps import ReadBack, position_key, skipped
-
-_LOG = logging.getLogger("runwatch.hosting.faust_agent")
 
 Output = tuple[str, bytes | None, bytes]
 
@@ -121,53 +113,24 @@ def fold_records(
     return Folded([out for part in parts for out in part], store)
 
 
-def fold_agent(
-    app: Any,
-    hosted: Sequence[Hosted],
-    source: Any,
-    sinks: Mapping[str, Any],
-    positions: Any = None,
-    read_back: ReadBack | None = None,
-) -> Any:
+def fold_agent(app: Any, hosted: Sequence[Hosted], source: Any, sinks: Mapping[str, Any]) -> Any:
     """One agent for co-partitioned folds: each record decoded once, folded into every
     fold that reads its topic, its derived records acknowledged before any slot is
-    stored. With ``positions`` (a table) and ``read_back``: the last offset folded per
-    partition is kept, and records faust skipped are read back and folded first
-    (:mod:`runwatch.hosting.gaps`)."""
+    stored."""
     routes: dict[str, list[Hosted]] = {}
     for h in hosted:
         for topic in h[0].inputs:
             routes.setdefault(topic, []).append(h)
     name = "+".join(h[0].name for h in hosted)
 
-    async def fold_and_send(topic: str, partition: int, offset: int, raw: bytes) -> None:
-        folded = fold_records(routes[topic], topic, partition, offset, raw)
-        pending = [await sinks[t].send(key=k, value=v) for t, k, v in folded]
-        for delivery in pending:
-            await delivery  # acknowledged by the broker before the slots are stored
-        folded.store()
-
     @app.agent(source, name=f"runwatch.{name}")
     async def agent(stream: Any) -> None:
         async for ev in stream.events():
             m = ev.message
-            if positions is None or read_back is None:
-                await fold_and_send(m.topic, m.partition, m.offset, ev.value)
-                continue
-            key = position_key(m.topic, m.partition)
-            wanted = skipped(positions.get(key), m.offset)
-            if wanted:
-                lost_before = read_back.unreadable
-                found = await read_back.records(m.topic, m.partition, wanted)
-                _LOG.warning(
-                    "%s:%s: offsets %d-%d were never delivered to the agent; read back "
-                    "%d records and folded them first (%d no longer on the broker)",
-                    m.topic, m.partition, wanted.start, wanted.stop - 1, len(found),
-                    read_back.unreadable - lost_before,
-                )  # fmt: skip
-                for offset, raw in found:
-                    await fold_and_send(m.topic, m.partition, offset, raw)
-            await fold_and_send(m.topic, m.partition, m.offset, ev.value)
-            positions[key] = str(m.offset).encode()
+            folded = fold_records(routes[m.topic], m.topic, m.partition, m.offset, ev.value)
+            pending = [await sinks[t].send(key=k, value=v) for t, k, v in folded]
+            for delivery in pending:
+                await delivery  # acknowledged by the broker before the slots are stored
+            folded.store()
 
     return agent

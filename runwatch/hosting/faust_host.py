@@ -56,7 +56,6 @@ def ensure_topics(folds: list[Fold[Any]], bootstrap: str, app_id: str) -> None:
 
     from events.log.kafka import KafkaLog
     from events.topics import TopicSpec, spec
-    from runwatch.hosting.faust_topology import positions_table
 
     changelogs = [
         TopicSpec(
@@ -67,15 +66,6 @@ def ensure_topics(folds: list[Fold[Any]], bootstrap: str, app_id: str) -> None:
         )
         for fold in folds
     ]
-    for n in sorted({spec(fold.inputs[0]).partitions for fold in folds}):
-        changelogs.append(
-            TopicSpec(
-                f"{app_id}-{positions_table(n)}-changelog",
-                n,
-                "compacted",
-                "faust changelog of the last offsets folded",
-            )
-        )
 
     async def create() -> None:
         async with KafkaLog(bootstrap, extra_topics=changelogs):

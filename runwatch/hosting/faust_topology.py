@@ -12,8 +12,6 @@ idea), so tests and the CLI assemble the same graph:
   record becomes one dead letter instead of a faust error);
 - one table per fold, ``<app>-<fold>-state``, keyed by run id (raw bytes), holding the
   key's slot (:mod:`runwatch.hosting.core`), with its group's partitions;
-- one table per group, ``<app>-positions-p<N>``: the last offset folded per input
-  partition, so records faust skipped are read back (:mod:`runwatch.hosting.gaps`);
 - one agent per group (:func:`runwatch.hosting.faust_agent.fold_agent`);
 - one sink topic per output topic, raw bytes, keyed by run id.
 
@@ -32,7 +30,6 @@ import faust
 from events.fold import Fold
 from events.topics import DEAD_LETTER_TOPIC, TOPICS, spec
 from runwatch.hosting.faust_agent import SlotCache, fold_agent
-from runwatch.hosting.gaps import ReadBack
 
 
 @dataclass
@@ -72,12 +69,6 @@ def build_app(bootstrap: str, app_id: str, **conf: Any) -> faust.App:
     )
 
 
-def positions_table(partitions: int) -> str:
-    """The name of the positions table of the group of folds whose inputs have
-    ``partitions`` partitions (its changelog: ``<app>-<name>-changelog``)."""
-    return f"positions-p{partitions}"
-
-
 def build_topology(folds: list[Fold[Any]], bootstrap: str, app_id: str, **conf: Any) -> Topology:
     app = build_app(bootstrap, app_id, **conf)
     topo = Topology(app)
@@ -107,27 +98,7 @@ def build_topology(folds: list[Fold[Any]], bootstrap: str, app_id: str, **conf: 
             hosted.append((fold, table, SlotCache()))
         topics = sorted({t for fold in group for t in fold.inputs})
         source = app.topic(*topics, key_type=bytes, value_type=bytes)
-        positions = app.Table(
-            positions_table(partitions),
-            default=None,
-            partitions=partitions,
-            key_type=bytes,
-            value_type=bytes,
-            help="the last offset folded, by input topic and partition",
-        )
-        topo.tables[positions_table(partitions)] = positions
-        read_back = ReadBack(bootstrap)
-        app.on_before_shutdown.connect(_closer(read_back), weak=False)
-        agent = fold_agent(app, hosted, source, topo.sinks, positions, read_back)
+        agent = fold_agent(app, hosted, source, topo.sinks)
         for fold in group:
             topo.agents[fold.name] = agent
     return topo
-
-
-def _closer(read_back: ReadBack) -> Any:
-    """A shutdown receiver that closes ``read_back``'s consumer (opened on a first gap)."""
-
-    async def close(sender: Any, **kwargs: Any) -> None:
-        await read_back.close()
-
-    return close
