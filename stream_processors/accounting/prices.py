@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field
+
+from stream_processors.config_file import read_mapping
 
 DEFAULT_PRICES_PATH = Path(__file__).parent / "prices.yaml"
 
@@ -49,14 +50,7 @@ class Prices(BaseModel):
         """The price list at ``path`` (default: the packaged one); a ``ValueError`` naming
         the file for a missing file, bad YAML or a document that is not a mapping."""
         p = Path(path or DEFAULT_PRICES_PATH)
-        try:
-            data = yaml.safe_load(p.read_text())
-        except FileNotFoundError:
-            raise ValueError(f"config file not found: {p}") from None
-        except yaml.YAMLError as exc:
-            raise ValueError(f"{p}: not valid YAML: {exc}") from None
-        if not isinstance(data, dict):
-            raise ValueError(f"{p}: expected a mapping at the top level")
+        data, _ = read_mapping(p)
         # a list written before CPU-seconds were billed would bill them at $0 silently
         missing = [k for k in ("usd_per_gpu_second", "usd_per_cpu_second") if k not in data]
         if missing:

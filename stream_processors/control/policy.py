@@ -15,8 +15,9 @@ import hashlib
 from pathlib import Path
 from typing import Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from stream_processors.config_file import read_mapping
 
 DEFAULT_POLICY_PATH = Path(__file__).with_name("policy.yaml")
 RoutingName = Literal["page", "ticket", "advisory"]
@@ -54,16 +55,7 @@ class ControlPolicy(_Frozen):
     def load(cls, path: str | Path | None = None) -> ControlPolicy:
         """Read and validate a policy file; a bad file is a ``ValueError`` naming the key."""
         p = Path(path or DEFAULT_POLICY_PATH)
-        try:
-            raw = p.read_bytes()
-        except FileNotFoundError:
-            raise ValueError(f"control policy not found: {p}") from None
-        try:
-            data = yaml.safe_load(raw)
-        except yaml.YAMLError as exc:
-            raise ValueError(f"{p}: not valid YAML: {exc}") from None
-        if not isinstance(data, dict):
-            raise ValueError(f"{p}: expected a mapping at the top level")
+        data, raw = read_mapping(p, "control policy")
         try:
             policy = cls.model_validate(data)
         except ValidationError as exc:

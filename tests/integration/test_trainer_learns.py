@@ -9,7 +9,12 @@ from pathlib import Path
 
 from events.catalog.eval import EvalGateScored
 from events.catalog.rollout import RolloutBatchCompleted
-from events.catalog.trainer import StepPhaseTimed, TrainerStepCompleted, WeightSyncCompleted
+from events.catalog.trainer import (
+    STEP_METRICS,
+    StepPhaseTimed,
+    TrainerStepCompleted,
+    WeightSyncCompleted,
+)
 from events.catalog.usage import UsageRecorded
 from producers.sinks import MemorySink
 from trainer.config import load_config
@@ -38,18 +43,7 @@ def test_policy_learns_and_publishes_every_step(tmp_path: Path) -> None:
     steps = by_type[TrainerStepCompleted]
     assert [e.step for e in steps] == list(range(1, 61))
     for e in steps:
-        for f in (
-            "reward_mean",
-            "reward_std",
-            "kl_to_ref",
-            "entropy",
-            "grad_norm",
-            "clip_fraction",
-            "advantage_mean",
-            "advantage_std",
-            "loss",
-            "lr",
-        ):
+        for f in STEP_METRICS:
             assert getattr(e, f) is not None, f
         assert e.tokens_trained and e.tokens_trained > 0
     syncs = by_type[WeightSyncCompleted]
