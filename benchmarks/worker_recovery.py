@@ -1,7 +1,7 @@
 """Worker recovery: how long processing stalls when the faust worker dies.
 
     python benchmarks/worker_recovery.py [--bootstrap HOST:PORT] [--rounds 3]
-        [--faust-defaults-rounds 1] [--interval 0.1] [--json]
+        [--faust-defaults-rounds 1] [--interval 0.1] [--trace-offsets] [--json]
 
 A real ``runwatch process --kafka`` worker (the faust app, its own process group) runs
 on a real broker (``--bootstrap``, else one provisioned as the tests do: env, then
@@ -26,6 +26,11 @@ faust's defaults (no static membership, 60 s session timeout: how ``runwatch pro
 ran before), the figure the tuned settings replace. Every alert is also checked for
 duplicates by event id (at-least-once redelivery may re-derive an alert; it keeps its
 id, so consumers dedupe) and every probe for an answer (nothing lost).
+
+``--trace-offsets`` runs the tuned worker with an offset trace
+(``benchmarks/faust_offset_trace/``: what it drained, folded, committed and recorded as a
+gap) and reports the telemetry records committed past without being folded, per
+partition, with the gaps faust recorded: where the lost probes went (``docs/recovery.md``).
 
 Time semantics: wall clock of this process (``time.monotonic``), the broker and the
 worker on the same machine.
@@ -58,6 +63,8 @@ from events.codec import decode, encode  # noqa: E402
 
 #: How ``runwatch process`` ran before issue 16: faust's own group settings.
 FAUST_DEFAULTS = ["--instance-id", "", "--session-timeout", "60"]
+#: ``--trace-offsets``: its ``sitecustomize`` traces the worker's drains, folds, commits
+TRACE_DIR = ROOT / "benchmarks" / "faust_offset_trace"
 
 
 @dataclass
@@ -98,9 +105,16 @@ class Worker:
     """``runwatch process --kafka`` as a child process group."""
 
     def __init__(
-        self, bootstrap: str, app_id: str, extra: list[str], logdir: Path, name: str
+        self,
+        bootstrap: str,
+        app_id: str,
+        extra: list[str],
+        logdir: Path,
+        name: str,
+        trace: Path | None = None,
     ) -> None:
         self.name = name
+        self.trace = trace
         self.marks: list[tuple[float, str]] = []  # (monotonic time, what happened)
         self.cmd = [
             sys.executable, "-m", "runwatch.cli.main", "process", "--kafka", bootstrap,
@@ -113,6 +127,9 @@ class Worker:
     def start(self) -> float:
         self.starts += 1
         env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
+        if self.trace is not None:  # the offset trace's sitecustomize, first on the path
+            env["PYTHONPATH"] = os.pathsep.join((str(TRACE_DIR), str(ROOT)))
+            env["RUNWATCH_FAUST_TRACE"] = str(self.trace)
         with open(self.logdir / f"{self.name}-{self.starts}.log", "wb") as out:
             self.proc = subprocess.Popen(
                 self.cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
@@ -188,7 +205,8 @@ async def measure(args: argparse.Namespace, bootstrap: str) -> dict[str, Any]:
     out: dict[str, Any] = {"kill": [], "clean": [], "defaults_kill": [], "logs": str(logdir)}
     workers: list[Worker] = []
     try:
-        tuned = Worker(bootstrap, f"rw-recovery-{tag}", args.worker_arg, logdir, "tuned")
+        trace = logdir / "offsets.trace" if args.trace_offsets else None
+        tuned = Worker(bootstrap, f"rw-recovery-{tag}", args.worker_arg, logdir, "tuned", trace)
         workers.append(tuned)
         await warm(tuned, probes, args.timeout)
         for _ in range(args.rounds):
@@ -203,6 +221,8 @@ async def measure(args: argparse.Namespace, bootstrap: str) -> dict[str, Any]:
         out["duplicate_alerts"] = sum(n - 1 for n in probes.alert_ids.values())
         out["probes"] = len(probes.sent)
         tuned.stop()
+        if trace is not None:
+            out["trace"] = read_trace(trace)
         if args.faust_defaults_rounds:  # (a new group: it folds every probe again)
             legacy = Worker(
                 bootstrap, f"rw-recovery-defaults-{tag}", FAUST_DEFAULTS, logdir, "defaults"
@@ -279,12 +299,53 @@ async def clean_round(worker: Worker, probes: Probes, timeout_s: float) -> dict[
     }
 
 
+def read_trace(path: Path) -> dict[str, Any]:
+    """What the offset trace shows over every worker of the run, per telemetry partition:
+    the highest offset committed, the offsets below it no worker ever folded (committed
+    past unprocessed: lost), and the gaps faust recorded (offset ranges it counts as
+    acknowledged without a record; on a topic with no compaction and no transactions
+    every record exists, so a gap is faust's own bookkeeping)."""
+    folded: dict[int, set[int]] = {}
+    committed: dict[int, int] = {}
+    gaps: list[str] = []
+    for line in path.read_text().splitlines():
+        parts = line.split(" ", 3)
+        if len(parts) < 4:
+            continue
+        fact, rest = parts[2], parts[3]
+        if fact == "FOLD":
+            partition, offset = map(int, rest.split())
+            folded.setdefault(partition, set()).add(offset)
+        elif fact == "COMMIT":
+            for partition, offset in json.loads(rest).items():
+                committed[int(partition)] = max(committed.get(int(partition), 0), offset)
+        elif fact == "GAP":
+            gaps.append(rest)
+    partitions = {}
+    for partition, top in sorted(committed.items()):
+        seen = folded.get(partition, set())
+        lost = [o for o in range(top) if o not in seen]
+        partitions[partition] = {"committed": top, "folded": len(seen), "lost": lost}
+    return {"partitions": partitions, "gaps": gaps, "file": str(path)}
+
+
 def _fmt(rows: list[dict[str, float]], key: str) -> str:
     vals = [r[key] for r in rows]
     if not vals:
         return "-"
     each = ", ".join(f"{v:.1f}" for v in vals)
     return f"median {statistics.median(vals):.1f} s (each: {each})"
+
+
+def _ranges(offsets: list[int]) -> str:
+    """``[3, 4, 5, 9]`` -> ``"3..5, 9"``."""
+    runs: list[list[int]] = []
+    for o in offsets:
+        if runs and o == runs[-1][1] + 1:
+            runs[-1][1] = o
+        else:
+            runs.append([o, o])
+    return ", ".join(str(a) if a == b else f"{a}..{b}" for a, b in runs)
 
 
 def report(out: dict[str, Any]) -> None:
@@ -298,6 +359,14 @@ def report(out: dict[str, Any]) -> None:
     print(f"ratio kill / clean restart: {kill / clean:.2f} (goal: kill <= 10 s)")
     if out["defaults_kill"]:
         print(f"faust defaults, kill -9 -> resumed:      {_fmt(out['defaults_kill'], 'resumed_s')}")
+    if "trace" in out:
+        tr = out["trace"]
+        lost = sum(len(p["lost"]) for p in tr["partitions"].values())
+        print(f"offset trace ({tr['file']}): {len(tr['gaps'])} gaps recorded by faust; "
+              f"{lost} telemetry records committed past without being folded")  # fmt: skip
+        for partition, p in tr["partitions"].items():
+            if p["lost"]:
+                print(f"   partition {partition}: {_ranges(p['lost'])}")
     if out["unanswered"]:
         print(f"lost probes (sent at s): {out['lost_at']}; worker marks: {out['marks']}")
     print(
@@ -319,6 +388,11 @@ def main() -> int:
         action="append",
         default=[],
         help="extra argument for the tuned worker (repeatable)",
+    )
+    ap.add_argument(
+        "--trace-offsets",
+        action="store_true",
+        help="trace the tuned worker's drains, folds, commits and gaps (faust_offset_trace/)",
     )
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
