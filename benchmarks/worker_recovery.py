@@ -31,6 +31,8 @@ id, so consumers dedupe) and every probe for an answer (nothing lost).
 (``benchmarks/faust_offset_trace/``: what it drained, folded, committed and recorded as a
 gap) and reports the telemetry records committed past without being folded, per
 partition, with the gaps faust recorded: where the lost probes went (``docs/recovery.md``).
+It assumes the telemetry topic starts empty (a provisioned broker; with ``--bootstrap``,
+records written before the run would count as lost).
 
 Time semantics: wall clock of this process (``time.monotonic``), the broker and the
 worker on the same machine.
