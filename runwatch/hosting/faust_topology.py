@@ -12,7 +12,9 @@ idea), so tests and the CLI assemble the same graph:
   record becomes one dead letter instead of a faust error);
 - one table per fold, ``<app>-<fold>-state``, keyed by run id (raw bytes), holding the
   key's slot (:mod:`runwatch.hosting.core`), with its group's partitions;
-- one agent per group (:func:`runwatch.hosting.faust_agent.fold_agent`);
+- one agent per group (:func:`runwatch.hosting.faust_agent.fold_agent`), its input topics
+  guarded against faust's restart race (:mod:`runwatch.hosting.faust_holes`: records it
+  skipped after a seek are fetched again, in order, instead of committed past);
 - one sink topic per output topic, raw bytes, keyed by run id.
 
 Guarantee: at-least-once (``processing_guarantee``); consumers dedupe by event id.
@@ -29,6 +31,7 @@ import faust
 
 from events.fold import Fold
 from events.topics import DEAD_LETTER_TOPIC, TOPICS, spec
+from runwatch.hosting import faust_holes
 from runwatch.hosting.faust_agent import SlotCache, fold_agent
 
 
@@ -98,6 +101,7 @@ def build_topology(folds: list[Fold[Any]], bootstrap: str, app_id: str, **conf: 
             hosted.append((fold, table, SlotCache()))
         topics = sorted({t for fold in group for t in fold.inputs})
         source = app.topic(*topics, key_type=bytes, value_type=bytes)
+        faust_holes.enable(app, faust_holes.Holes(frozenset(topics)))
         agent = fold_agent(app, hosted, source, topo.sinks)
         for fold in group:
             topo.agents[fold.name] = agent
