@@ -37,8 +37,10 @@ it anyway, the wrapped ``Consumer._add_gap`` opens a hole instead of recording a
 faust (which commits only consecutive acknowledged offsets) cannot commit past it. Seeks
 go through ``Consumer.seek_wait``: on the consumer's thread, as faust's own seeks.
 
-Limit: a partition with no committed offset yet (a group that never committed) has no
-read offset after the seek and no committed offset to check, so nothing is judged there.
+Limits: a partition with no committed offset yet (a group that never committed) has no
+read offset after the seek and no committed offset to check, so nothing is judged there;
+a hole is sought when a record past it arrives, so on a partition that falls quiet a
+dropped record waits (uncommitted, not lost) for the next one.
 
 Time: :meth:`Holes.fetched` takes the caller's monotonic clock reading; nothing here reads
 a clock but the wrapped ``getmany``.
@@ -91,6 +93,8 @@ class Holes:
     refilled: dict[tuple[str, int], tuple[int, int]] = field(default_factory=dict)
     #: jump targets let through as faust's own gap, per partition (see ``gap_accepted``)
     accepted: dict[tuple[str, int], int] = field(default_factory=dict)
+    #: per partition, the offset below which records were given up (see ``release``)
+    gone_below: dict[tuple[str, int], int] = field(default_factory=dict)
     #: holes closed by their record, holes given up (their records lost), jumps over
     #: offsets not on the log
     filled: int = 0
@@ -168,20 +172,27 @@ class Holes:
                       "folded (retention): going on from the log's start, %d", topic,
                       partition, hole.offset, log_start - 1, log_start)  # fmt: skip
             start, hole.offset, hole.last_seek = hole.offset, log_start, float("-inf")
+            self.gone_below[key] = log_start
             return start
         del self.open_holes[key]
         self.accepted[key] = offset
+        self.gone_below[key] = offset
         log.error("records of %s[%d] from offset %d to %d did not come back after %d seeks "
                   "(the log starts at %d): going on without them", topic, partition,
                   hole.offset, offset - 1, self.max_seeks, log_start)  # fmt: skip
         return None
 
-    def head_missing(self, topic: str, partition: int, committed: int, first_acked: int) -> None:
+    def head_missing(self, topic: str, partition: int, committed: int, first_acked: int) -> bool:
         """faust is about to commit while the record at ``committed`` (the next to commit)
         was never acknowledged and later ones were: it was delivered and then dropped by
-        faust (faust 0.15 would commit past a single one). The hole makes it wait and
-        fetches it again."""
+        faust (faust 0.15 would commit past a single one). Opens a hole there (the commit
+        waits, the record is fetched again) and says so; not for a record given up
+        (:meth:`release`: faust may not be able to record it as a gap)."""
+        key = (topic, partition)
+        if committed < self.gone_below.get(key, -1):
+            return False
         self.open(topic, partition, committed, first_acked)
+        return True
 
     def gap_accepted(self, topic: str, partition: int, offset_to: int) -> bool:
         """Whether faust's drain loop may record its gap up to ``offset_to``: only for a
@@ -195,9 +206,8 @@ class Holes:
     def revoke(self, partitions: set[tuple[str, int]]) -> None:
         """Partitions this worker no longer owns: their holes are another worker's."""
         for key in partitions:
-            self.open_holes.pop(key, None)
-            self.refilled.pop(key, None)
-            self.accepted.pop(key, None)
+            for held in (self.open_holes, self.refilled, self.accepted, self.gone_below):
+                held.pop(key, None)
 
 
 def enable(app: Any, holes: Holes) -> None:
@@ -213,6 +223,8 @@ def enable(app: Any, holes: Holes) -> None:
 
 
 _patched = False
+#: what the guard wraps or calls on faust 0.15's ``Consumer``
+HOOKS = ("getmany", "_add_gap", "_new_offset", "seek_wait", "earliest_offsets")
 
 
 def _patch_faust() -> None:
@@ -222,6 +234,12 @@ def _patch_faust() -> None:
     if _patched:
         return
     from faust.transport.consumer import Consumer
+
+    missing = [name for name in HOOKS if not hasattr(Consumer, name)]
+    if missing:  # another faust than 0.15: its internals moved; say so, change nothing
+        log.error("faust's Consumer lacks %s: the guard against records lost around a "
+                  "restart is off (docs/recovery.md)", ", ".join(missing))  # fmt: skip
+        return
 
     getmany = Consumer.getmany
     add_gap = Consumer._add_gap
@@ -236,23 +254,35 @@ def _patch_faust() -> None:
                 verdict = holes.fetched(
                     tp.topic, tp.partition, message.offset, read_offset.get(tp), time.monotonic()
                 )
-                if verdict is Verdict.RELEASE:
-                    try:
-                        log_start = (await self.earliest_offsets(tp))[tp]
-                    except Exception as exc:  # the broker away: try again after more seeks
-                        log.warning("log start of %s unknown (%r); the hole stays", tp, exc)
+                if verdict is Verdict.RELEASE or verdict is Verdict.SEEK:
+                    try:  # False: the hole was let go, the record goes on as faust's gap
+                        held = await _seek_hole(self, holes, tp, message.offset, verdict)
+                    except Exception as exc:  # revoked meanwhile, the broker away: the
+                        # next record past the hole tries again
+                        log.warning("seek of %s to its hole failed: %r", tp, exc)
+                        held = True
+                    if held:
                         continue
-                    gone = holes.release(tp.topic, tp.partition, message.offset, log_start)
-                    if gone is None:
-                        yield tp, message
-                        continue
-                    await add_gap(self, tp, gone, log_start - 1)  # faust's own gap: gone
-                    verdict = Verdict.SEEK
-                if verdict is Verdict.SEEK:  # on the consumer's thread, as faust seeks
-                    await self.seek_wait({tp: holes.hole_at(tp.topic, tp.partition)})
-                if verdict is Verdict.SEEK or verdict is Verdict.DROP:
+                elif verdict is Verdict.DROP:
                     continue
             yield tp, message
+
+    async def _seek_hole(self: Any, holes: Holes, tp: Any, offset: int, verdict: Verdict) -> bool:
+        """Seek ``tp`` back to its hole (on the consumer's thread, as faust's own seeks);
+        for RELEASE, first move the hole past deleted records. False when the hole was
+        let go instead (the record at ``offset`` goes on)."""
+        key = (tp.topic, tp.partition)
+        if verdict is Verdict.RELEASE:
+            log_start = (await self.earliest_offsets(tp))[tp]
+            if key not in holes.open_holes:  # revoked during the round trip
+                return True
+            gone = holes.release(tp.topic, tp.partition, offset, log_start)
+            if gone is None:
+                return False
+            await add_gap(self, tp, gone, log_start - 1)  # faust's own gap: deleted records
+        if key in holes.open_holes:
+            await self.seek_wait({tp: holes.hole_at(tp.topic, tp.partition)})
+        return True
 
     async def _add_gap(self: Any, tp: Any, offset_from: int, offset_to: int) -> None:
         holes = (getattr(self.app, APP_ATTR, None) or {}).get(tp.topic)
@@ -266,9 +296,8 @@ def _patch_faust() -> None:
         holes = (getattr(self.app, APP_ATTR, None) or {}).get(tp.topic)
         acked, committed = self._acked[tp], self._committed_offset[tp]
         if holes is not None and acked and committed is not None and not self._gap.get(tp):
-            first = min(acked)
-            if first > committed:  # the record at the committed offset was dropped
-                holes.head_missing(tp.topic, tp.partition, committed, first)
+            first = min(acked)  # above committed: the record there was dropped
+            if first > committed and holes.head_missing(tp.topic, tp.partition, committed, first):
                 return None
         return new_offset(self, tp)
 

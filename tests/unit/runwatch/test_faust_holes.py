@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from runwatch.hosting import faust_holes
 from runwatch.hosting.faust_holes import Holes, Verdict
 
 T = "runwatch.telemetry"
@@ -85,7 +86,7 @@ def test_a_hole_whose_records_exist_but_never_come_is_let_go_as_a_gap(
 def test_a_record_dropped_at_the_committed_offset_opens_a_hole_there() -> None:
     """faust delivered 90 and dropped it, then acknowledged 91..: no commit past 90."""
     holes = Holes(frozenset({T}))
-    holes.head_missing(T, 0, committed=90, first_acked=91)
+    assert holes.head_missing(T, 0, committed=90, first_acked=91)
     assert holes.hole_at(T, 0) == 90
     assert holes.fetched(T, 0, 100, read_offset=99, now=0.0) is Verdict.SEEK
     assert holes.fetched(T, 0, 90, read_offset=90, now=0.1) is Verdict.PASS
@@ -124,3 +125,29 @@ def test_after_a_filled_hole_records_in_order_end_the_watch_for_that_jump() -> N
 def test_faust_records_no_gap_it_was_not_told_to() -> None:
     holes = Holes(frozenset({T}))
     assert not holes.gap_accepted(T, 0, 10)
+
+
+def test_the_guard_wraps_the_faust_this_project_runs() -> None:
+    """Every faust internal it wraps or calls exists (a faust upgrade that moves one shows
+    here, not as a silent loss), and the wrappers are in place once enabled."""
+    from faust.transport.consumer import Consumer
+
+    faust_holes._patch_faust()
+    assert faust_holes._patched
+    for name in ("getmany", "_add_gap", "_new_offset"):
+        assert getattr(Consumer, name).__qualname__.startswith("_patch_faust."), name
+
+
+def test_a_record_given_up_does_not_hold_the_commit_again() -> None:
+    """The log starts at committed + 1 (the committed record deleted): faust cannot record
+    a one-record gap below its commit, so the head check must not reopen the hole there
+    (it looped: the commit stayed put for good)."""
+    holes = Holes(frozenset({T}), reseek_s=0.0, max_seeks=1)
+    assert holes.fetched(T, 0, 41, read_offset=40, now=0.0) is Verdict.PASS  # 41 = 40 + 1
+    assert holes.head_missing(T, 0, committed=40, first_acked=41)
+    assert holes.fetched(T, 0, 42, read_offset=41, now=0.0) is Verdict.SEEK
+    assert holes.fetched(T, 0, 41, read_offset=40, now=1.0) is Verdict.RELEASE
+    assert holes.release(T, 0, 41, log_start=41) == 40
+    assert holes.fetched(T, 0, 41, read_offset=41, now=1.1) is Verdict.PASS  # filled
+    assert not holes.head_missing(T, 0, committed=40, first_acked=41)
+    assert holes.open_holes == {}
