@@ -222,6 +222,11 @@ def enable(app: Any, holes: Holes) -> None:
         holes.revoke({(tp.topic, tp.partition) for tp in revoked})
 
 
+def _watched(consumer: Any) -> dict[str, Holes]:
+    """The consumer's app's watched topics (empty: the app did not opt in)."""
+    return getattr(consumer.app, APP_ATTR, None) or {}
+
+
 _patched = False
 #: what the guard wraps or calls on faust 0.15's ``Consumer``
 HOOKS = ("getmany", "_add_gap", "_new_offset", "seek_wait", "earliest_offsets")
@@ -246,7 +251,7 @@ def _patch_faust() -> None:
     new_offset = Consumer._new_offset
 
     async def _getmany(self: Any, timeout: float) -> AsyncIterator[tuple[Any, Any]]:
-        watched: dict[str, Holes] = getattr(self.app, APP_ATTR, None) or {}
+        watched = _watched(self)
         read_offset = self._read_offset
         async for tp, message in getmany(self, timeout):
             holes = watched.get(tp.topic)
@@ -285,7 +290,7 @@ def _patch_faust() -> None:
         return True
 
     async def _add_gap(self: Any, tp: Any, offset_from: int, offset_to: int) -> None:
-        holes = (getattr(self.app, APP_ATTR, None) or {}).get(tp.topic)
+        holes = _watched(self).get(tp.topic)
         if holes is not None and not holes.gap_accepted(tp.topic, tp.partition, offset_to):
             # (offset_from is faust's read offset + 1)
             holes.open(tp.topic, tp.partition, offset_from - 1, offset_to)
@@ -293,7 +298,7 @@ def _patch_faust() -> None:
         await add_gap(self, tp, offset_from, offset_to)
 
     def _new_offset(self: Any, tp: Any) -> int | None:
-        holes = (getattr(self.app, APP_ATTR, None) or {}).get(tp.topic)
+        holes = _watched(self).get(tp.topic)
         acked, committed = self._acked[tp], self._committed_offset[tp]
         if holes is not None and acked and committed is not None and not self._gap.get(tp):
             first = min(acked)  # above committed: the record there was dropped
