@@ -162,16 +162,20 @@ class Cgroup:
         except (OSError, ValueError):
             return 0
 
-    def kill_all(self, keep: set[int] | None = None, rounds: int = 50) -> None:
+    def kill_all(self, keep: set[int] | None = None, rounds: int = 50) -> bool:
+        """SIGKILL every process of the group but ``keep``, round after round while new
+        ones appear (forked between a listing and its kill). True when none is left; False
+        after ``rounds`` (processes that keep forking): the caller must not trust it."""
         keep = keep or set()
         for _ in range(rounds):
             victims = self.procs() - keep
             if not victims:
-                return
+                return True
             for pid in victims:
                 with contextlib.suppress(OSError):
                     os.kill(pid, signal.SIGKILL)
             time.sleep(0.002)
+        return not (self.procs() - keep)
 
     def close(self) -> None:
         try:
@@ -403,10 +407,15 @@ def bwrap_argv(
         argv += ["--ro-bind", prefix, prefix]
     argv += ["--proc", "/proc"]
     if "proc_masked" in layers:
-        empty_dir_, empty_file = empty_masks()
+        empty_dir_, empty_file_ = empty_masks()
         for name, is_dir in proc_masks():
-            argv += ["--ro-bind", empty_dir_ if is_dir else empty_file, f"/proc/{name}"]
-    argv += ["--dev", "/dev", "--remount-ro", "/dev"]
+            argv += ["--ro-bind", empty_dir_ if is_dir else empty_file_, f"/proc/{name}"]
+    # a new devpts instance still draws on the kernel's one pty pool (kernel.pty.max,
+    # shared by every devpts but the host's): both ways in are masked, so no sandbox can
+    # exhaust it for the host's containers and the other tenants' sandboxes
+    empty_file = empty_masks()[1]
+    argv += ["--dev", "/dev", "--ro-bind", empty_file, "/dev/ptmx"]
+    argv += ["--ro-bind", empty_file, "/dev/pts/ptmx", "--remount-ro", "/dev"]
     argv += ["--perms", "0555", "--dir", "/runtime", "--perms", "0555", "--dir", "/artifact"]
     argv += ["--perms", "0444", "--ro-bind-data", str(runtime_fd), "/runtime/worker_main.py"]
     argv += ["--perms", "0444", "--ro-bind-data", str(artifact_fd), "/artifact/reward.py"]

@@ -92,7 +92,6 @@ class SandboxWorker:
         self.baseline: set[int] = set()
         self.worker_pid: int | None = None  # host pid of the worker (the sandbox's pid 1)
         self._pidfd: int | None = None  # of the worker: stops it between batches
-        self._stray_pidfds: list[int] = []  # processes started at import, stopped with it
         self._stat_fd: int | None = None  # the worker's /proc/<pid>/stat: its thread count
         self.batches = 0
         self.alive = False
@@ -210,9 +209,18 @@ class SandboxWorker:
                 st.callback(os.close, self._stat_fd)
             if self._threads() != 1:
                 self.dirty = True  # tenant code started a thread at import: one batch only
-            if self._stop_import_strays():
-                self.dirty = True  # and processes: one batch only, stopped until then
-            self._freeze()
+            # the worker first, then what its import started (killed, not stopped: the
+            # artifact can send "ready" itself and fork past any scan; see _clear_strays)
+            if self._pidfd is not None and not self._stop_worker():
+                return _failed(Cause.TENANT_CRASH, started, "the worker did not stop in 1 s")
+            if self._group() is not None:  # without any cgroup none can be found
+                strays = self._clear_strays()
+                if strays is None:
+                    return _failed(
+                        Cause.TENANT_CRASH, started, "processes started at import kept forking"
+                    )
+                if strays:
+                    self.dirty = True  # and processes: one batch only
             return None
         if msg is not None and msg.get("op") == "load_error":
             cause = KIND_TO_CAUSE[error_kind(msg)]
@@ -294,30 +302,33 @@ class SandboxWorker:
         """Kill processes the tenant left behind, empty scratch, stop the worker until its
         next batch. False: retire the worker.
 
-        Everything but the baseline (bubblewrap's monitor outside the sandbox and the
-        worker, the sandbox's pid 1) is killed through the worker's cgroup. Whether tenant
-        code left a thread running in the worker is read on the host
-        (``/proc/<pid>/stat``), never taken from the worker's own report (tenant code can
-        rewrite the worker's module); such a worker is retired. The worker is then stopped
-        (SIGSTOP) until :meth:`score` continues it, so no tenant code (a signal handler, a
-        patched receive loop) runs between batches. Without any cgroup strays cannot be
-        found: the worker is retired after every batch.
+        The worker is stopped (SIGSTOP) first, and stays stopped until :meth:`score`
+        continues it, so no tenant code (a SIGCHLD handler forking a replacement for each
+        process killed, a signal handler, a patched receive loop) runs from here on. Then
+        everything but the baseline (bubblewrap's monitor outside the sandbox and the
+        worker, the sandbox's pid 1) is killed through the worker's cgroup, until none is
+        left (else retired), and scratch emptied. Whether tenant code left a thread running
+        in the worker is read on the host (``/proc/<pid>/stat``), never taken from the
+        worker's own report (tenant code can rewrite the worker's module); such a worker is
+        retired. Without any cgroup strays cannot be found: the worker is retired after
+        every batch.
         """
         if not self.alive or self.dirty:
             return False
         try:
-            group = self._group()
-            if group is None:
+            if self._group() is None or self._threads() != 1:
                 return False
-            group.kill_all(keep=self.baseline)
+            # stopped before the kill: a SIGCHLD handler of the worker's would fork a
+            # replacement for every process killed
+            if self._pidfd is not None and not self._stop_worker():
+                return False
+            if self._clear_strays() is None:
+                return False
             if self._threads() != 1:
                 return False
             if self.scratch is not None:
-                empty_dir(self.scratch)
-            if self.proc is None or self.proc.poll() is not None:
-                return False
-            self._freeze()
-            return True
+                empty_dir(self.scratch)  # nothing of the tenant's runs to write to it now
+            return self.proc is not None and self.proc.poll() is None
         except Exception:
             return False
 
@@ -328,42 +339,54 @@ class SandboxWorker:
                 return self.cgroups[key]
         return None
 
-    def _freeze(self) -> None:
-        """Stop the worker between batches (SIGSTOP from the parent pid namespace reaches
-        the sandbox's pid 1; its threads stop with it). Signalled through a pidfd, so a
-        dead worker's recycled pid is never hit."""
-        for fd in (*self._stray_pidfds, self._pidfd):
-            if fd is not None:
-                with contextlib.suppress(OSError):
-                    signal.pidfd_send_signal(fd, signal.SIGSTOP)
+    def _stop_worker(self) -> bool:
+        """Stop the worker (SIGSTOP from the parent pid namespace reaches the sandbox's
+        pid 1; its threads stop with it) and wait until it is stopped: no tenant code (a
+        signal handler, a patched receive loop) runs until :meth:`score` continues it.
+        Signalled through a pidfd, so a dead worker's recycled pid is never hit. False: not
+        stopped within a second, or no pidfd (kernel < 5.3: the worker is never stopped)."""
+        if self._pidfd is None:
+            return False
+        try:
+            signal.pidfd_send_signal(self._pidfd, signal.SIGSTOP)
+        except OSError:
+            return False
+        if self._stat_fd is None:  # nothing to see it by (opened with the pidfd: rare)
+            return True
+        deadline = time.monotonic() + 1.0
+        while time.monotonic() < deadline:
+            if self._state() in (b"T", b"t"):
+                return True
+            time.sleep(0.0005)
+        return False
 
-    def _thaw(self) -> None:
-        for fd in (self._pidfd, *self._stray_pidfds):
-            if fd is not None:
-                with contextlib.suppress(OSError):
-                    signal.pidfd_send_signal(fd, signal.SIGCONT)
-
-    def _stop_import_strays(self) -> bool:
-        """Stop the processes tenant code started at import (a multiprocessing pool, a
-        helper; a process that would resume the stopped worker with SIGCONT) until the
-        first batch, which continues them with the worker. True if there were any."""
+    def _clear_strays(self) -> int | None:
+        """Kill every process of the sandbox but the baseline (bubblewrap's monitor and
+        the worker, stopped first by the caller): how many there were, or None when some
+        kept forking past the kill (the caller retires the worker; its pid namespace dies
+        with it). Stopping them instead cannot be made to hold: a running one continues
+        (SIGCONT) one already stopped, or one stops itself to pass a check."""
         group = self._group()
         if group is None:
-            return False
-        seen: set[int] = set()
-        for _ in range(50):  # a stopped process forks no more: a few rounds at most
-            new = group.procs() - self.baseline - seen
-            if not new:
-                break
-            for pid in new:
-                fd = self._open_pidfd(pid)
-                if fd is not None:
-                    self._stack.callback(os.close, fd)
-                    self._stray_pidfds.append(fd)
-                    with contextlib.suppress(OSError):
-                        signal.pidfd_send_signal(fd, signal.SIGSTOP)
-            seen |= new
-        return bool(seen)
+            return None
+        found = len(group.procs() - self.baseline)
+        if not group.kill_all(keep=self.baseline):
+            return None
+        return found
+
+    def _thaw(self) -> None:
+        if self._pidfd is not None:
+            with contextlib.suppress(OSError):
+                signal.pidfd_send_signal(self._pidfd, signal.SIGCONT)
+
+    def _state(self) -> bytes:
+        """The worker's state letter from the host's ``/proc/<pid>/stat`` (b"" unknown)."""
+        if self._stat_fd is None:
+            return b""
+        try:
+            return os.pread(self._stat_fd, 1024, 0).rsplit(b")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            return b""
 
     @staticmethod
     def _open_pidfd(pid: int | None) -> int | None:

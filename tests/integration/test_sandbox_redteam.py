@@ -83,6 +83,25 @@ def own_cgroups() -> set[str]:
     return names
 
 
+def proc_state(pid: int) -> str:
+    """The state letter of ``/proc/<pid>/stat`` ("" when gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return ""
+
+
+def reaped_by(pid: int, parents: set[int]) -> bool:
+    """A zombie whose parent is one of ``parents``."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            fields = fh.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return True  # gone
+    return fields[0] == "Z" and int(fields[1]) in parents
+
+
 #: Clients that stay open across tests (the neighbour): their waiting workers may live.
 RESIDENT: list[RewardClient] = []
 
@@ -99,7 +118,9 @@ def assert_nothing_survives(*alive: RewardClient, timeout: float = 8.0) -> None:
         clients = [*alive, *RESIDENT]
         workers = [w for c in clients if c._pool is not None for w in c._pool._ready]
         allowed = set().union(*(w._procs() for w in workers))
-        strays = sandbox_processes() - allowed
+        # a process killed while its waiting worker is stopped stays a zombie (no CPU, no
+        # memory) until that worker reaps it at its next batch
+        strays = {p for p in sandbox_processes() - allowed if not reaped_by(p, allowed)}
         groups = own_cgroups() - {w.name for w in workers}
         if not strays and not groups:
             return
@@ -408,6 +429,156 @@ def test_no_tenant_code_runs_while_a_worker_waits(tmp_path: Path, at_import: str
             assert w.dirty  # started a thread or a process at import: retired after its batch
             assert w not in pool._ready
         assert_nothing_survives(c)
+
+
+#: Round three (a red-team pass of 2026-11-27): tenant code in the worker (pid 1) whose
+#: SIGCHLD handler forks a replacement for every child killed, each child burning CPU,
+#: continuing the stopped worker and writing to scratch — the host killed strays while the
+#: worker still ran, so one always survived into the wait.
+RESPAWNER = """
+import os, signal, time
+CALLS = 0
+def child_body():
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    while True:
+        end = time.monotonic() + 0.05
+        while time.monotonic() < end:
+            pass
+        try:
+            os.kill(1, signal.SIGCONT)
+        except OSError:
+            pass
+        with open('/scratch/alive', 'a') as fh:
+            fh.write('x')
+def spawn():
+    if os.fork() == 0:
+        try:
+            child_body()
+        finally:
+            os._exit(0)
+def on_chld(*_):
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            pid = 0
+        if pid == 0:
+            break
+    spawn()
+def reward(batch):
+    global CALLS
+    CALLS += 1
+    if CALLS == 1:
+        signal.signal(signal.SIGCHLD, on_chld)
+        spawn()
+    return [float(CALLS)] * len(batch)
+"""
+
+
+def test_a_sigchld_handler_cannot_respawn_a_stray_into_the_wait(tmp_path: Path) -> None:
+    """The worker is stopped before its strays are killed: nothing but the baseline is
+    left in its cgroup while it waits, it uses no CPU, it stays stopped, and scratch is
+    empty; the next batch is served by the same worker."""
+    require_sandbox()
+    with attacker(tmp_path, RESPAWNER, recycle_every=50) as c:
+        assert c.score([{"prompt": "p", "completion": ""}]).scores == (1.0,)
+        pool = c._pool
+        assert pool is not None and pool.spawned == 1
+        (w,) = pool._ready
+        time.sleep(0.3)
+        assert w._procs() == w.baseline
+        before = w._cpu_used()
+        time.sleep(1.0)
+        assert w._cpu_used() - before < 0.05
+        assert w.worker_pid is not None and proc_state(w.worker_pid) == "T"
+        assert w.scratch is not None and os.listdir(w.scratch) == []
+        out = c.score([{"prompt": "p", "completion": ""}])
+        assert out.ok and out.scores == (2.0,), out.message
+        assert pool.spawned == 1  # the same worker, cleaned again
+        assert w._procs() == w.baseline
+        assert_nothing_survives(c)
+
+
+#: The artifact sends the worker's "ready" itself at import, then forks children that burn
+#: CPU and continue every process they can see, and never returns from its import: the
+#: host stopped the processes it found after "ready", which these forked past.
+FORGED_READY = """
+import json, os, signal, struct, sys, time
+body = json.dumps({"op": "ready"}).encode()
+os.write(int(sys.argv[1]), struct.pack(">I", len(body)) + body)
+def burn():
+    while True:
+        end = time.monotonic() + 0.02
+        while time.monotonic() < end:
+            pass
+        for p in os.listdir('/proc'):
+            if p.isdigit():
+                try:
+                    os.kill(int(p), signal.SIGCONT)
+                except OSError:
+                    pass
+def reward(batch):
+    return [0.0] * len(batch)
+for _ in range(12):
+    if os.fork() == 0:
+        burn()
+while True:
+    pass
+"""
+
+
+def test_a_forged_ready_at_import_leaves_nothing_running_in_the_wait(tmp_path: Path) -> None:
+    """Whatever the artifact's import started by the time "ready" arrives is killed, the
+    worker stopped first: the pre-spawned worker uses no CPU while it waits, and its batch
+    is the tenant's timeout, with nothing left behind."""
+    require_sandbox()
+    with attacker(tmp_path, FORGED_READY, tier="verifier", warm_workers=1) as c:
+        pool = c._pool
+        assert pool is not None
+        deadline = time.monotonic() + 15
+        while not pool._ready and time.monotonic() < deadline:
+            time.sleep(0.05)
+        (w,) = pool._ready[:1]
+        time.sleep(0.3)
+        assert w._procs() == w.baseline
+        before = w._cpu_used()
+        time.sleep(1.0)
+        assert w._cpu_used() - before < 0.05
+        assert_booked(c, c.score([{"prompt": "p", "completion": ""}]), Cause.TENANT_TIMEOUT)
+        assert_nothing_survives(c)
+
+
+PTYS = """
+import os
+opened = []
+for path in ('/dev/ptmx', '/dev/pts/ptmx'):
+    try:
+        os.close(os.open(path, os.O_RDWR | os.O_NOCTTY))
+        opened.append(path)
+    except OSError:
+        pass
+try:
+    os.openpty()
+    opened.append('openpty')
+except OSError:
+    pass
+with open('/dev/null', 'w') as fh:
+    fh.write('x')
+with open('/dev/urandom', 'rb') as fh:
+    assert len(fh.read(8)) == 8
+result = float(len(opened))
+"""
+
+
+def test_no_pty_can_be_opened(tmp_path: Path) -> None:
+    """The kernel's pty pool is one for every devpts instance but the host's: a sandbox
+    that could open ptys could take them all from other tenants and the host's
+    containers. Both ways in are masked; /dev/null and /dev/urandom still work."""
+    require_sandbox()
+    with attacker(tmp_path) as c:
+        out = c.score([item(PTYS)])
+        assert out.ok and out.scores == (0.0,), out.message
+    assert_nothing_survives()
 
 
 def test_a_stopped_worker_gets_small_and_large_batches(tmp_path: Path) -> None:
