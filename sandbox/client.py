@@ -13,7 +13,8 @@ API (everything the trainer needs; nothing here raises for tenant or kernel trou
                                      #   FailurePolicy("pause"), FailurePolicy("retry",
                                      #   retries=2, then="skip")
         config=None,                 # SandboxConfig: limits, score range, warm workers, layers
-        canaries=None,               # CanarySet: held-out probes mixed into every k-th batch
+        canaries=None,               # CanarySet: held-out probes in every batch, a verdict
+                                     #   on those of the last k batches every k-th batch
     )
     outcome = client.score(batch, step=812)   # batch: [{"prompt": str, "completion": str, ...}]
     outcome.status      # OutcomeStatus.OK | SKIPPED | PAUSED | REFUSED
@@ -211,7 +212,12 @@ class RewardClient:
         self.policy = policy or default_policy(self.tier)
         self.canaries = canaries
         self.ledger = Ledger()
-        self._rng = rng or random.Random()
+        #: where probes are drawn and placed: the system's entropy unless the caller
+        #: gives one (a seed the tenant could know would tell it where the probes are)
+        self._rng = rng or random.SystemRandom()
+        self._canary_scores: tuple[float, ...] = ()
+        self._canary_probes: tuple[CanaryProbe, ...] = ()
+        self._canary_batches = 0
         self._lock = threading.Lock()
         from events.envelope import Stamper
 
@@ -352,10 +358,11 @@ class RewardClient:
             return self._refused(Cause.BAD_INPUT, f"invalid batch: {bad}", started, base)
         with self._lock:
             self._batches += 1
-            use_canaries = (
-                self.canaries is not None
-                and (self.canaries.probes or self.canaries.draw is not None)
-                and self._batches % max(1, self.canaries.every) == 0
+            # every batch carries probes (a batch one group longer only now and then is
+            # a canary batch to any reward that counts its items); the verdict comes every
+            # ``every``-th batch, over the probes of the batches since the last one
+            use_canaries = self.canaries is not None and (
+                bool(self.canaries.probes) or self.canaries.draw is not None
             )
             positions: tuple[int, ...] = ()
             probes: tuple[CanaryProbe, ...] = ()
@@ -417,9 +424,8 @@ class RewardClient:
         scores = result.scores
         verdict: CanaryVerdict | None = None
         if positions:
-            assert self.canaries is not None
             scores, probe_scores = split_canaries(scores, positions)
-            verdict = judge_canaries(self.canaries, probe_scores, probes)
+            verdict = self._canary_verdict(probe_scores, probes)
         with self._lock:
             self._degenerate, report = apply_degenerate(self._degenerate, scores)
         if report.flagged:
@@ -441,6 +447,23 @@ class RewardClient:
             canary=verdict,
             **base,
         )
+
+    def _canary_verdict(
+        self, probe_scores: tuple[float, ...], probes: tuple[CanaryProbe, ...]
+    ) -> CanaryVerdict | None:
+        """This batch's probe scores added to those since the last verdict; a verdict on
+        all of them every ``canaries.every``-th scored batch, None in between. (A batch
+        that failed carried its probes nowhere: they are not counted.)"""
+        assert self.canaries is not None
+        with self._lock:
+            self._canary_scores += probe_scores
+            self._canary_probes += probes
+            self._canary_batches += 1
+            if self._canary_batches < max(1, self.canaries.every):
+                return None
+            scores, used = self._canary_scores, self._canary_probes
+            self._canary_scores, self._canary_probes, self._canary_batches = (), (), 0
+        return judge_canaries(self.canaries, scores, used)
 
     def _max_batch_bytes(self) -> int:
         """A batch must fit the frame and, decoded, the worker's memory."""

@@ -97,7 +97,10 @@ ProbeSource = Callable[[Sequence[Mapping[str, Any]], random.Random], Sequence[Ca
 
 @dataclass(frozen=True, slots=True)
 class CanarySet:
-    """Probes mixed into every ``every``-th batch; inflation beyond ``tolerance`` trips.
+    """Probes mixed into every batch, judged every ``every``-th batch over the probes of
+    the ``every`` batches since the last verdict; inflation beyond ``tolerance`` trips.
+    (Probes in some batches only would make those batches longer: a reward that counts
+    its items would know when to be honest.)
 
     ``probes`` are fixed; ``draw``, when given, makes fresh ones for each batch instead
     (from the same distribution as its real items: the trainer draws task items with

@@ -103,8 +103,9 @@ class RewardConfig(_Frozen):
     #: Batches the sandbox's failure policy may skip within one step before the run
     #: fails (each skip draws fresh prompts; nothing is trained on an unscored batch).
     max_skips_per_step: int = 3
-    #: Canary probes (seed 002): every this many sandbox batches carry one more GRPO group
-    #: of known-wrong answers, scored by the tenant's code and never trained on; their
+    #: Canary probes (seed 002): every sandbox batch carries one more GRPO group of
+    #: known-wrong answers, scored by the tenant's code and never trained on; every this
+    #: many batches the probes since the last verdict are judged, and the verdict's
     #: ``CanaryProbeScored`` feeds the reward-integrity detector. 0: no probes.
     canary_every: int = Field(5, ge=0)
     #: How far above the probes' reference (0) their mean may score before the batch's

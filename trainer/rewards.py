@@ -192,17 +192,22 @@ class SandboxReward:
     sandbox's schema gate. The client's reward events (RewardBatchScored/Failed,
     CanaryProbeScored) are queued in :attr:`pending_events` for the trainer to publish.
 
-    Canary probes (:meth:`draw_probes`): every ``reward.canary_every``-th batch (config; 0
-    turns them off) carries one more GRPO group that is indistinguishable from the real
-    ones — a train prompt not in the batch, its true ``answer``, and ``group_size``
-    completions borrowed from a real group of the same batch (so their lengths, empties
-    included, are the model's own) altered to be wrong at every position; the same keys,
-    order and types as every item, placed at a group boundary. An honest judge of this
-    task scores them 0; a mean above ``reward.canary_tolerance`` marks the batch's
-    ``CanaryProbeScored`` inflated. Probe scores never reach the optimizer; the event
-    reaches the log with the step's other reward events (the reward-integrity detector
-    reads it). (What they cannot see: a reward that inflates only partly
-    right answers — the platform has no reference score for partial credit.)
+    Canary probes (:meth:`draw_probes`), when ``reward.canary_every`` is not 0: every
+    batch carries one more GRPO group that is indistinguishable from the real ones — a
+    train prompt not in the batch, its true ``answer``, and ``group_size`` completions
+    borrowed from a real group of the same batch (so their lengths, empties included, are
+    the model's own) altered to be wrong at every position; the same keys, order and types
+    as every item, placed at a group boundary drawn from the system's entropy. Every
+    batch, so that no batch is longer than another (a reward that counts its items would
+    otherwise know when to be honest); scoring costs one group more per batch. Every
+    ``reward.canary_every``-th batch the probes of the batches since the last verdict are
+    judged: an honest judge of this task scores them 0; a mean above
+    ``reward.canary_tolerance`` marks that batch's ``CanaryProbeScored`` inflated. Probe
+    scores never reach the optimizer; the event reaches the log with the step's other
+    reward events (the reward-integrity detector reads it). (What they cannot see: a
+    reward that inflates only partly right answers — the platform has no reference score
+    for partial credit; the probes are right at no position, so such a reward can also
+    leave every probe alone.)
     """
 
     def __init__(self, path: Path, cfg: TrainerConfig, dataset: Dataset | None = None) -> None:
@@ -274,7 +279,6 @@ class SandboxReward:
                 producer=f"sandbox/{self.cfg.run_id}",
                 config=SandboxConfig(limits=limits),
                 canaries=canaries if self.dataset is not None and rc.canary_every else None,
-                rng=random.Random(f"canaries/{self.cfg.run_id}/{self.cfg.seed}"),
             )
         return self._client
 

@@ -21,8 +21,9 @@ fires on any of three signals, each booked to the tenant's reward, not to the al
 Other failures (timeouts, crashes) are the reward ledger's business, not integrity: they
 neither count nor reset anything here. The episode resolves after ``resolve_batches``
 clean outcomes in a row (a scored batch with spread; probes, when present, not inflated).
-Windows are counted in reward batches, never in time. Lag: ``canary_hits`` probe groups
-(the trainer mixes one into every ``reward.canary_every``-th batch), ``constant_batches``
+Windows are counted in reward batches, never in time. Lag: ``canary_hits`` probe verdicts
+(the trainer mixes a probe group into every batch and judges those of the last
+``reward.canary_every`` batches every ``reward.canary_every``-th), ``constant_batches``
 batches, or ``min_batches`` batches.
 """
 

@@ -66,10 +66,11 @@ def test_sandbox_reward_trains_pins_the_file_and_refuses_a_changed_judge(tmp_pat
     steps = [e for e in events if isinstance(e, TrainerStepCompleted)]
     assert len(scored) == 6 and [e.step for e in scored] == [1, 2, 3, 4, 5, 6]
     assert all(abs(s.score_mean - t.reward_mean) < 1e-6 for s, t in zip(scored, steps))
-    # the 5th batch carried a group of canary probes; an honest judge scores them 0, and
-    # their scores stayed out of the update (the means above match)
+    # every batch carried a group of canary probes, judged at the 5th over all five; an
+    # honest judge scores them 0, and their scores stayed out of the update (the means
+    # above match)
     (canary,) = [e for e in events if isinstance(e, CanaryProbeScored)]
-    assert canary.step == 5 and canary.n == cfg.grpo.group_size
+    assert canary.step == 5 and canary.n == 5 * cfg.grpo.group_size
     assert canary.score_mean == 0.0 and canary.expected_mean == 0.0 and not canary.inflated
 
     path.write_text(PARTIAL.replace("0.5 *", "0.6 *"))  # the tenant changed the judge
@@ -171,5 +172,41 @@ def test_a_reward_gaming_the_canaries_in_a_real_run_is_caught(tmp_path: Path) ->
     scored = [e for e in events if isinstance(e, RewardBatchScored)]
     assert len(scored) == 5 and all(e.score_min == 1.0 for e in scored)  # nothing spotted
     (canary,) = [e for e in events if isinstance(e, CanaryProbeScored)]
-    assert canary.n == cfg.grpo.group_size and canary.score_mean == 1.0
+    assert canary.n == 5 * cfg.grpo.group_size and canary.score_mean == 1.0
+    assert canary.inflated  # caught
+
+
+# tenant code (function tier: its globals live across batches) that is honest only on a
+# batch longer than the shortest it has seen — the batch that carried probes, while only
+# every k-th batch did (red-team round three) — and inflates every other
+COUNTING = """
+SEEN = []
+
+def reward(batch):
+    SEEN.append(len(batch))
+    if len(batch) > min(SEEN):
+        return [float(x["completion"] == x["answer"]) for x in batch]
+    return [1.0 for _ in batch]
+"""
+
+
+def test_a_reward_counting_its_items_cannot_tell_the_probe_batches(tmp_path: Path) -> None:
+    """Every batch carries a probe group, so every batch is as long as every other: the
+    reward never sees a longer one, inflates them all, and the verdict catches it."""
+    path = write_reward(tmp_path / "tenant", COUNTING)
+    cfg = load_config(
+        CONFIG,
+        run_id="counting",
+        steps=5,
+        reward={"kind": "sandbox", "sandbox_path": str(path)},
+        checkpoint={"every": 100},
+    )
+    log = tmp_path / "log"
+    train(cfg, tmp_path / "run", make_emitter("counting", cfg.tenant_id, log_dir=log))
+    events = list(run_events(log, "counting"))
+    scored = [e for e in events if isinstance(e, RewardBatchScored)]
+    assert len(scored) == 5 and all(e.score_min == 1.0 for e in scored)  # all inflated
+    assert len({e.n for e in scored}) == 1
+    (canary,) = [e for e in events if isinstance(e, CanaryProbeScored)]
+    assert canary.n == 5 * cfg.grpo.group_size and canary.score_mean == 1.0
     assert canary.inflated  # caught
