@@ -354,10 +354,10 @@ class SandboxWorker:
         if self._stat_fd is None:  # nothing to see it by (opened with the pidfd: rare)
             return True
         deadline = time.monotonic() + 1.0
-        while time.monotonic() < deadline:
+        while time.monotonic() < deadline:  # tens of microseconds, unless the box is busy
             if self._state() in (b"T", b"t"):
                 return True
-            time.sleep(0.0005)
+            time.sleep(0.00002)
         return False
 
     def _clear_strays(self) -> int | None:
