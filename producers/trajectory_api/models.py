@@ -16,6 +16,7 @@ re-encoded with msgspec; only a body that fails is validated again by the pydant
 from __future__ import annotations
 
 import gc
+import itertools
 import math
 import re
 import zlib
@@ -55,6 +56,17 @@ MAX_SIZE = 2**31 - 1
 MAX_STEP = 2**53 - 1
 #: Largest sampling weight of an env (weights are relative; finite, so sums stay finite).
 MAX_WEIGHT = 1e9
+#: Token ids (and mask values, distillation ids) must be below this: int64's range, what a
+#: trainer's index tensor holds. A JSON integer of 19 digits or more never takes the fast
+#: path (:func:`_int_rows`), so every larger one is refused on the full path (a 5,000-digit
+#: id was stored and served, and every trainer that read ``/batch`` failed in
+#: ``json.loads``, whose limit is 4,300 digits).
+TOKEN_LIMIT = 2**63
+#: Deepest nesting of lists and objects a free-form field (``messages``,
+#: ``generation_params``, ``overrides``, ``group_overrides``, ``images``) may hold: a
+#: ``/batch`` body nests each three levels deeper, and Python's ``json.loads`` fails at
+#: about 1,000 (msgspec's decoder too, at the API: it used to be a 500).
+MAX_NESTING = 64
 
 
 class Registration(BaseModel):
@@ -173,6 +185,20 @@ class InvalidBody(Exception):
         self.detail = detail
 
 
+#: The 422 item of a token or mask row holding an integer beyond 64 bits.
+OUT_OF_RANGE: dict[str, Any] = {
+    "type": "token_out_of_range",
+    "loc": ["body"],
+    "msg": "a token or mask row holds an integer that does not fit int64",
+}
+#: The 422 item of a body nested beyond what can be decoded.
+TOO_DEEP: dict[str, Any] = {
+    "type": "too_deep",
+    "loc": ["body"],
+    "msg": f"JSON nested too deeply (a free-form field may nest at most {MAX_NESTING} levels)",
+}
+
+
 _ONE = msgspec.json.Decoder(ScoredGroup, strict=False)
 _MANY = msgspec.json.Decoder(list[ScoredGroup], strict=False)
 _RAW_ONE = msgspec.json.Decoder(_RawIdsGroup, strict=False)
@@ -186,14 +212,23 @@ _JSON_SPACE = b" \t\n\r"
 _INT_ROW_TABLE = bytes(c if c in b"0123456789,-[]" else 0 for c in range(256))
 #: In a valid JSON integer array, ``-0`` can only be the integer minus zero.
 _NEGATIVE_ZERO = re.compile(rb"-0")
+#: ``bytes.translate`` table turning every digit into ``0`` (see :func:`_int_rows`).
+_DIGITS_AS_ZERO = bytes(ord("0") if c in b"0123456789" else c for c in range(256))
+#: A run of digits as long as the shortest integer that may reach :data:`TOKEN_LIMIT`.
+_LONG_INT = b"0" * len(str(TOKEN_LIMIT - 1))
 
 
 def parse_groups(body: bytes, many: bool) -> list[ScoredGroup]:
-    """The groups in a ``/scored_data`` (one) or ``/scored_data_list`` (many) body."""
+    """The groups in a ``/scored_data`` (one) or ``/scored_data_list`` (many) body.
+
+    A body nested deeper than the decoder's recursion limit (about 1,000 levels, anywhere
+    in it) is refused without being decoded further (:data:`TOO_DEEP`)."""
     try:
         return _MANY.decode(body) if many else [_ONE.decode(body)]
     except (msgspec.ValidationError, msgspec.DecodeError) as exc:
         fast_error = str(exc)
+    except RecursionError:
+        raise InvalidBody([dict(TOO_DEEP)]) from None
     try:  # the slow path, for FastAPI's exact error list
         (SCORED_DATA_LIST if many else SCORED_DATA).validate_json(body)
     except ValidationError as exc:
@@ -261,8 +296,8 @@ def _groups_with_raw_ids(body: bytes, many: bool) -> list[_RawIdsGroup] | None:
     full path (lax values, errors and their wording included)."""
     try:
         groups = _RAW_MANY.decode(body) if many else [_RAW_ONE.decode(body)]
-    except (msgspec.ValidationError, msgspec.DecodeError):
-        return None
+    except (msgspec.ValidationError, msgspec.DecodeError, RecursionError):
+        return None  # (too deep: the full path answers 422)
     for g in groups:
         tokens, masks = _int_rows(g.tokens), _int_rows(g.masks)
         if tokens is None or masks is None:
@@ -280,9 +315,11 @@ def _int_rows(rows: list[msgspec.Raw]) -> list[msgspec.Raw] | None:
     no float, string or lax value), a ``[`` first and no other bracket but the last
     ``]`` (flat). What is left is a row of integers written exactly as msgspec writes
     them, unless it holds a ``-0`` (written ``0``; some readers, serde_json among them,
-    take ``-0`` for a float): those rows take the full path. The ``-0`` search runs only
+    take ``-0`` for a float) or an integer of 19 digits or more (it may not fit int64,
+    see :data:`TOKEN_LIMIT`): those rows take the full path. The ``-0`` search runs only
     on rows with a ``-`` and through ``re`` (4x faster than ``bytes.__contains__`` on
-    a two-byte needle).
+    a two-byte needle); the long-integer search looks for 19 zeros (``in``) in the
+    row with its digits turned into zeros (``re`` took 10x as long).
     """
     out = []
     for row in rows:
@@ -293,6 +330,7 @@ def _int_rows(rows: list[msgspec.Raw]) -> list[msgspec.Raw] | None:
             or text.find(b"[", 1) != -1
             or text.find(b"]", 0, -1) != -1
             or (b"-" in text and _NEGATIVE_ZERO.search(text) is not None)
+            or _LONG_INT in text.translate(_DIGITS_AS_ZERO)
         ):
             return None
         out.append(msgspec.Raw(text))
@@ -307,9 +345,11 @@ class GroupRules:
     masks and scores together and embeds token ids (a CUDA assert at best).
 
     Always: at least one sequence; as many mask rows and scores as token rows; each mask
-    row as long as its token row; no negative token id; ``env_id`` not negative. With
-    ``vocab_size``: every token id below it, and every mask value either -100 (ignored)
-    or below it. With ``max_sequences`` (the registered ``batch_size``): no group larger.
+    row as long as its token row; no negative token id; ``env_id`` not negative; token
+    ids below :data:`TOKEN_LIMIT`, mask values and distillation ids within int64; free-form
+    fields nested at most :data:`MAX_NESTING` deep. With ``vocab_size``: every token id
+    below it, and every mask value either -100 (ignored) or below it. With
+    ``max_sequences`` (the registered ``batch_size``): no group larger.
     """
 
     vocab_size: int | None = None
@@ -323,6 +363,8 @@ IGNORED_LABEL = -100
 #: In a raw mask row: a ``-`` that does not start ``-100`` (a negative other than it).
 _NEGATIVE_NOT_IGNORED = re.compile(rb"-(?!100\b)")
 _INTS = msgspec.json.Decoder(list[int])
+#: The fields of a group that hold any JSON (see :data:`MAX_NESTING`).
+_FREE_FORM = ("messages", "generation_params", "overrides", "group_overrides", "images")
 
 
 def group_errors(
@@ -352,22 +394,68 @@ def group_errors(
     if g.env_id is not None and g.env_id < 0:
         msg = "Input should be greater than or equal to 0"
         errors.append({**_error(loc, "env_id", "greater_than_equal", msg), "ctx": {"ge": "0"}})
+    for name in _FREE_FORM:
+        if _nested_deeper(getattr(g, name), MAX_NESTING):
+            msg = f"nested deeper than {MAX_NESTING} levels of lists and objects"
+            errors.append(_error(loc, name, "too_deep", msg))
     vocab = rules.vocab_size
-    span = f"[0, {vocab})" if vocab is not None else "[0, vocab_size)"
     for i, (tokens, masks) in enumerate(zip(g.tokens, g.masks)):
         t, m = _Row.of(tokens), _Row.of(masks)
         if t.length != m.length:
             msg = f"mask row of {m.length} values for a token row of {t.length} ids"
             errors.append(_error(loc, ("masks", i), "length_mismatch", msg))
         if (bad := t.bad_token(vocab)) is not None:
-            msg = f"token id {bad} is outside {span}"
+            msg = f"token id {_shown(bad)} is outside {_span(vocab, bad)}"
             errors.append(_error(loc, ("tokens", i), "token_out_of_range", msg))
-        if vocab is not None and (bad := m.bad_label(vocab)) is not None:
-            msg = f"mask value {bad} is neither {IGNORED_LABEL} nor in {span}"
+        if (bad := m.bad_label(vocab)) is not None:
+            if vocab is None:
+                msg = f"mask value {_shown(bad)} does not fit int64"
+            else:
+                allowed = _span(vocab, bad)
+                msg = f"mask value {_shown(bad)} is neither {IGNORED_LABEL} nor in {allowed}"
             errors.append(_error(loc, ("masks", i), "token_out_of_range", msg))
         if len(errors) >= MAX_ERRORS:
             break
-    return errors
+    for i, seq in enumerate(g.distill_token_ids or ()):
+        ids = list(itertools.chain.from_iterable(seq))
+        if ids and (min(ids) < -TOKEN_LIMIT or max(ids) >= TOKEN_LIMIT):
+            msg = "a distillation token id does not fit int64"
+            errors.append(_error(loc, ("distill_token_ids", i), "token_out_of_range", msg))
+            break
+    return errors[:MAX_ERRORS]
+
+
+def _span(vocab: int | None, bad: int) -> str:
+    """The ids allowed, as the message of ``bad`` names them."""
+    if bad >= TOKEN_LIMIT and (vocab is None or vocab > TOKEN_LIMIT):
+        return "[0, 2**63) (int64)"
+    return f"[0, {vocab})" if vocab is not None else "[0, vocab_size)"
+
+
+def _shown(value: int) -> str:
+    """``value`` for a message: a huge one (up to 4,300 digits) by its size only."""
+    if -(10**30) < value < 10**30:
+        return str(value)
+    return f"{'-' if value < 0 else ''}<an integer of {value.bit_length()} bits>"
+
+
+def _nested_deeper(value: Any, limit: int) -> bool:
+    """Whether ``value`` nests lists and dicts more than ``limit`` levels deep (a scalar
+    is 0 levels, ``[]`` one). Level by level, without recursion; each container is
+    visited once."""
+    level = [value]
+    for _ in range(limit):
+        inner: list[Any] = []
+        for v in level:
+            if type(v) is dict:
+                v = v.values()
+            elif type(v) is not list:
+                continue
+            inner += [x for x in v if type(x) is list or type(x) is dict]
+        if not inner:
+            return False
+        level = inner
+    return True
 
 
 def _error(
@@ -395,27 +483,41 @@ class _Row(NamedTuple):
         return 0 if self.text == b"[]" else self.text.count(b",") + 1
 
     def bad_token(self, vocab: int | None) -> int | None:
-        """An id below 0 or (with ``vocab``) not below ``vocab``, if any."""
+        """An id below 0 or not below ``vocab`` (if given) and :data:`TOKEN_LIMIT`, if any."""
         if self.ints is None and vocab is None and b"-" not in self.text:
-            return None  # the common case: nothing to decode
+            return None  # the common case: nothing to decode (and no id of 19 digits)
         ints = self.decoded()
         if ints and (lo := min(ints)) < 0:
             return lo
-        if ints and vocab is not None and (hi := max(ints)) >= vocab:
+        limit = TOKEN_LIMIT if vocab is None else min(vocab, TOKEN_LIMIT)
+        if ints and (hi := max(ints)) >= limit:
             return hi
         return None
 
-    def bad_label(self, vocab: int) -> int | None:
-        """A value neither -100 nor in ``[0, vocab)``, if any."""
+    def bad_label(self, vocab: int | None) -> int | None:
+        """A value neither -100 nor in ``[0, vocab)``, if any; without ``vocab``, one that
+        does not fit int64 (only the full path's rows can hold one: nothing to decode)."""
+        if vocab is None:
+            if not self.ints:
+                return None
+            lo, hi = min(self.ints), max(self.ints)
+            return hi if hi >= TOKEN_LIMIT else lo if lo < -TOKEN_LIMIT else None
         ints = self.decoded()
-        if ints and (hi := max(ints)) >= vocab:
+        if ints and (hi := max(ints)) >= min(vocab, TOKEN_LIMIT):
             return hi
         if self.ints is None and not _NEGATIVE_NOT_IGNORED.search(self.text):
             return None
         return next((v for v in ints if v < 0 and v != IGNORED_LABEL), None)
 
     def decoded(self) -> list[int]:
-        return self.ints if self.ints is not None else _INTS.decode(self.text)
+        """The row's ints. A raw row holds no integer of 19 digits (:func:`_int_rows`), so
+        msgspec reads every one; should one not fit anyway, the body is refused (422)."""
+        if self.ints is not None:
+            return self.ints
+        try:
+            return _INTS.decode(self.text)
+        except msgspec.ValidationError:  # (an integer beyond 64 bits)
+            raise InvalidBody([dict(OUT_OF_RANGE)]) from None
 
 
 def encode_group(group: ScoredGroup) -> bytes:

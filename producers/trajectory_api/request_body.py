@@ -11,11 +11,19 @@ as before). For each request with a body:
   capped at what is still allowed, so a 1,000:1 gzip bomb costs at most ``max_bytes``,
   never its inflated size. What the client still sends after the answer is discarded by
   the HTTP server, not buffered.
-- **Concurrency.** Every body's bytes are taken from one :class:`BodyBudget` before they
-  are held (a declared length all at once, else as they arrive or inflate) and given
-  back when the request is answered. A request that does not fit gets 503 with
-  ``Retry-After`` (the same answer as a full queue, which clients already retry on), so
-  many large pushes at once cannot add up beyond the budget.
+- **Concurrency.** Every body's bytes are taken from one :class:`BodyBudget` as they
+  arrive or inflate, before they are held, and given back when the request is answered.
+  A request whose next bytes do not fit gets 503 with ``Retry-After`` (the same answer
+  as a full queue, which clients already retry on), so many large pushes at once cannot
+  add up beyond the budget; so does one whose declared length does not fit in what is
+  free when it starts (nothing is taken for it: a declared length is only a claim, and
+  two connections that declared 64 MiB and sent nothing used to hold the whole budget).
+- **Time.** A body must keep coming: a request that sends no body byte for
+  ``timeout_s`` (default 30 s), or whose body has not all arrived ``timeout_s`` plus one
+  second per ``min_rate`` bytes received (default 256 KiB/s: Apache's
+  ``mod_reqtimeout`` rule) after it started, gets 408 and its connection is closed. So no
+  request holds budget bytes longer than ``timeout_s + max_bytes / min_rate`` (about
+  five minutes at the defaults), however it trickles.
 - **Gzip.** The request arrives inflated, without ``Content-Encoding`` and with its real
   ``Content-Length``, as Atropos clients expect of the reference server. A body that is
   not valid gzip is a 400 ``Invalid gzip payload`` (the reference's answer).
@@ -25,6 +33,7 @@ Requests without a body (no ``Content-Length``, no ``Transfer-Encoding``) pass t
 
 from __future__ import annotations
 
+import asyncio
 import zlib
 from typing import Any
 
@@ -41,6 +50,11 @@ MAX_BODY_BYTES = 64 << 20
 MAX_INFLIGHT_BODY_BYTES = 2 * MAX_BODY_BYTES
 #: Inflated bytes produced per ``decompress`` call.
 INFLATE_STEP = 1 << 20
+#: Default longest pause in a body, and the grace before :data:`BODY_MIN_RATE` applies.
+BODY_TIMEOUT_S = 30.0
+#: Default slowest average a body may arrive at, beyond the first ``timeout_s`` (bytes/s):
+#: a 64 MiB body gets 30 s + 256 s, a 1.4 MB push 30 s + 5 s.
+BODY_MIN_RATE = 256 << 10
 
 
 class BodyBudget:
@@ -75,16 +89,24 @@ class _Gone(Exception):
     pass
 
 
+class _Slow(Exception):
+    pass
+
+
 class RequestBodyMiddleware:
     def __init__(
         self,
         app: ASGIApp,
         max_bytes: int = MAX_BODY_BYTES,
         budget: BodyBudget | None = None,
+        timeout_s: float = BODY_TIMEOUT_S,
+        min_rate: float = BODY_MIN_RATE,
     ) -> None:
         self.app = app
         self.max_bytes = max_bytes
         self.budget = budget if budget is not None else BodyBudget(MAX_INFLIGHT_BODY_BYTES)
+        self.timeout_s = timeout_s
+        self.min_rate = min_rate
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -104,8 +126,8 @@ class RequestBodyMiddleware:
             if declared is not None:
                 if declared > self.max_bytes:
                     raise _TooLarge
-                if not gzipped:  # the whole body at once, before a byte is read
-                    reader.hold(declared)
+                if not gzipped and declared > self.budget.limit - self.budget.held:
+                    raise _Busy  # would not fit now: said before a byte is read (none taken)
             body = await reader.read(receive)
         except _TooLarge:
             reader.release()
@@ -114,6 +136,10 @@ class RequestBodyMiddleware:
         except _Busy:
             reader.release()
             await self._busy()(scope, receive, send)
+            return
+        except _Slow:
+            reader.release()
+            await self._too_slow(reader)(scope, receive, send)
             return
         except zlib.error:
             reader.release()
@@ -150,6 +176,17 @@ class RequestBodyMiddleware:
             status_code=413,
         )
 
+    def _too_slow(self, reader: _BodyReader) -> Response:
+        return JSONResponse(
+            {
+                "detail": f"request body too slow: {reader.raw} bytes in "
+                f"{reader.elapsed():.1f} s (a body may pause at most {self.timeout_s:g} s, "
+                f"and must come at {self.min_rate:g} bytes/s beyond that); send it at once"
+            },
+            status_code=408,
+            headers={"Connection": "close"},  # (the rest of the body is never read)
+        )
+
     def _busy(self) -> Response:
         budget = self.budget
         return JSONResponse(
@@ -163,15 +200,35 @@ class RequestBodyMiddleware:
 
 
 class _BodyReader:
-    """One request's body: read, inflated if gzip, bounded, its bytes taken from the
-    budget as they are held and all given back by :meth:`release`."""
+    """One request's body: read, inflated if gzip, bounded in size and time, its bytes
+    taken from the budget as they are held and all given back by :meth:`release`."""
 
     def __init__(self, owner: RequestBodyMiddleware, gzipped: bool) -> None:
         self.max_bytes = owner.max_bytes
         self.budget = owner.budget
+        self.timeout_s = owner.timeout_s
+        self.min_rate = owner.min_rate
         self.gzipped = gzipped
         self.held = 0
         self.size = 0  # bytes of the body (inflated) so far
+        self.raw = 0  # bytes of the body as sent so far
+        self.loop = asyncio.get_running_loop()
+        self.started = self.loop.time()
+
+    def elapsed(self) -> float:
+        return self.loop.time() - self.started
+
+    async def _next(self, receive: Receive) -> Message:
+        """The next message, unless the body pauses longer than ``timeout_s`` or falls
+        behind its deadline (``timeout_s`` + one second per ``min_rate`` bytes): _Slow."""
+        wait = min(self.timeout_s, self.timeout_s + self.raw / self.min_rate - self.elapsed())
+        if wait <= 0:
+            raise _Slow
+        try:
+            async with asyncio.timeout(wait):  # (cancels only the server's wait for bytes)
+                return await receive()
+        except TimeoutError:
+            raise _Slow from None
 
     def hold(self, n: int) -> None:
         if not self.budget.take(n):
@@ -185,16 +242,15 @@ class _BodyReader:
     async def read(self, receive: Receive) -> bytes:
         parts: list[bytes] = []
         inflater = zlib.decompressobj(16 + zlib.MAX_WBITS) if self.gzipped else None
-        raw = 0
         more = True
         while more:
-            message = await receive()
+            message = await self._next(receive)
             if message["type"] == "http.disconnect":
                 raise _Gone
             chunk = message.get("body", b"")
             more = message.get("more_body", False)
-            raw += len(chunk)
-            if raw > self.max_bytes:  # (plain or compressed: no bigger than the cap)
+            self.raw += len(chunk)
+            if self.raw > self.max_bytes:  # (plain or compressed: no bigger than the cap)
                 raise _TooLarge
             if inflater is None:
                 self._add(parts, chunk)
@@ -208,7 +264,7 @@ class _BodyReader:
                 out = inflater.decompress(chunk, room)
                 self._add(parts, out)  # raises once past the cap: never more is inflated
                 chunk = inflater.unused_data if inflater.eof else inflater.unconsumed_tail
-        if inflater is not None and not inflater.eof and raw:
+        if inflater is not None and not inflater.eof and self.raw:
             raise zlib.error("truncated gzip stream")
         return b"".join(parts)
 
@@ -218,6 +274,5 @@ class _BodyReader:
         self.size += len(data)
         if self.size > self.max_bytes:
             raise _TooLarge
-        if self.held < self.size:  # a declared plain length was taken up front
-            self.hold(self.size - self.held)
+        self.hold(len(data))
         parts.append(data)

@@ -132,15 +132,20 @@ def build_router(host: ServingHost) -> APIRouter:
     @router.get("/health")
     async def health() -> Any:
         """runwatch's own readiness probe (not in the Atropos contract): 200 once this
-        instance has folded the log up to its start, 503 while it catches up."""
+        instance has folded the log up to its start, 503 while it catches up, and 503
+        with the reason in ``problem`` while the host reports one (its tail task died,
+        or stalled with records waiting: ``health_problem()``, where the host has it)."""
+        check = getattr(host, "health_problem", None)
+        problem = check() if check is not None else None
         body = {
             "ready": host.ready,
+            "problem": problem,
             "position": host.position,
             "start_offset": host.ready_offset,
             "resumed_from": host.resumed_from,
             "queued_groups": len(view.queue),
         }
-        return JSONResponse(body, status_code=200 if host.ready else 503)
+        return JSONResponse(body, status_code=200 if host.ready and not problem else 503)
 
     @router.get("/latest_example")
     async def latest_example() -> Any:

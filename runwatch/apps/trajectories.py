@@ -14,7 +14,13 @@ Wiring (no domain logic here):
    events are applied to :class:`~projections.trajectory_view.TrajectoryView`; a request
    this instance is waiting on is answered from there. A record the fold raises on (one
    the API would refuse now, written before or by another producer) is skipped, counted
-   and logged: it used to end the tail task, and with it every later ``/batch``.
+   and logged: it used to end the tail task, and with it every later ``/batch``. A
+   failure of the tail itself (the log cannot be read: out of file descriptors, a broker
+   away) is logged and the tail restarted where it stopped, after a pause that doubles
+   from 50 ms to 5 s while the failures go on (:meth:`TrajectoryHost._follow`); it used to
+   end the task silently, pushes still answered 200 and ``/health`` still said ready
+   while every ``/batch`` timed out. A background task that ends anyway is logged and
+   makes the host unhealthy (:meth:`TrajectoryHost.health_problem`: ``/health`` 503).
 3. Derived events of this instance's own inputs (from this incarnation on) are published
    to ``runwatch.batches`` in the background, for detectors and dashboards. They are a
    deterministic function of the partition, which stays the source of truth.
@@ -36,7 +42,8 @@ import logging
 import os
 import socket
 import uuid
-from collections.abc import Sequence
+from collections import deque
+from collections.abc import AsyncIterator, Coroutine, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -49,7 +56,7 @@ from events.catalog.trajectory import (
 )
 from events.codec import encode
 from events.envelope import EventBase, new_envelope
-from events.log.base import LogBackend
+from events.log.base import LogBackend, Record
 from producers.trajectory_api import BodyBudget
 from projections.trajectory_view import SpillPayloads, TrajectoryView
 from runwatch.apps.memory_trim import Churn, trim_memory
@@ -67,6 +74,13 @@ from stream_processors.batching.push_keys import (
 )
 
 log = logging.getLogger(__name__)
+
+#: First and longest pause before the tail is restarted after a failure (doubling between).
+TAIL_RETRY_S = (0.05, 5.0)
+#: The tail is stalled when a record this instance appended has waited this long to be
+#: folded and the tail has not moved meanwhile (``/health`` 503). A healthy tail folds a
+#: record within milliseconds; one catching up moves.
+TAIL_STALL_S = 10.0
 
 
 class TrajectoryHost(Tail, Payloads, Snapshots):
@@ -114,6 +128,17 @@ class TrajectoryHost(Tail, Payloads, Snapshots):
         self._wake = asyncio.Event()
         self._outbox: asyncio.Queue[EventBase] = asyncio.Queue()
         self._tasks: list[asyncio.Task[None]] = []
+        self._stopping = False
+        #: why a background task ended (None: all running), see :meth:`_task_ended`
+        self.dead: str | None = None
+        #: failures of the tail in a row (0: reading), and the last one
+        self.tail_failures = 0
+        self.tail_error: str | None = None
+        self.tail_stall_s = TAIL_STALL_S
+        #: (last offset of an append of this instance, when acknowledged), oldest first,
+        #: while not folded; and the tail's position when last seen, since when
+        self._unfolded: deque[tuple[int, float]] = deque()
+        self._seen = (0, 0.0)
         self._readers: dict[int, PayloadReader] = {}  # payload partition -> reader
         self._read_ahead: dict[str, bytes] = {}  # group id -> payload read ahead of /batch
         self._prefetch: asyncio.Task[None] | None = None
@@ -199,6 +224,10 @@ class TrajectoryHost(Tail, Payloads, Snapshots):
         for ev, at in zip(events, where):
             if at.offset >= self.position:  # not folded yet: spare the tail a decode
                 self._own[at.offset] = ev
+        if where:
+            now = asyncio.get_running_loop().time()
+            self._unfolded.append((where[-1].offset, now))
+            self._observe(now)
         self._wake.set()
 
     # -- lifecycle ------------------------------------------------------------------------
@@ -211,15 +240,16 @@ class TrajectoryHost(Tail, Payloads, Snapshots):
         self.position = self.start_offset
         self._snapshot_at = asyncio.get_running_loop().time()
         self._tasks = [
-            asyncio.create_task(self._tail(), name="trajectory-tail"),
-            asyncio.create_task(self._publish(), name="trajectory-publish"),
-            asyncio.create_task(trim_memory(self.churn), name="trajectory-trim"),
+            self._background(self._follow(), "trajectory-tail"),
+            self._background(self._publish(), "trajectory-publish"),
+            self._background(trim_memory(self.churn), "trajectory-trim"),
         ]
 
     async def wait_ready(self, timeout_s: float | None = None) -> None:
         await asyncio.wait_for(self._ready_event.wait(), timeout_s)
 
     async def stop(self) -> None:
+        self._stopping = True
         if self._prefetch is not None:
             self._prefetch.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
@@ -246,6 +276,90 @@ class TrajectoryHost(Tail, Payloads, Snapshots):
         await self.backend.close()
         self._spill_writer.shutdown(wait=True)
         self.view.payloads.close()
+
+    # -- the background tasks, watched --------------------------------------------------
+    def _background(self, work: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:
+        task = asyncio.create_task(work, name=name)
+        task.add_done_callback(self._task_ended)
+        return task
+
+    def _task_ended(self, task: asyncio.Task[None]) -> None:
+        """A background task runs until :meth:`stop` (the memory trim may return at once:
+        no ``malloc_trim``); one that fails or is cancelled before is logged with its
+        exception and makes the host unhealthy for good (``/health`` 503)."""
+        if self._stopping or (not task.cancelled() and task.exception() is None):
+            return
+        exc = None if task.cancelled() else task.exception()
+        self.dead = f"{task.get_name()} ended: {repr(exc) if exc else 'cancelled'}"
+        log.error("trajectory API background task %s", self.dead, exc_info=exc)
+
+    async def _follow(self) -> None:
+        """The tail (:meth:`Tail._tail`), restarted after each failure where it stopped.
+
+        The tail sets ``position`` past a record before it folds it, so the reader
+        restarts at the first record it has not taken: a failure to read loses nothing (a
+        failure while taking one, which the fold's own guard does not catch, is logged
+        with its offset and not retried). Each failure is logged; the pause before the
+        next try doubles while the tail fails before reading a record
+        (:data:`TAIL_RETRY_S`)."""
+        pause = TAIL_RETRY_S[0]
+        while True:
+            try:
+                await self._tail()
+                raise EOFError("the log's reader ended")  # (never: it waits for records)
+            except Exception as exc:
+                if self.tail_failures == 0:
+                    pause = TAIL_RETRY_S[0]
+                self.tail_failures += 1
+                self.tail_error = f"{type(exc).__name__}: {exc}"
+                self.start_offset = self.position
+                log.error(
+                    "trajectory tail failed at offset %d (%d in a row), retrying in %.2f s: %s",
+                    self.position, self.tail_failures, pause, self.tail_error,
+                    exc_info=self.tail_failures == 1,
+                )  # fmt: skip
+                await asyncio.sleep(pause)
+                pause = min(2 * pause, TAIL_RETRY_S[1])
+
+    async def _records(self) -> AsyncIterator[Record]:
+        """The tail's records; the first read after failures says the tail recovered."""
+        async for rec in super()._records():
+            if self.tail_failures:
+                log.warning(
+                    "trajectory tail reading again at offset %d after %d failures",
+                    rec.offset, self.tail_failures,
+                )  # fmt: skip
+                self.tail_failures = 0
+            yield rec
+
+    def _observe(self, now: float) -> None:
+        """Note whether the tail moved since last seen; forget the appends it folded."""
+        if self.position != self._seen[0]:
+            self._seen = (self.position, now)
+        while self._unfolded and self._unfolded[0][0] < self.position:
+            self._unfolded.popleft()
+
+    def health_problem(self) -> str | None:
+        """Why this instance should not be sent traffic, or None (``/health``).
+
+        Dead: a background task ended (:meth:`_task_ended`). Stalled: a record this
+        instance appended has not been folded ``tail_stall_s`` after it was acknowledged,
+        and the tail's position has not changed for as long (seen at appends and
+        ``/health`` calls, so a stall is noticed at most one probe late, never early)."""
+        if self.dead is not None:
+            return self.dead
+        now = asyncio.get_running_loop().time()
+        self._observe(now)
+        if not self._unfolded:
+            return None
+        waited = now - max(self._unfolded[0][1], self._seen[1])
+        if waited < self.tail_stall_s:
+            return None
+        failing = f"; last error: {self.tail_error}" if self.tail_failures else ""
+        return (
+            f"trajectory tail stalled at offset {self.position}: no progress for "
+            f"{waited:.1f} s while offset {self._unfolded[0][0]} waits to be folded{failing}"
+        )
 
     async def _publish(self) -> None:
         while True:

@@ -259,19 +259,21 @@ def test_oversized_plain_bodies_are_refused_before_they_are_held(server: Server)
 
 
 class RawPush:
-    """A POST written by hand on a socket, so its body can be held back half sent."""
+    """A POST written by hand on a socket, so its body can be held back: its first
+    ``sent`` bytes go with the head (which declares the whole length), the rest on
+    :meth:`finish`."""
 
-    def __init__(self, port: int, body: bytes) -> None:
-        self.body = body
+    def __init__(self, port: int, body: bytes, sent: int = MiB) -> None:
+        self.body, self.sent = body, sent
         self.sock = socket.create_connection(("127.0.0.1", port))
         head = (
             "POST /scored_data_list HTTP/1.1\r\nHost: 127.0.0.1\r\n"
             f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
         )
-        self.sock.sendall(head.encode() + body[:MiB])
+        self.sock.sendall(head.encode() + body[:sent])
 
     def finish(self) -> None:
-        self.sock.sendall(self.body[MiB:])
+        self.sock.sendall(self.body[self.sent :])
 
     def answer(self, timeout_s: float) -> tuple[int, dict[str, str], bytes] | None:
         """Status, headers and body of the response, or None if none came in time."""
@@ -297,37 +299,100 @@ class RawPush:
         self.sock.close()
 
 
-def test_concurrent_large_pushes_share_a_bounded_budget(tmp_path: Path) -> None:
-    """Six pushes of 12 MiB at once against a 32 MiB budget: two are held, the other four
-    are answered 503 + Retry-After at once (without their bodies being read); once the two
-    are done, the budget is free again. Peak RSS stays within the budget plus slack."""
-    server = Server(tmp_path, "--max-body-bytes", "16M", "--max-inflight-body-bytes", "32M")
+class ChunkedPush(RawPush):
+    """A POST whose body goes in pieces (``Transfer-Encoding: chunked``: no length
+    declared, so nothing about it is known before its bytes arrive)."""
+
+    def __init__(self, port: int) -> None:  # (no super: nothing is sent with the head)
+        self.sock = socket.create_connection(("127.0.0.1", port))
+        self.sock.sendall(
+            b"POST /scored_data_list HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+            b"Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
+        )
+
+    def chunk(self, data: bytes) -> None:
+        self.sock.sendall(b"%x\r\n%s\r\n" % (len(data), data))
+
+    def end(self) -> None:
+        self.sock.sendall(b"0\r\n\r\n")
+
+
+def budget_full(port: int, timeout_s: float = 30) -> None:
+    """Wait until the server holds its whole body budget: a push declaring one byte is
+    then refused at once (503) before its body is read; until then it waits for that
+    byte, and is dropped."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        probe = RawPush(port, b"[", sent=0)
+        try:
+            got = probe.answer(timeout_s=0.2)
+        finally:
+            probe.close()
+        if got is not None:
+            assert got[0] == 503, got
+            return
+    raise AssertionError("the server never held its whole budget")
+
+
+def test_body_bytes_are_taken_from_the_budget_as_they_arrive(tmp_path: Path) -> None:
+    """Three chunked pushes of 8 MiB fill a 24 MiB budget with what they sent; the next
+    MiB of one of them does not fit: 503 + Retry-After mid-body, and its 8 MiB are given
+    back, so the other two finish (200). Once they are answered the whole budget is free
+    again (a push as large as the cap goes through), and peak RSS stayed far below what
+    holding every body would cost."""
+    server = Server(tmp_path, "--max-body-bytes", "16M", "--max-inflight-body-bytes", "24M")
     server.start()
     assert server.proc is not None
     pushes: list[RawPush] = []
     try:
-        body = b"[" + b" " * (12 * MiB) + b"]"
         before = peak_rss_reset(server.proc.pid)
-        pushes = [RawPush(server.port, body) for _ in range(6)]
-        answers = [p.answer(timeout_s=2.0) for p in pushes]
-        refused = [a for a in answers if a is not None]
-        assert len(refused) == 4, answers
-        for status, headers, detail in refused:
-            assert (status, headers["retry-after"]) == (503, "1")
-            assert b"too many request bytes in flight" in detail
-        held = [p for p, a in zip(pushes, answers) if a is None]
-        for p in held:
-            p.finish()
-        for p in held:
+        a, b, c = pushes = [ChunkedPush(server.port) for _ in range(3)]
+        for p in pushes:
+            p.chunk(b"[" + b" " * (MiB - 1))
+            for _ in range(7):
+                p.chunk(b" " * MiB)
+        budget_full(server.port)  # 24 MiB held: every byte the three sent
+        assert all(p.answer(timeout_s=0.1) is None for p in pushes)  # all still reading
+        a.chunk(b" " * MiB)
+        got = a.answer(timeout_s=10)
+        assert got is not None, "the push beyond the budget was not answered"
+        status, headers, detail = got
+        assert (status, headers["retry-after"]) == (503, "1")
+        assert b"too many request bytes in flight" in detail
+        for p in (b, c):
+            p.chunk(b"]")
+            p.end()
             got = p.answer(timeout_s=30)
-            assert got is not None and got[0] == 200
+            assert got is not None and got[0] == 200, got
             assert json.loads(got[2]) == {"status": "received", "groups_processed": 0}
         grew = rss(server.proc.pid, "VmHWM") - before
         assert grew < 100 * MiB, f"peak RSS grew {grew / MiB:.0f} MiB"
-        # the budget was given back: a new push of the same size goes through
+        body = b"[" + b" " * (16 * MiB - 2) + b"]"
         assert httpx.post(server.url + "/scored_data_list", content=body).status_code == 200
     finally:
         for p in pushes:
+            p.close()
+        server.stop()
+
+
+def test_declaring_a_body_and_sending_none_holds_no_budget(tmp_path: Path) -> None:
+    """Red-team round (2026-11): two connections that sent only headers declaring a 64
+    MiB body held the whole default budget (a declared length was taken up front), so
+    every other push got 503 for as long as they stayed. Four such connections now hold
+    nothing: pushes, small or as large as the cap, go through meanwhile (the idle ones
+    get 408 after the body timeout, ``test_trajectory_redteam.py``)."""
+    server = Server(tmp_path, "--max-body-bytes", "16M", "--max-inflight-body-bytes", "32M")
+    server.start()
+    lorises: list[RawPush] = []
+    try:
+        lorises = [RawPush(server.port, b" " * (16 * MiB), sent=0) for _ in range(4)]
+        small = json.dumps([group(1.0)]).encode()
+        for body in (small, b"[" + b" " * (16 * MiB - 2) + b"]", small):
+            r = httpx.post(server.url + "/scored_data_list", content=body, timeout=30)
+            assert r.status_code == 200, r.text
+        assert all(p.answer(timeout_s=0.05) is None for p in lorises)  # still connected
+    finally:
+        for p in lorises:
             p.close()
         server.stop()
 

@@ -80,7 +80,7 @@ ROWS = [
     [[1, 2, 3], [4, 50000, 0]],
     [[-100, -100, 7], []],
     [],
-    [[12345678901234567890123, -9223372036854775809]],
+    [[123456789012345678, -922337203685477580]],
     [[0, 10, 100, 1000]],
 ]
 
@@ -111,10 +111,12 @@ def test_raw_id_rows_give_the_full_paths_bytes(dumps):
 @pytest.mark.parametrize("row", [
     "[1.0, 2]", '[1, "2"]', "[-0, 1]", "[1, -0]", "[-100, -0]", "[1e2]", "[[1]]", "5",
     "null", '"[1]"', "[1, 2.5]", "[true]", "{}", "[1,[2]]", "[]x", "[1],", "[[]]", "[1, -2e0]",
+    "[1234567890123456789]", "[1, -9223372036854775809]", "[12345678901234567890123, 2]",
 ])  # fmt: skip
 def test_rows_that_are_not_plain_ints_take_the_full_path(row):
-    """Lax values, -0, floats, nesting and non-arrays: the same answer as the full path
-    (accepted and normalized as it normalizes them, or the same 422 detail)."""
+    """Lax values, -0, floats, nesting, non-arrays and integers of 19 digits or more (they
+    may not fit int64): the same answer as the full path (accepted and normalized as it
+    normalizes them, or the same 422 detail)."""
     body = f'{{"tokens": [{row}, [3]], "masks": [[1], [2]], "scores": [1, 2]}}'.encode()
     assert _groups_with_raw_ids(body, False) is None
     try:
@@ -201,6 +203,84 @@ def test_token_ids_against_the_vocabulary(fast):
     for mask in ([-100, 1000], [-1, 5]):
         (item,) = _detail(body([0, 5], mask), rules=vocab)
         assert item["loc"] == ["body", "masks", 0] and item["type"] == "token_out_of_range"
+
+
+BIG = 10**4000  # msgspec and json.loads read it (4,300 digits at most); no trainer can
+
+
+@pytest.mark.parametrize("vocab", [None, 1000])
+@pytest.mark.parametrize("spacing", [None, 2])
+@pytest.mark.parametrize(
+    ("field", "value", "where"),
+    [
+        ("tokens", [5, 2**63], ["tokens", 0]),
+        ("tokens", [5, 10**25], ["tokens", 0]),
+        ("tokens", [5, BIG], ["tokens", 0]),
+        ("tokens", [-5, BIG], ["tokens", 0]),
+        ("masks", [-100, 2**64], ["masks", 0]),
+        ("masks", [-100, -(2**64)], ["masks", 0]),
+        ("masks", [-100, BIG], ["masks", 0]),
+    ],
+)
+def test_ids_beyond_int64_are_refused_on_both_paths(vocab, spacing, field, value, where):
+    """Red-team round (2026-11): a 5,000-digit token id was a 500 (``-5`` beside it, or
+    any with ``--vocab-size``), and without ``--vocab-size`` it was stored, so every
+    ``/batch`` holding it failed in the trainer's ``json.loads``. Every id or mask value
+    beyond int64 is a 422 now, with or without a vocabulary, whatever the spacing."""
+    g = group_of(1, [5, 6], [-100, 6])
+    g[field] = [value]
+    body = json.dumps(g, indent=spacing).encode()
+    (item,) = _detail(body, rules=GroupRules(vocab_size=vocab))
+    assert (item["type"], item["loc"]) == ("token_out_of_range", ["body", *where])
+    assert len(item["msg"]) < 120  # a huge value is named by its size, not echoed
+    assert _groups_with_raw_ids(body, False) is None  # 19+ digits: never the fast path
+
+
+def test_ids_past_4300_digits_are_a_422_not_a_500():
+    huge = "1" + "0" * 5000
+    for row in (f"[-5, {huge}]", f"[{huge}]"):
+        for vocab in (None, 1000):
+            body = f'{{"tokens": [{row}], "masks": [[1, 1]], "scores": [1]}}'.encode()
+            (item,) = _detail(body, rules=GroupRules(vocab_size=vocab))
+            assert item["loc"] == ["body"] and "out of range" in item["msg"]
+
+
+def test_the_largest_int64_id_is_accepted_alike_on_both_paths():
+    body = json.dumps(group_of(1, [2**63 - 1], [2**63 - 1])).encode()
+    assert _accepted(body, False) == _full_path(body, False)
+    assert accept_groups(body, False, RULES)[0].payload.startswith(
+        b'{"tokens":[[9223372036854775807]]'
+    )
+    (item,) = _detail(json.dumps({**group_of(1), "distill_token_ids": [[[1, 2**64]]]}).encode())
+    assert item["loc"] == ["body", "distill_token_ids", 0]
+
+
+def _nested(depth: int, kind: str) -> object:
+    value: object = 1
+    for _ in range(depth):
+        value = [value] if kind == "list" else {"a": value}
+    return value
+
+
+@pytest.mark.parametrize("field", ["images", "generation_params", "group_overrides"])
+def test_free_form_fields_nest_at_most_64_levels(field):
+    """``images`` 1,000 deep was a 500 (RecursionError in msgspec); 900 deep was stored
+    and made every ``/batch`` holding it fail in ``json.loads``. At most 64 levels now."""
+    kind = "list" if field == "images" else "dict"
+    ok = json.dumps({**group_of(1), field: _nested(64, kind)}).encode()
+    assert accept_groups(ok, False, RULES) and accept_groups(b"[" + ok + b"]", True, RULES)
+    deep = json.dumps({**group_of(1), field: _nested(65, kind)}).encode()
+    assert _items(_detail(deep)) == [("too_deep", ["body", field])]
+    assert _items(_detail(b"[" + deep + b"]", many=True)) == [("too_deep", ["body", 0, field])]
+    for depth in (1000, 100_000):  # beyond what the decoder can read: refused, not a crash
+        o, c = ("[", "]") if kind == "list" else ('{"a":', "}")
+        value = o * depth + "1" + c * depth
+        body = f'{{"tokens": [[1]], "masks": [[1]], "scores": [1], "{field}": {value}}}'
+        for many in (False, True):
+            raw = f"[{body}]" if many else body
+            assert _items(_detail(raw.encode(), many)) == [("too_deep", ["body"])]
+            with pytest.raises(InvalidBody):
+                parse_groups(raw.encode(), many)
 
 
 def test_a_group_larger_than_the_registered_batch_is_refused():
