@@ -15,21 +15,34 @@ Commands (when the API was given a command sink): customers ``POST
 /v1/operator/runs/{id}/pause|resume|cancel``. A command is judged against the projected
 state (resume needs PAUSED_BY_GATE; nothing applies to an ended run: ``409``), written to
 the run's control topic (``202``: accepted; the state changes when the trainer answers),
-or recorded as ``CommandRejected``.
+or recorded as ``CommandRejected``. Events name who asked: the customer's tenant, or the
+operator key's entry (its ``name`` and key id, :func:`projections.auth.operator_label`).
+Each principal (a tenant, an operator key) may send ``command_burst`` commands at once,
+then ``command_rate`` per second, accepted or not (``429`` with ``Retry-After`` beyond).
+
+Request bodies: none is read without a valid key (``401`` first), none beyond
+``max_body_bytes`` (``413``): :class:`projections.auth.KeyedBodies`.
+
+``GET /healthz``: ``200 {"status": "ok"}``, or ``503 {"status": "unavailable", "reason":
+...}`` when ``health`` (the server's follower check) names a problem.
 """
 
 # No ``from __future__ import annotations`` here: FastAPI resolves the dependency
 # annotations (closures over the store and keys) at definition time.
+import math
+import time
+from collections.abc import Callable
 from typing import Annotated, Any
 
 from fastapi import Body, Depends, FastAPI, HTTPException, Query, Response
 from fastapi import Path as Path_
 from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 
 from producers.commands import bad_overrides, phase_of_state, write_command
 from producers.sinks import EventSink
-from projections.auth import principal_of
+from projections.auth import MAX_BODY_BYTES, KeyedBodies, KeyNames, operator_label, principal_of
 from projections.keys import ApiKeys, Principal
 from projections.store import ReadModel
 from projections.views import CUSTOMER_METRICS, OPERATOR_METRICS, RunView
@@ -41,6 +54,9 @@ MAX_POINTS = 10_000
 #: integers, so a huge value is a 422 naming the bound, never an overflow (500).
 MAX_INT = 2**53 - 1
 NOT_FOUND = "run not found"
+#: Commands a principal may send per second, sustained, and at once (the default).
+COMMAND_RATE = 10.0
+COMMAND_BURST = 20
 Offset = Annotated[int, Query(ge=0, le=MAX_INT, description=f"0..{MAX_INT}")]
 Limit = Annotated[int, Query(ge=1, le=MAX_PAGE, description=f"1..{MAX_PAGE}")]
 SinceStep = Annotated[int, Query(ge=0, le=MAX_INT, description=f"0..{MAX_INT}")]
@@ -179,21 +195,58 @@ def _points(pts: list[tuple[int, float]]) -> list[Point]:
     return [Point(step=s, value=v) for s, v in pts]
 
 
+class CommandRate:
+    """A token bucket per principal: ``burst`` commands at once, then ``rate`` per second.
+    One event loop calls it (no lock: nothing awaits between the check and the take); a
+    bucket per principal ever seen, so its size is bounded by the keys file."""
+
+    def __init__(
+        self, rate: float, burst: int, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        if rate <= 0 or burst < 1:
+            raise ValueError("the command rate must be positive and the burst at least 1")
+        self.rate, self.burst, self.clock = rate, burst, clock
+        self._buckets: dict[str, tuple[float, float]] = {}
+
+    def wait(self, who: str) -> float:
+        """0 if ``who`` may send a command now (its token is taken), else the seconds
+        until it may."""
+        now = self.clock()
+        tokens, then = self._buckets.get(who, (float(self.burst), now))
+        tokens = min(float(self.burst), tokens + (now - then) * self.rate)
+        if tokens >= 1.0:
+            self._buckets[who] = (tokens - 1.0, now)
+            return 0.0
+        self._buckets[who] = (tokens, now)
+        return (1.0 - tokens) / self.rate
+
+
 def create_app(
     store: ReadModel,
     keys: ApiKeys,
     title: str = "runwatch query API",
     commands: EventSink | None = None,
+    *,
+    health: Callable[[], str | None] | None = None,
+    max_body_bytes: int = MAX_BODY_BYTES,
+    command_rate: float | None = COMMAND_RATE,
+    command_burst: int = COMMAND_BURST,
 ) -> FastAPI:
     """The app over ``store``; ``commands``: where pause/resume/cancel commands are
-    written (the log's control topic), or None (the command routes answer 503)."""
+    written (the log's control topic), or None (the command routes answer 503).
+    ``health``: what is wrong with the server (``None``: nothing), asked by ``/healthz``.
+    ``command_rate`` (per second; ``None``: no limit) and ``command_burst``: the command
+    routes' limit per principal."""
     app = FastAPI(
         title=title,
         version="1.0.0",
         description=__doc__.split("\n\n")[1].replace("\n", " ") if __doc__ else "",
     )
+    app.add_middleware(KeyedBodies, keys=keys, max_bytes=max_body_bytes)
 
     principal = principal_of(keys)
+    names = KeyNames(keys)
+    rate = CommandRate(command_rate, command_burst) if command_rate is not None else None
 
     async def operator(who: Annotated[Principal, Depends(principal)]) -> Principal:
         if not who.operator:
@@ -214,9 +267,14 @@ def create_app(
         items = [RunSummary(**_summary(v)) for v in views]
         return RunPage(items=items, total=total, offset=offset, limit=limit, next_offset=nxt)
 
-    @app.get("/healthz", tags=["meta"])
-    async def healthz() -> dict[str, str]:
-        return {"status": "ok"}
+    @app.get("/healthz", tags=["meta"], responses={503: {"description": "unhealthy"}})
+    async def healthz() -> Response:
+        """``ok``, or 503 with the reason (the follower stopped or stalled: the views are
+        no longer kept up to date)."""
+        reason = health() if health is not None else None
+        if reason:
+            return JSONResponse({"status": "unavailable", "reason": reason}, 503)
+        return JSONResponse({"status": "ok"})
 
     @app.get("/v1/runs", response_model=RunPage, tags=["customer"])
     async def list_runs(
@@ -320,11 +378,30 @@ def create_app(
             tenant_id=v.tenant_id, run=v.to_doc(), series={k: _points(p) for k, p in s.items()}
         )
 
+    def throttle(who: Principal) -> None:
+        """429 once ``who`` (a tenant; an operator key) is over its command rate."""
+        if rate is None:
+            return
+        key = (
+            f"operator:{getattr(who, 'key_sha256', '')}"
+            if who.operator
+            else f"tenant:{who.tenant_id}"
+        )
+        wait = rate.wait(key)
+        if wait > 0:
+            raise HTTPException(
+                429,
+                f"too many commands: at most {rate.burst} at once, then {rate.rate:g} per "
+                "second; retry later",
+                {"Retry-After": str(max(1, math.ceil(wait)))},
+            )
+
     async def command(
         run_id: str, action: str, who: Principal, body: CommandBody | None
     ) -> CommandAccepted:
         if commands is None:
             raise HTTPException(503, "commands are not enabled on this API (serve --commands)")
+        throttle(who)
         view = visible_run(run_id, who)  # 404 for a foreign or unknown run
         body = body or CommandBody()
         overrides: dict[str, object] = {
@@ -336,16 +413,17 @@ def create_app(
         if why := bad_overrides(overrides):
             raise HTTPException(422, why)
         issued = await run_in_threadpool(
-            write_command,
-            commands,
-            run_id=run_id,
-            tenant_id=view.tenant_id,
-            action=action,
-            phase=phase_of_state(view.state),
-            actor="operator" if who.operator else "customer",
-            principal="operator" if who.operator else str(who.tenant_id),
-            reason=body.reason,
-            overrides=overrides,
+            lambda: write_command(
+                commands,
+                run_id=run_id,
+                tenant_id=view.tenant_id,
+                action=action,
+                phase=phase_of_state(view.state),
+                actor="operator" if who.operator else "customer",
+                principal=operator_label(names, who) if who.operator else str(who.tenant_id),
+                reason=body.reason,
+                overrides=overrides,
+            )
         )
         if issued.refused:
             raise HTTPException(409, f"cannot {action} run {run_id}: {issued.refused}")

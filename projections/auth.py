@@ -1,34 +1,240 @@
-"""Who is asking: the one API-key dependency of the query API and the dashboard.
+"""Who is asking: the one API-key dependency of the query API and the dashboard, and the
+middleware that keeps request bodies from unknown clients out.
 
 A request names its key as ``Authorization: Bearer <key>`` or ``X-API-Key: <key>`` (the
 Bearer token wins when both are sent); :meth:`projections.keys.ApiKeys.resolve` finds its
 tenant or operator. No key, or one not in the keys file: ``401`` with
 ``WWW-Authenticate: Bearer``, the same answer either way.
+
+FastAPI reads (and parses) a request's body before the dependencies run, so the
+dependency alone would let anyone make the server hold any body. :class:`KeyedBodies`
+answers first: a request that carries a body needs a valid key before a byte of it is
+received, and bodies are capped at :data:`MAX_BODY_BYTES`.
+
+Events name an operator by the ``name`` of the key's entry in the keys file and the
+key's id (the first 12 hex digits of its sha256, which names the key without revealing
+it): :func:`operator_label`.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Awaitable, Callable
-from typing import Annotated
+from dataclasses import dataclass, field
+from typing import Annotated, Any
 
+import yaml
 from fastapi import Header, HTTPException
+from starlette.responses import JSONResponse
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from projections.keys import ApiKeys, Principal
+from projections.keys import ApiKeys, Principal, digest
+
+log = logging.getLogger("runwatch.keys")
+
+#: The largest request body the query API reads: its bodies are a command's reason (500
+#: characters) and at most 8 settings, far below this.
+MAX_BODY_BYTES = 64 << 10
+#: Hex digits of a key's sha256 that name it in events.
+KEY_ID_CHARS = 12
+#: Characters of a key entry's ``name`` kept in events.
+MAX_NAME_CHARS = 64
+UNAUTHORIZED = "missing or invalid API key"
+
+
+@dataclass(frozen=True, slots=True)
+class Caller(Principal):
+    """A principal, with the sha256 of the key it was resolved from."""
+
+    key_sha256: str = field(default="", repr=False)
+
+    @property
+    def key_id(self) -> str:
+        return self.key_sha256[:KEY_ID_CHARS]
+
+
+def key_of(authorization: str | None, x_api_key: str | None) -> str | None:
+    """The key a request names: the Bearer token, else ``X-API-Key``."""
+    key = x_api_key
+    if authorization and authorization.lower().startswith("bearer "):
+        key = authorization[7:].strip()
+    return key
+
+
+def resolve(keys: ApiKeys, authorization: str | None, x_api_key: str | None) -> Caller | None:
+    """The caller of a request with these headers, or ``None`` (no key, or not valid)."""
+    key = key_of(authorization, x_api_key)
+    found = keys.resolve(key)
+    if found is None or key is None:
+        return None
+    return Caller(found.tenant_id, found.operator, digest(key))
 
 
 def principal_of(keys: ApiKeys) -> Callable[..., Awaitable[Principal]]:
-    """The FastAPI dependency that resolves a request's key against ``keys``."""
+    """The FastAPI dependency that resolves a request's key against ``keys`` (a
+    :class:`Caller`)."""
 
     async def principal(
         authorization: Annotated[str | None, Header()] = None,
         x_api_key: Annotated[str | None, Header()] = None,
     ) -> Principal:
-        key = x_api_key
-        if authorization and authorization.lower().startswith("bearer "):
-            key = authorization[7:].strip()
-        found = keys.resolve(key)
+        found = resolve(keys, authorization, x_api_key)
         if found is None:
-            raise HTTPException(401, "missing or invalid API key", {"WWW-Authenticate": "Bearer"})
+            raise HTTPException(401, UNAUTHORIZED, {"WWW-Authenticate": "Bearer"})
         return found
 
     return principal
+
+
+# -- request bodies ------------------------------------------------------------------------
+
+
+class KeyedBodies:
+    """ASGI middleware: no body byte from a request without a valid key, none beyond
+    ``max_bytes``.
+
+    A request that carries a body (``Content-Length`` above 0, or ``Transfer-Encoding``)
+    without a valid key is answered 401, exactly as the dependency answers, before any of
+    its body is received; one whose ``Content-Length`` is over the cap is answered 413
+    likewise; a streamed (chunked) body is counted as it arrives and answered 413 once it
+    passes the cap. What the client sends after the answer is discarded by the HTTP
+    server, not held. A body within the cap is read whole and handed on unchanged, so the
+    app sees the request as it was sent. Requests without a body pass untouched (their
+    routes' dependency answers their 401)."""
+
+    def __init__(self, app: ASGIApp, keys: ApiKeys, max_bytes: int = MAX_BODY_BYTES) -> None:
+        self.app = app
+        self.keys = keys
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        length, chunked, authorization, x_api_key = None, False, None, None
+        for name, value in scope["headers"]:
+            if name == b"content-length":
+                length = value
+            elif name == b"transfer-encoding":
+                chunked = True
+            elif name == b"authorization":
+                authorization = value.decode("latin-1")
+            elif name == b"x-api-key":
+                x_api_key = value.decode("latin-1")
+        if not chunked and length in (None, b"0"):
+            await self.app(scope, receive, send)  # no body: nothing to hold
+            return
+        if resolve(self.keys, authorization, x_api_key) is None:
+            headers = {"WWW-Authenticate": "Bearer"}
+            await JSONResponse({"detail": UNAUTHORIZED}, 401, headers)(scope, receive, send)
+            return
+        declared = int(length) if length is not None and length.isdigit() else None
+        try:
+            if declared is not None and declared > self.max_bytes:
+                raise _TooLarge
+            body = await self._read(receive)
+        except _TooLarge:
+            detail = f"request body exceeds {self.max_bytes} bytes"
+            await JSONResponse({"detail": detail}, 413)(scope, receive, send)
+            return
+        except _Gone:  # the client left before its body was in
+            return
+        await self.app(scope, _replay(body, receive), send)
+
+    async def _read(self, receive: Receive) -> bytes:
+        """The whole body (:class:`_TooLarge` once it passes the cap)."""
+        parts: list[bytes] = []
+        size, more = 0, True
+        while more:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                raise _Gone
+            chunk = message.get("body", b"")
+            more = message.get("more_body", False)
+            size += len(chunk)
+            if size > self.max_bytes:
+                raise _TooLarge
+            parts.append(chunk)
+        return b"".join(parts)
+
+
+class _TooLarge(Exception):
+    pass
+
+
+class _Gone(Exception):
+    pass
+
+
+def _replay(body: bytes, receive: Receive) -> Receive:
+    """A ``receive`` that gives ``body`` in one message, then the client's own messages
+    (the disconnect, when it comes)."""
+    sent = False
+
+    async def replay() -> Message:
+        nonlocal sent
+        if sent:
+            return await receive()
+        sent = True
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    return replay
+
+
+# -- naming operators in events ------------------------------------------------------------
+
+
+class KeyNames:
+    """The ``name`` of each entry of a file-backed keys file, by key sha256; read again
+    when the keys were reloaded (:attr:`ApiKeys.loads` moved). Keys not from a file, a
+    file that cannot be read now, and entries without a name: no name."""
+
+    def __init__(self, keys: ApiKeys) -> None:
+        self.keys = keys
+        self._loads = -1
+        self._names: dict[str, str] = {}
+
+    def name(self, key_sha256: str) -> str | None:
+        if self.keys.path is None:
+            return None
+        loads = self.keys.loads
+        if loads != self._loads:
+            names = self._read()
+            if names is not None:
+                self._names = names
+            self._loads = loads
+        return self._names.get(key_sha256)
+
+    def _read(self) -> dict[str, str] | None:
+        assert self.keys.path is not None
+        try:
+            data = yaml.safe_load(self.keys.path.read_bytes()) or {}
+            items: Any = (data.get("keys") or []) if isinstance(data, dict) else []
+        except (OSError, yaml.YAMLError) as exc:
+            log.warning("key names not read from %s: %s", self.keys.path, exc)
+            return None
+        names = {}
+        for item in items if isinstance(items, list) else []:
+            if not isinstance(item, dict) or not item.get("name"):
+                continue
+            d = digest(str(item["key"])) if "key" in item else str(item.get("sha256", "")).lower()
+            names[d] = _clean(str(item["name"]))
+        return names
+
+
+def _clean(name: str) -> str:
+    """A name fit for an event field: printable, one line, at most MAX_NAME_CHARS."""
+    text = "".join(c if c.isprintable() else " " for c in name).strip()
+    return text[:MAX_NAME_CHARS]
+
+
+def operator_label(names: KeyNames, who: Principal) -> str:
+    """How events name an operator: ``"alice (key 3f9a1c2b7d4e)"``, or ``"key
+    3f9a1c2b7d4e"`` for a key entry without a ``name`` (``"operator"`` if the key is not
+    known, which the API never has)."""
+    sha = getattr(who, "key_sha256", "")
+    if not sha:
+        return "operator"
+    name = names.name(sha)
+    kid = f"key {sha[:KEY_ID_CHARS]}"
+    return f"{name} ({kid})" if name else kid

@@ -117,6 +117,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "answer the repeat as a duplicate (for clients that send no Idempotency-Key; off "
         "by default: it also drops real repeats, see docs/trajectory-api.md)",
     )
+    from runwatch.apps.serving import add_arguments as add_serving_arguments  # argparse only
+
+    add_serving_arguments(t)  # --limit-concurrency, --keep-alive-s, --header-timeout-s
 
 
 #: Environment variable holding the trajectory API's token (when --token-file is not given).
@@ -148,9 +151,8 @@ def run(args: argparse.Namespace, term: Terminal) -> int:
 
 
 def _trajectories(args: argparse.Namespace, term: Terminal) -> int:
-    import uvicorn
-
     from producers.trajectory_api.request_body import MAX_BODY_BYTES, MAX_INFLIGHT_BODY_BYTES
+    from runwatch.apps import serving
     from runwatch.apps.trajectories import TrajectoryHost, TrajectorySettings
     from runwatch.apps.trajectory_app import build_app, open_backend
 
@@ -201,7 +203,10 @@ def _trajectories(args: argparse.Namespace, term: Terminal) -> int:
         f"instance {config.instance}, {'bearer token required' if token else 'no token'})"
     )
     app = build_app(TrajectoryHost(backend, config))
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning", access_log=False)
+    serving.serve(
+        app, args.host, args.port, args, term.progress, term.warn,
+        log_level="warning", access_log=False,
+    )  # fmt: skip
     return 0
 
 

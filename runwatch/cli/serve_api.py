@@ -10,6 +10,14 @@ on purpose) and, with ``--metrics-token-file``, only for ``Authorization: Bearer
 
 The keys file is watched (see :mod:`projections.keys`): an edit applies at the next
 request; SIGHUP reads it at once and says so on stderr.
+
+The follower retries whatever stops it (a full descriptor table, a broker away, a locked
+store), logging each failure, and ``/healthz`` answers 503 once it made no progress for
+``--follower-stall-s`` seconds. Connections are bounded as for every runwatch server
+(:mod:`runwatch.apps.serving`: ``--limit-concurrency``, ``--header-timeout-s``,
+``--keep-alive-s``; the open-files limit raised at startup); request bodies need a valid
+key and stay under 64 KiB; each principal's commands are rate-limited (``--command-rate``,
+``--command-burst``).
 """
 
 from __future__ import annotations
@@ -21,6 +29,11 @@ from runwatch import settings
 from runwatch.cli.terminal import Abort, Terminal
 
 DEFAULT_STORE = Path("runwatch-data") / "projections.sqlite"
+#: Defaults shown in --help (the same figures as projections.api's and the follower's,
+#: kept here so parsing the command line imports neither).
+STALL_S = 30.0
+COMMAND_RATE = 10.0
+COMMAND_BURST = 20
 
 
 def add_api_arguments(api: argparse.ArgumentParser) -> None:
@@ -55,17 +68,46 @@ def add_api_arguments(api: argparse.ArgumentParser) -> None:
     api.add_argument(
         "--group", help="consumer group (default: derived from the store, one group per store)"
     )
+    api.add_argument(
+        "--follower-stall-s",
+        type=float,
+        default=STALL_S,
+        metavar="S",
+        help=f"/healthz answers 503 once the follower made no progress this long (default "
+        f"{STALL_S:g})",
+    )
+    api.add_argument(
+        "--command-rate",
+        type=float,
+        default=COMMAND_RATE,
+        metavar="PER_S",
+        help=f"commands per second each tenant or operator key may send, sustained; 429 "
+        f"beyond (default {COMMAND_RATE:g}; 0: no limit)",
+    )
+    api.add_argument(
+        "--command-burst",
+        type=int,
+        default=COMMAND_BURST,
+        metavar="N",
+        help=f"commands each tenant or operator key may send at once (default {COMMAND_BURST})",
+    )
+    from runwatch.apps.serving import add_arguments as add_serving_arguments
+
+    add_serving_arguments(api)
 
 
 def serve(args: argparse.Namespace, term: Terminal) -> int:
-    import uvicorn
-
     from projections.keys import ApiKeys
     from projections.policy import RunStatePolicy
     from projections.sqlite_store import SqliteReadModel
+    from runwatch.apps import serving
     from runwatch.apps.query_api import build_app, read_token, watch_keys
     from stream_processors.accounting import Prices
 
+    if args.follower_stall_s <= 0:
+        raise Abort("--follower-stall-s must be positive")
+    if args.command_rate < 0 or args.command_burst < 1:
+        raise Abort("--command-rate must be at least 0 and --command-burst at least 1")
     try:
         keys = ApiKeys.load(args.keys)
         policy, prices = RunStatePolicy.load(args.policy), Prices.load(args.prices)
@@ -74,23 +116,32 @@ def serve(args: argparse.Namespace, term: Terminal) -> int:
         raise Abort(str(exc)) from None
     watch_keys(keys, term.progress, term.error)
     store = SqliteReadModel(args.store)
-    stop_follower = None if args.no_follow else _follow(args, term, store, (policy, prices))
+    follower = None if args.no_follow else _follow(args, term, store, (policy, prices))
     try:
         if args.metrics_port is not None:
             _metrics(args, term, store, token)
         commands = _command_sink(args, term) if args.commands and not args.no_follow else None
         term.progress(f"query API on http://{args.host}:{args.port} (OpenAPI at /docs)")
-        app = build_app(store, keys, commands=commands)
-        uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+        app = build_app(
+            store,
+            keys,
+            commands=commands,
+            health=follower.health.problem if follower is not None else None,
+            command_rate=args.command_rate or None,
+            command_burst=args.command_burst,
+        )
+        serving.serve(
+            app, args.host, args.port, args, term.progress, term.warn, log_level="warning"
+        )
     finally:
-        if stop_follower:
-            stop_follower()
+        if follower is not None:
+            follower.stop()
     return 0
 
 
 def _follow(args: argparse.Namespace, term: Terminal, store: object, config: tuple):  # type: ignore[no-untyped-def,type-arg]
-    """The follower thread of the store (``config``: the policy and the prices); returns
-    its stop."""
+    """The follower thread of the store (``config``: the policy and the prices): a
+    :class:`runwatch.apps.query_api.Follower`."""
     from projections.sqlite_store import SqliteReadModel
     from runwatch.apps.query_api import open_backend, start_follower
     from runwatch.hosting.read_model import read_model_host
@@ -101,16 +152,32 @@ def _follow(args: argparse.Namespace, term: Terminal, store: object, config: tup
         kafka = settings.kafka_bootstrap(args.kafka or None)
         if not kafka:
             raise Abort("--kafka given but no broker configured (pass BOOTSTRAP)")
-    host = read_model_host(SqliteReadModel(args.store), policy, prices)
     log_dir = settings.log_dir(args.log)
-    backend = open_backend(kafka, log_dir, readonly=not args.publish)
-    for tail in [] if kafka else backend.torn_tails():  # skipped by the follower, kept
-        term.warn(tail.describe())
+    if not kafka:  # what the follower skips, and keeps
+        for tail in open_backend(None, log_dir, readonly=not args.publish).torn_tails():
+            term.warn(tail.describe())
     where = f"Kafka at {kafka}" if kafka else f"embedded log {log_dir}"
     term.progress(f"projections: following {where} into {args.store}")
     group = args.group or f"runwatch-projections-{store.instance_id()[:12]}"  # type: ignore[attr-defined]
-    _, stop = start_follower(backend, host, args.settle_s, args.publish, group, term.error)
-    return stop
+    # the first host here, so a store or policy that cannot be folded stops the command;
+    # a retry resumes a fresh one from the store's last commit
+    hosts = [read_model_host(SqliteReadModel(args.store), policy, prices)]
+
+    def open_host():  # type: ignore[no-untyped-def]
+        return (
+            hosts.pop() if hosts else read_model_host(SqliteReadModel(args.store), policy, prices)
+        )
+
+    return start_follower(
+        lambda: open_backend(kafka, log_dir, readonly=not args.publish),
+        open_host,
+        args.settle_s,
+        args.publish,
+        group,
+        term.error,
+        term.progress,
+        stall_s=args.follower_stall_s,
+    )
 
 
 def _metrics(args: argparse.Namespace, term: Terminal, store: object, token: str | None) -> None:
