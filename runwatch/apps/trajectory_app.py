@@ -41,7 +41,10 @@ def build_app(host: TrajectoryHost) -> FastAPI:
     # the bounded body, then response gzip
     app.add_middleware(GZipMiddleware, minimum_size=1000, compresslevel=host.gzip_level)
     app.add_middleware(
-        RequestBodyMiddleware, max_bytes=settings.max_body_bytes, budget=host.body_budget
+        RequestBodyMiddleware,
+        max_bytes=settings.max_body_bytes,
+        budget=host.body_budget,
+        timeout_s=settings.body_timeout_s,
     )
     app.add_middleware(
         AccessMiddleware, token=settings.token, allowed_origins=settings.cors_origins

@@ -5,7 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from producers.trajectory_api.once import DEFAULT_WINDOW_GROUPS
-from producers.trajectory_api.request_body import MAX_BODY_BYTES, MAX_INFLIGHT_BODY_BYTES
+from producers.trajectory_api.request_body import (
+    BODY_TIMEOUT_S,
+    MAX_BODY_BYTES,
+    MAX_INFLIGHT_BODY_BYTES,
+)
 
 
 @dataclass(frozen=True)
@@ -28,6 +32,9 @@ class TrajectorySettings:
     max_body_bytes: int = MAX_BODY_BYTES
     #: Body bytes all requests in flight may hold together (503 + Retry-After beyond it).
     max_inflight_body_bytes: int = MAX_INFLIGHT_BODY_BYTES
+    #: Longest pause in a request body, and the grace before its minimum rate applies
+    #: (408 beyond it; :class:`~producers.trajectory_api.RequestBodyMiddleware`).
+    body_timeout_s: float = BODY_TIMEOUT_S
     batch_timeout_s: float = 30.0
     gzip_level: int = 1
     #: Where this instance keeps its payload cache and view snapshots (None: a temporary

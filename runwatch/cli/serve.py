@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import math
 import os
 from pathlib import Path
 
@@ -96,6 +97,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "it; default 128M)",
     )
     t.add_argument(
+        "--body-timeout-s",
+        type=float,
+        metavar="S",
+        help="a request body may pause at most this long, and must arrive at 256 KiB/s "
+        "beyond it (408 otherwise; default 30)",
+    )
+    t.add_argument(
         "--vocab-size",
         type=int,
         help="the model's vocabulary size: pushed token ids must be below it (default: "
@@ -151,7 +159,11 @@ def run(args: argparse.Namespace, term: Terminal) -> int:
 
 
 def _trajectories(args: argparse.Namespace, term: Terminal) -> int:
-    from producers.trajectory_api.request_body import MAX_BODY_BYTES, MAX_INFLIGHT_BODY_BYTES
+    from producers.trajectory_api.request_body import (
+        BODY_TIMEOUT_S,
+        MAX_BODY_BYTES,
+        MAX_INFLIGHT_BODY_BYTES,
+    )
     from runwatch.apps import serving
     from runwatch.apps.trajectories import TrajectoryHost, TrajectorySettings
     from runwatch.apps.trajectory_app import build_app, open_backend
@@ -169,6 +181,9 @@ def _trajectories(args: argparse.Namespace, term: Terminal) -> int:
     max_inflight = args.max_inflight_body_bytes or max(MAX_INFLIGHT_BODY_BYTES, max_body)
     if max_inflight < max_body:
         raise Abort("--max-inflight-body-bytes must be at least --max-body-bytes")
+    body_timeout_s = BODY_TIMEOUT_S if args.body_timeout_s is None else args.body_timeout_s
+    if not (body_timeout_s > 0 and math.isfinite(body_timeout_s)):
+        raise Abort("--body-timeout-s must be a positive number")
     if args.vocab_size is not None and args.vocab_size < 1:
         raise Abort("--vocab-size must be at least 1")
     if args.idempotency_window < 1:
@@ -190,6 +205,7 @@ def _trajectories(args: argparse.Namespace, term: Terminal) -> int:
         cors_origins=tuple(args.cors_origin),
         max_body_bytes=max_body,
         max_inflight_body_bytes=max_inflight,
+        body_timeout_s=body_timeout_s,
         state_dir=None if state_dir == "none" else state_dir,
         gzip_level=args.gzip_level,
         snapshot_every_s=args.snapshot_every_s,

@@ -97,6 +97,21 @@ def test_bodies_that_were_500s_or_poisoned_batch_are_422(trained: Server) -> Non
     assert "Traceback" not in trained.output()
 
 
+def test_the_body_timeout_is_a_serve_option(tmp_path: Path) -> None:
+    """``runwatch serve trajectories --body-timeout-s 1``: a request that declares a body
+    and sends none is answered 408 after about a second (the default is 30 s)."""
+    s = Server(tmp_path, "--body-timeout-s", "1").start()
+    try:
+        loris = RawPush(s.port, b" " * 10_000, sent=0)
+        began = time.monotonic()
+        answer = loris.answer(timeout_s=10)
+        assert answer is not None and answer[0] == 408, answer
+        assert 0.8 < time.monotonic() - began < 5
+        loris.close()
+    finally:
+        s.stop()
+
+
 # -- the real app over real HTTP, in this process ------------------------------------------
 
 
