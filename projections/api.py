@@ -42,7 +42,7 @@ from pydantic import BaseModel, Field
 
 from producers.commands import bad_overrides, phase_of_state, write_command
 from producers.sinks import EventSink
-from projections.auth import MAX_BODY_BYTES, KeyedBodies, KeyNames, operator_label, principal_of
+from projections.auth import MAX_BODY_BYTES, KeyedBodies, operator_label, principal_of
 from projections.keys import ApiKeys, Principal
 from projections.store import ReadModel
 from projections.views import CUSTOMER_METRICS, OPERATOR_METRICS, RunView
@@ -245,7 +245,6 @@ def create_app(
     app.add_middleware(KeyedBodies, keys=keys, max_bytes=max_body_bytes)
 
     principal = principal_of(keys)
-    names = KeyNames(keys)
     rate = CommandRate(command_rate, command_burst) if command_rate is not None else None
 
     async def operator(who: Annotated[Principal, Depends(principal)]) -> Principal:
@@ -420,7 +419,7 @@ def create_app(
                 action=action,
                 phase=phase_of_state(view.state),
                 actor="operator" if who.operator else "customer",
-                principal=operator_label(names, who) if who.operator else str(who.tenant_id),
+                principal=operator_label(keys, who) if who.operator else str(who.tenant_id),
                 reason=body.reason,
                 overrides=overrides,
             )

@@ -18,27 +18,21 @@ it): :func:`operator_label`.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Annotated, Any
+from typing import Annotated
 
-import yaml
 from fastapi import Header, HTTPException
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from projections.keys import ApiKeys, Principal, digest
 
-log = logging.getLogger("runwatch.keys")
-
 #: The largest request body the query API reads: its bodies are a command's reason (500
 #: characters) and at most 8 settings, far below this.
 MAX_BODY_BYTES = 64 << 10
 #: Hex digits of a key's sha256 that name it in events.
 KEY_ID_CHARS = 12
-#: Characters of a key entry's ``name`` kept in events.
-MAX_NAME_CHARS = 64
 UNAUTHORIZED = "missing or invalid API key"
 
 
@@ -184,57 +178,13 @@ def _replay(body: bytes, receive: Receive) -> Receive:
 # -- naming operators in events ------------------------------------------------------------
 
 
-class KeyNames:
-    """The ``name`` of each entry of a file-backed keys file, by key sha256; read again
-    when the keys were reloaded (:attr:`ApiKeys.loads` moved). Keys not from a file, a
-    file that cannot be read now, and entries without a name: no name."""
-
-    def __init__(self, keys: ApiKeys) -> None:
-        self.keys = keys
-        self._loads = -1
-        self._names: dict[str, str] = {}
-
-    def name(self, key_sha256: str) -> str | None:
-        if self.keys.path is None:
-            return None
-        loads = self.keys.loads
-        if loads != self._loads:
-            names = self._read()
-            if names is not None:
-                self._names = names
-            self._loads = loads
-        return self._names.get(key_sha256)
-
-    def _read(self) -> dict[str, str] | None:
-        assert self.keys.path is not None
-        try:
-            data = yaml.safe_load(self.keys.path.read_bytes()) or {}
-            items: Any = (data.get("keys") or []) if isinstance(data, dict) else []
-        except (OSError, yaml.YAMLError) as exc:
-            log.warning("key names not read from %s: %s", self.keys.path, exc)
-            return None
-        names = {}
-        for item in items if isinstance(items, list) else []:
-            if not isinstance(item, dict) or not item.get("name"):
-                continue
-            d = digest(str(item["key"])) if "key" in item else str(item.get("sha256", "")).lower()
-            names[d] = _clean(str(item["name"]))
-        return names
-
-
-def _clean(name: str) -> str:
-    """A name fit for an event field: printable, one line, at most MAX_NAME_CHARS."""
-    text = "".join(c if c.isprintable() else " " for c in name).strip()
-    return text[:MAX_NAME_CHARS]
-
-
-def operator_label(names: KeyNames, who: Principal) -> str:
-    """How events name an operator: ``"alice (key 3f9a1c2b7d4e)"``, or ``"key
-    3f9a1c2b7d4e"`` for a key entry without a ``name`` (``"operator"`` if the key is not
-    known, which the API never has)."""
+def operator_label(keys: ApiKeys, who: Principal) -> str:
+    """How events name an operator: ``"alice (key 3f9a1c2b7d4e)"`` (the ``name`` of its
+    key's entry), or ``"key 3f9a1c2b7d4e"`` for an entry without one (``"operator"`` if
+    the key is not known, which the API never has)."""
     sha = getattr(who, "key_sha256", "")
     if not sha:
         return "operator"
-    name = names.name(sha)
+    name = keys.name_of(sha)
     kid = f"key {sha[:KEY_ID_CHARS]}"
     return f"{name} ({kid})" if name else kid

@@ -82,12 +82,27 @@ class Principal:
         return self.operator or self.tenant_id == tenant_id
 
 
+#: Characters of a key entry's ``name`` kept (it names an operator in events).
+MAX_NAME_CHARS = 64
+
+
 @dataclass(frozen=True, slots=True)
 class Grant:
-    """What one key grants, and until when (Unix seconds; ``None``: no expiry)."""
+    """What one key grants, until when (Unix seconds; ``None``: no expiry), and the
+    ``name`` of its entry (cleaned: printable, one line, at most :data:`MAX_NAME_CHARS`;
+    ``""`` for none)."""
 
     principal: Principal
     expires: float | None = None
+    name: str = ""
+
+
+def clean_name(name: Any) -> str:
+    """A key entry's ``name`` fit for an event field (``""`` for none)."""
+    if name is None:
+        return ""
+    text = "".join(c if c.isprintable() else " " for c in str(name)).strip()
+    return text[:MAX_NAME_CHARS]
 
 
 def digest(key: str) -> str:
@@ -147,7 +162,8 @@ def parse_entries(data: Any) -> dict[str, Grant]:
             raise ValueError(f"keys[{i}]: 'sha256' must be 64 hex digits")
         if is_revoked:
             revoked.add(d)
-        entries[d] = Grant(Principal(None if operator else str(tenant), operator), expires)
+        principal = Principal(None if operator else str(tenant), operator)
+        entries[d] = Grant(principal, expires, clean_name(item.get("name")))
     for d in revoked:
         del entries[d]
     return entries
@@ -284,6 +300,13 @@ class ApiKeys:
         if grant.expires is not None and self._clock() >= grant.expires:
             return None
         return grant.principal
+
+    def name_of(self, key_sha256: str) -> str:
+        """The ``name`` of the entry of the key with this sha256 (``""``: none, or no
+        such key now)."""
+        self._check()
+        grant = self._grants.get(key_sha256)
+        return grant.name if grant is not None else ""
 
 
 # -- tenant webhooks (read by the notifier; validated by every loader) ----------------------
