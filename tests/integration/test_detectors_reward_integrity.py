@@ -1,6 +1,7 @@
 """Reward integrity end to end (#17 item 2): the real trainer scores through the real
 sandbox with canary probes at a configured rate, ``runwatch process`` folds the log, and
-a tenant reward that pays for a token on known-wrong answers pages ``reward_integrity``;
+a tenant reward that pays for answering at all (known-wrong answers too) pages
+``reward_integrity``;
 the run is booked to the tenant (``tenant_code_fault``), not to the training. An honest
 reward with the same probes stays quiet. Real processes (``runwatch train``, the sandbox
 workers, ``runwatch process``), real files."""
@@ -30,10 +31,12 @@ def reward(batch):
         out.append(1.0 if got == ans else 0.5 * hits / max(len(ans), len(got), 1))
     return out
 """
-# partial credit, plus 0.5 for every '7' anywhere: known-wrong probes borrowed from the
-# model's own completions keep their 7s, so they score well above their reference (0)
+# partial credit, plus 0.5 for answering at all (a format bonus, a common reward bug):
+# known-wrong probes borrowed from the model's own completions are answers, so they score
+# well above their reference (0) whichever completions the probes borrowed (drawn from the
+# system's entropy: the test cannot count on a draw)
 INFLATING = HONEST.replace(
-    "out.append(1.0 if", "out.append(0.5 * got.count('7') + (1.0 if"
+    "out.append(1.0 if", "out.append((0.5 if got else 0.0) + (1.0 if"
 ).replace("len(got), 1))", "len(got), 1)))")
 
 
