@@ -1,10 +1,9 @@
 """Reward integrity end to end (#17 item 2): the real trainer scores through the real
 sandbox with canary probes at a configured rate, ``runwatch process`` folds the log, and
 a tenant reward that pays for answering at all (known-wrong answers too) pages
-``reward_integrity``;
-the run is booked to the tenant (``tenant_code_fault``), not to the training. An honest
-reward with the same probes stays quiet. Real processes (``runwatch train``, the sandbox
-workers, ``runwatch process``), real files."""
+``reward_integrity``; the run is booked to the tenant (``tenant_code_fault``), not to the
+training. An honest reward with the same probes stays quiet. Real processes (``runwatch
+train``, the sandbox workers, ``runwatch process``), real files."""
 
 from __future__ import annotations
 
