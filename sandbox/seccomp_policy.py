@@ -77,6 +77,13 @@ DENIED_SYSCALLS: tuple[str, ...] = (
     "name_to_handle_at",
     "lookup_dcookie",
     "vhangup",
+    # the read-only /usr every sandbox binds is one set of inodes: a watch on it saw
+    # which modules another tenant's sandbox loaded, and when (red-team round three)
+    "inotify_init",
+    "inotify_init1",
+    "inotify_add_watch",
+    "fanotify_init",
+    "fanotify_mark",
 )
 
 #: Every CLONE_NEW* flag: user, mount, net, pid, ipc, uts, cgroup, time.

@@ -228,6 +228,9 @@ def test_seccomp_denies_ptrace_mount_unshare_bpf(client: RewardClient) -> None:
         assert denied(libc.mount(b'none', b'/scratch', b'tmpfs', 0, None)), 'mount allowed'
         assert denied(libc.unshare(0x10000000)), 'unshare(CLONE_NEWUSER) allowed'
         assert denied(libc.syscall(321, 0, None, 0)), 'bpf allowed'
+        # inotify/fanotify on the shared read-only /usr saw other tenants' imports
+        assert denied(libc.inotify_init1(0)), 'inotify allowed'
+        assert denied(libc.syscall(300, 0, 0)), 'fanotify_init allowed'
         try:
             os.unshare  # py3.12+
         except AttributeError:
