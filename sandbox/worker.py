@@ -93,6 +93,7 @@ class SandboxWorker:
         self.worker_pid: int | None = None  # host pid of the worker (the sandbox's pid 1)
         self._pidfd: int | None = None  # of the worker: stops it between batches
         self._stat_fd: int | None = None  # the worker's /proc/<pid>/stat: its thread count
+        self._status_fd: int | None = None  # its /proc/<pid>/status: its context switches
         self.batches = 0
         self.alive = False
         self.dirty = False  # tenant code left threads behind: retire after this batch
@@ -207,11 +208,15 @@ class SandboxWorker:
             with contextlib.suppress(OSError):  # kept open: one pread per batch (11 us)
                 self._stat_fd = os.open(f"/proc/{self.worker_pid}/stat", os.O_RDONLY)
                 st.callback(os.close, self._stat_fd)
+            with contextlib.suppress(OSError):
+                self._status_fd = os.open(f"/proc/{self.worker_pid}/status", os.O_RDONLY)
+                st.callback(os.close, self._status_fd)
             if self._threads() != 1:
                 self.dirty = True  # tenant code started a thread at import: one batch only
             # the worker first, then what its import started (killed, not stopped: the
             # artifact can send "ready" itself and fork past any scan; see _clear_strays)
-            if self._pidfd is not None and not self._stop_worker():
+            stopped_at = self._stop_worker()
+            if self._pidfd is not None and stopped_at is None:
                 return _failed(Cause.TENANT_CRASH, started, "the worker did not stop in 1 s")
             if self._group() is not None:  # without any cgroup none can be found
                 strays = self._clear_strays()
@@ -221,6 +226,8 @@ class SandboxWorker:
                     )
                 if strays:
                     self.dirty = True  # and processes: one batch only
+            if stopped_at is not None and not self._still_stopped(stopped_at):
+                return _failed(Cause.TENANT_CRASH, started, "the stopped worker was continued")
             return None
         if msg is not None and msg.get("op") == "load_error":
             cause = KIND_TO_CAUSE[error_kind(msg)]
@@ -320,7 +327,8 @@ class SandboxWorker:
                 return False
             # stopped before the kill: a SIGCHLD handler of the worker's would fork a
             # replacement for every process killed
-            if self._pidfd is not None and not self._stop_worker():
+            stopped_at = self._stop_worker()
+            if self._pidfd is not None and stopped_at is None:
                 return False
             if self._clear_strays() is None:
                 return False
@@ -328,6 +336,10 @@ class SandboxWorker:
                 return False
             if self.scratch is not None:
                 empty_dir(self.scratch)  # nothing of the tenant's runs to write to it now
+            # a stray may have continued the worker (SIGCONT) before it was killed, and the
+            # worker then stopped itself again: retired, whatever it did meanwhile
+            if stopped_at is not None and not self._still_stopped(stopped_at):
+                return False
             return self.proc is not None and self.proc.poll() is None
         except Exception:
             return False
@@ -339,26 +351,33 @@ class SandboxWorker:
                 return self.cgroups[key]
         return None
 
-    def _stop_worker(self) -> bool:
+    def _stop_worker(self) -> bytes | None:
         """Stop the worker (SIGSTOP from the parent pid namespace reaches the sandbox's
         pid 1; its threads stop with it) and wait until it is stopped: no tenant code (a
         signal handler, a patched receive loop) runs until :meth:`score` continues it.
-        Signalled through a pidfd, so a dead worker's recycled pid is never hit. False: not
-        stopped within a second, or no pidfd (kernel < 5.3: the worker is never stopped)."""
+        Signalled through a pidfd, so a dead worker's recycled pid is never hit. Returns
+        its context-switch counters once stopped and switched out (:meth:`_switches`; b""
+        where they cannot be read), for :meth:`_still_stopped`; None: not stopped within a
+        second, or no pidfd (kernel < 5.3: the worker is never stopped)."""
         if self._pidfd is None:
-            return False
+            return None
         try:
             signal.pidfd_send_signal(self._pidfd, signal.SIGSTOP)
         except OSError:
-            return False
+            return None
         if self._stat_fd is None:  # nothing to see it by (opened with the pidfd: rare)
-            return True
+            return b""
         deadline = time.monotonic() + 1.0
+        last = None
         while time.monotonic() < deadline:  # tens of microseconds, unless the box is busy
             if self._state() in (b"T", b"t"):
-                return True
-            time.sleep(0.00002)
-        return False
+                # "T" is set just before the switch out that counts: two equal readings
+                switches = self._switches()
+                if switches == last:
+                    return switches
+                last = switches
+            time.sleep(0.00005)
+        return None
 
     def _clear_strays(self) -> int | None:
         """Kill every process of the sandbox but the baseline (bubblewrap's monitor and
@@ -378,6 +397,25 @@ class SandboxWorker:
         if self._pidfd is not None:
             with contextlib.suppress(OSError):
                 signal.pidfd_send_signal(self._pidfd, signal.SIGCONT)
+
+    def _switches(self) -> bytes:
+        """The worker's context-switch counters from the host's ``/proc/<pid>/status``
+        (b"" unknown): a stopped process that is continued and runs, even if it stops
+        itself again, counts at least one more."""
+        if self._status_fd is None:
+            return b""
+        try:
+            status = os.pread(self._status_fd, 4096, 0)
+        except OSError:
+            return b""
+        return b" ".join(
+            line.split()[-1] for line in status.splitlines() if b"ctxt_switches:" in line
+        )
+
+    def _still_stopped(self, stopped_at: bytes) -> bool:
+        """Stopped now, and not run since its counters read ``stopped_at`` (b"": they
+        cannot be read, only the state is)."""
+        return self._state() in (b"T", b"t") and self._switches() == stopped_at
 
     def _state(self) -> bytes:
         """The worker's state letter from the host's ``/proc/<pid>/stat`` (b"" unknown)."""

@@ -499,6 +499,89 @@ def test_a_sigchld_handler_cannot_respawn_a_stray_into_the_wait(tmp_path: Path) 
         assert_nothing_survives(c)
 
 
+#: Round three, second pass: strays that watch the worker's state and continue it
+#: (SIGCONT) a moment after the host has stopped it, racing the host's kill; the worker's
+#: SIGCHLD handler then forks a daemon after the kill loop. Each stray waits its own delay.
+CONT_RACER = """
+import os, signal, time
+CALLS = 0
+def state1():
+    try:
+        with open('/proc/1/stat','rb') as f:
+            return f.read().rsplit(b')',1)[1].split()[0]
+    except OSError:
+        return b''
+def racer(delay):
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    while state1() != b'T':
+        pass
+    end = time.perf_counter() + delay
+    while time.perf_counter() < end:
+        pass
+    os.kill(1, signal.SIGCONT)
+    while True:
+        time.sleep(1)
+def daemon():
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    while True:
+        with open('/scratch/daemon', 'a') as fh:
+            fh.write('x')
+        end = time.monotonic() + 0.05
+        while time.monotonic() < end:
+            pass
+DONE = [False]
+def on_chld(*_):
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            break
+        if pid == 0:
+            break
+    if DONE[0]:
+        return
+    DONE[0] = True
+    time.sleep(0.15)
+    if os.fork() == 0:
+        try: daemon()
+        finally: os._exit(0)
+def reward(batch):
+    global CALLS
+    CALLS += 1
+    DONE[0] = False
+    signal.signal(signal.SIGCHLD, on_chld)
+    for d in (30e-6, 60e-6, 100e-6, 150e-6, 250e-6, 400e-6, 700e-6, 1.2e-3):
+        if os.fork() == 0:
+            try: racer(d)
+            finally: os._exit(0)
+    return [float(CALLS)] * len(batch)
+"""
+
+
+def test_a_stray_continuing_the_stopped_worker_gets_it_retired(tmp_path: Path) -> None:
+    """Whether a stray's SIGCONT lands before or after its kill, no waiting worker runs:
+    one that was continued (its context switches moved after it was stopped, even if it
+    stopped itself again) is retired; every worker left waiting is stopped, alone in its
+    cgroup, uses no CPU and has an empty scratch. (Before: about 1 wait in 5 had a daemon
+    burning a core and writing to scratch.)"""
+    require_sandbox()
+    with attacker(tmp_path, CONT_RACER, recycle_every=50) as c:
+        for _ in range(10):
+            out = c.score([{"prompt": "p", "completion": ""}])
+            assert out.ok, out.message
+            pool = c._pool
+            assert pool is not None
+            for w in list(pool._ready):
+                time.sleep(0.3)  # past the handler's 150 ms
+                assert w.worker_pid is not None and proc_state(w.worker_pid) == "T"
+                assert w._procs() == w.baseline
+                before = w._cpu_used()
+                time.sleep(0.3)
+                assert w._cpu_used() - before < 0.02
+                assert w.scratch is not None and os.listdir(w.scratch) == []
+        assert_nothing_survives(c)
+
+
 #: The artifact sends the worker's "ready" itself at import, then forks children that burn
 #: CPU and continue every process they can see, and never returns from its import: the
 #: host stopped the processes it found after "ready", which these forked past.
