@@ -82,6 +82,17 @@ def _make_log(root: Path) -> tuple[Path, Path]:
     return log, keys
 
 
+def _assert_capped_then_closed(
+    idle: list[socket.socket], over_cap: int, server: Server | None = None
+) -> None:
+    """At least ``over_cap`` of the ``idle`` connections are closed at once (beyond the
+    cap), and all of them within 5 s more (the header timeout)."""
+    assert _wait(lambda: sum(map(_closed_by_server, idle)) >= over_cap, "the cap", 5, server)
+    started = time.monotonic()
+    _wait(lambda: all(map(_closed_by_server, idle)), "idle connections closed", 10)
+    assert time.monotonic() - started < 5
+
+
 def _wait(fn: Callable[[], Any], what: str, timeout: float = 20.0, server: Server | None = None):  # type: ignore[no-untyped-def]
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -191,13 +202,7 @@ def test_idle_and_slow_connections_are_closed_and_the_follower_keeps_folding(tmp
         try:
             _add_run(tmp_path / "log", "late-run")
             # beyond the cap: closed at once; the rest: once the header timeout passes
-            over = _wait(
-                lambda: sum(map(_closed_by_server, idle)) >= 300 - 128, "the cap", 5, server
-            )
-            assert over
-            started = time.monotonic()
-            _wait(lambda: all(map(_closed_by_server, idle)), "idle connections closed", 10)
-            assert time.monotonic() - started < 5
+            _assert_capped_then_closed(idle, 300 - 128, server)
         finally:
             for s in idle:
                 s.close()
@@ -337,10 +342,7 @@ def test_the_trajectory_api_closes_idle_connections_too(tmp_path):
         assert "connections: at most 50; request headers within 1 s" in server.stderr()
         idle = [socket.create_connection(("127.0.0.1", server.port)) for _ in range(60)]
         try:
-            _wait(lambda: sum(map(_closed_by_server, idle)) >= 10, "the cap", 5)
-            started = time.monotonic()
-            _wait(lambda: all(map(_closed_by_server, idle)), "idle connections closed", 10)
-            assert time.monotonic() - started < 5
+            _assert_capped_then_closed(idle, 10)
         finally:
             for s in idle:
                 s.close()

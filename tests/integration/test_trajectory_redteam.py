@@ -34,6 +34,7 @@ from tests.integration.test_trajectory_security import (
     Server,
     free_port,
     group,
+    registered_server,
 )
 
 HUGE = "1" + "0" * 5000  # beyond what Python's json.loads reads (4,300 digits)
@@ -65,13 +66,8 @@ BODIES = {
 def trained(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Any:
     """A server (without and with ``--vocab-size``), its trainer registered and started."""
     args = ("--vocab-size", "1000") if request.param == "--vocab-size" else ()
-    s = Server(tmp_path_factory.mktemp("redteam"), *args).start()
-    try:
-        assert httpx.post(s.url + "/register", json=REGISTRATION).status_code == 200
-        httpx.get(s.url + "/batch")
+    with registered_server(tmp_path_factory.mktemp("redteam"), *args) as s:
         yield s
-    finally:
-        s.stop()
 
 
 def test_bodies_that_were_500s_or_poisoned_batch_are_422(trained: Server) -> None:

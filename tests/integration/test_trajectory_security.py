@@ -5,6 +5,7 @@ contained outcome: the status code, nothing stored on the log, the server's peak
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -107,16 +108,23 @@ def server(tmp_path: Path) -> Iterator[Server]:
         s.stop()
 
 
-@pytest.fixture(scope="module")
-def registered(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    """One server for the module, its trainer registered with batch_size 4, started."""
-    s = Server(tmp_path_factory.mktemp("registered"), "--vocab-size", "1000").start()
+@contextlib.contextmanager
+def registered_server(tmp: Path, *args: str) -> Iterator[Server]:
+    """A server (``args``: its options), its trainer registered with batch_size 4, started."""
+    s = Server(tmp, *args).start()
     try:
         assert httpx.post(s.url + "/register", json=REGISTRATION).status_code == 200
         httpx.get(s.url + "/batch")
         yield s
     finally:
         s.stop()
+
+
+@pytest.fixture(scope="module")
+def registered(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """One server for the module, with ``--vocab-size 1000``."""
+    with registered_server(tmp_path_factory.mktemp("registered"), "--vocab-size", "1000") as s:
+        yield s
 
 
 # -- item 10: registrations and groups a trainer cannot use are refused -------------------
