@@ -414,7 +414,9 @@ class SandboxWorker:
 
     def _still_stopped(self, stopped_at: bytes) -> bool:
         """Stopped now, and not run since its counters read ``stopped_at`` (b"": they
-        cannot be read, only the state is)."""
+        cannot be read, only the state is; no stat file either: nothing to check by)."""
+        if self._stat_fd is None:
+            return True
         return self._state() in (b"T", b"t") and self._switches() == stopped_at
 
     def _state(self) -> bytes:
