@@ -94,6 +94,7 @@ class SandboxWorker:
         self._pidfd: int | None = None  # of the worker: stops it between batches
         self._stat_fd: int | None = None  # the worker's /proc/<pid>/stat: its thread count
         self._status_fd: int | None = None  # its /proc/<pid>/status: its context switches
+        self._wchan_fd: int | None = None  # its /proc/<pid>/wchan: off its run queue?
         self.batches = 0
         self.alive = False
         self.dirty = False  # tenant code left threads behind: retire after this batch
@@ -211,6 +212,9 @@ class SandboxWorker:
             with contextlib.suppress(OSError):
                 self._status_fd = os.open(f"/proc/{self.worker_pid}/status", os.O_RDONLY)
                 st.callback(os.close, self._status_fd)
+            with contextlib.suppress(OSError):
+                self._wchan_fd = os.open(f"/proc/{self.worker_pid}/wchan", os.O_RDONLY)
+                st.callback(os.close, self._wchan_fd)
             if self._threads() != 1:
                 self.dirty = True  # tenant code started a thread at import: one batch only
             # the worker first, then what its import started (killed, not stopped: the
@@ -367,17 +371,23 @@ class SandboxWorker:
             return None
         if self._stat_fd is None:  # nothing to see it by (opened with the pidfd: rare)
             return b""
-        deadline = time.monotonic() + 1.0
-        last = None
-        while time.monotonic() < deadline:  # tens of microseconds, unless the box is busy
-            if self._state() in (b"T", b"t"):
-                # "T" is set just before the switch out that counts: two equal readings
+        start = time.monotonic()
+        deadline = start + 1.0
+        while True:  # tens of microseconds, unless the box is busy
+            now = time.monotonic()
+            if now > deadline:
+                return None
+            # "T" shows just before the switch out that counts, and the wait channel once
+            # the worker is off its run queue; the counters then read twice, 5 us apart
+            if self._state() in (b"T", b"t") and self._off_cpu():
                 switches = self._switches()
-                if switches == last:
+                settle = time.perf_counter() + 0.000005
+                while time.perf_counter() < settle:
+                    pass
+                if self._switches() == switches:
                     return switches
-                last = switches
-            time.sleep(0.00005)
-        return None
+            if now - start > 0.0002:  # spin the first 200 us, then sleep between looks
+                time.sleep(0.00005)
 
     def _clear_strays(self) -> int | None:
         """Kill every process of the sandbox but the baseline (bubblewrap's monitor and
@@ -411,6 +421,16 @@ class SandboxWorker:
         return b" ".join(
             line.split()[-1] for line in status.splitlines() if b"ctxt_switches:" in line
         )
+
+    def _off_cpu(self) -> bool:
+        """The worker is off its CPU's run queue (its ``wchan`` names where it sleeps);
+        True where that cannot be read."""
+        if self._wchan_fd is None:
+            return True
+        try:
+            return os.pread(self._wchan_fd, 64, 0) not in (b"0", b"")
+        except OSError:
+            return True
 
     def _still_stopped(self, stopped_at: bytes) -> bool:
         """Stopped now, and not run since its counters read ``stopped_at`` (b"": they
