@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -154,21 +155,27 @@ def reward(batch):
 """
 
 
-def test_a_reward_gaming_the_canaries_in_a_real_run_is_caught(tmp_path: Path) -> None:
-    """#20 item 5: probes that carried only {prompt, completion} (trainer items also carry
-    ``answer``) let such a reward pass; the trainer's probes are whole GRPO groups shaped
-    and drawn like the real ones, so it scores them like real items and is caught."""
-    path = write_reward(tmp_path / "tenant", GAMING)
+def _five_steps(tmp_path: Path, run_id: str, source: str) -> tuple[Any, list[Any]]:
+    """Five training steps scored by the tenant reward ``source`` in the sandbox (no
+    checkpoint): the run's config and its events."""
+    path = write_reward(tmp_path / "tenant", source)
     cfg = load_config(
         CONFIG,
-        run_id="gaming",
+        run_id=run_id,
         steps=5,
         reward={"kind": "sandbox", "sandbox_path": str(path)},
         checkpoint={"every": 100},
     )
     log = tmp_path / "log"
-    train(cfg, tmp_path / "run", make_emitter("gaming", cfg.tenant_id, log_dir=log))
-    events = list(run_events(log, "gaming"))
+    train(cfg, tmp_path / "run", make_emitter(run_id, cfg.tenant_id, log_dir=log))
+    return cfg, list(run_events(log, run_id))
+
+
+def test_a_reward_gaming_the_canaries_in_a_real_run_is_caught(tmp_path: Path) -> None:
+    """#20 item 5: probes that carried only {prompt, completion} (trainer items also carry
+    ``answer``) let such a reward pass; the trainer's probes are whole GRPO groups shaped
+    and drawn like the real ones, so it scores them like real items and is caught."""
+    cfg, events = _five_steps(tmp_path, "gaming", GAMING)
     scored = [e for e in events if isinstance(e, RewardBatchScored)]
     assert len(scored) == 5 and all(e.score_min == 1.0 for e in scored)  # nothing spotted
     (canary,) = [e for e in events if isinstance(e, CanaryProbeScored)]
@@ -193,17 +200,7 @@ def reward(batch):
 def test_a_reward_counting_its_items_cannot_tell_the_probe_batches(tmp_path: Path) -> None:
     """Every batch carries a probe group, so every batch is as long as every other: the
     reward never sees a longer one, inflates them all, and the verdict catches it."""
-    path = write_reward(tmp_path / "tenant", COUNTING)
-    cfg = load_config(
-        CONFIG,
-        run_id="counting",
-        steps=5,
-        reward={"kind": "sandbox", "sandbox_path": str(path)},
-        checkpoint={"every": 100},
-    )
-    log = tmp_path / "log"
-    train(cfg, tmp_path / "run", make_emitter("counting", cfg.tenant_id, log_dir=log))
-    events = list(run_events(log, "counting"))
+    cfg, events = _five_steps(tmp_path, "counting", COUNTING)
     scored = [e for e in events if isinstance(e, RewardBatchScored)]
     assert len(scored) == 5 and all(e.score_min == 1.0 for e in scored)  # all inflated
     assert len({e.n for e in scored}) == 1
