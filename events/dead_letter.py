@@ -19,11 +19,15 @@ DeadLetterKind = Literal[
     "future_schema_version",
     "upcast_failed",
     "validation_error",
+    "foreign_tenant",
 ]
 
 
 class DeadLetter(BaseModel):
     """Why a record was refused, and the record itself.
+
+    ``foreign_tenant``: a valid event whose run id belongs to another tenant (the run's
+    first); the hosts refuse it rather than fold it into that run.
 
     ``error_types`` are pydantic error codes (``float_parsing``, ``missing``, …) for
     validation errors, so tests and operators match on codes, not message text.

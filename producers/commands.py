@@ -5,8 +5,8 @@ A producer that can be told to stop (the trainer) reads ``runwatch.control`` thr
 ``UnpauseRequested`` / ``CancelRequested`` appended since the last poll, in log order,
 each once, skipping those already answered (a restarted trainer passes the request ids
 its ``RunPaused`` / ``RunResumed`` / ``RunCancelled`` events named). Records that do not
-decode, and commands for other runs, are skipped: the feed never raises on bad input
-(the processors' hosts dead-letter them).
+decode, and commands for other runs (or naming another tenant than the run's), are
+skipped: the feed never raises on bad input (the processors' hosts dead-letter them).
 
 The feed reads the same log the emitter writes: the embedded log (read through the
 sink's own open log, so a command appended by any process is seen at the next poll), or
@@ -55,9 +55,20 @@ COMMANDS = (PauseRequested, UnpauseRequested, CancelRequested)
 class CommandFeed:
     """The commands of one run, as the run's own process follows them."""
 
-    def __init__(self, sink: EventSink, run_id: str, *, answered: Iterable[str] = ()) -> None:
+    def __init__(
+        self,
+        sink: EventSink,
+        run_id: str,
+        *,
+        answered: Iterable[str] = (),
+        tenant_id: str | None = None,
+    ) -> None:
+        """``tenant_id``: the run's tenant; a command for this run id that names another
+        tenant is skipped (only the run's own tenant, or an operator acting in its name,
+        commands it; the processors refuse another tenant's events on a run id)."""
         self.sink = sink
         self.run_id = run_id
+        self.tenant_id = tenant_id
         self._seen: set[str] = set(answered)
         self._next: dict[int, int] = {}  # partition -> next offset to read
         self._memory_pos = 0
@@ -68,6 +79,8 @@ class CommandFeed:
         for rec in self._new_records():
             ev = decode(rec.value) if isinstance(rec, Record) else rec
             if not isinstance(ev, COMMANDS) or ev.run_id != self.run_id:
+                continue
+            if self.tenant_id is not None and ev.tenant_id != self.tenant_id:
                 continue
             if str(ev.event_id) in self._seen:
                 continue

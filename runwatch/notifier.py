@@ -73,7 +73,14 @@ from events.envelope import EventBase
 from events.log.base import LogBackend, Record
 from events.log.segments import write_atomically
 from projections.keys import Webhook, load_webhooks
-from runwatch.hosting.core import Slot, apply_event, dump_slot, load_slot, new_slot
+from runwatch.hosting.core import (
+    Slot,
+    apply_event,
+    dump_slot,
+    foreign_owner,
+    load_slot,
+    new_slot,
+)
 from stream_processors.notify import NotifierFold, NotifyPolicy, Pending, attempt_event, due
 from stream_processors.notify.payload import KINDS
 from stream_processors.notify.signing import (
@@ -125,6 +132,7 @@ class NotifierStats:
     skipped: int = 0  # before the stored positions (already folded)
     duplicates: int = 0
     dead_letters: int = 0
+    refused: int = 0  # another tenant's event on a run id (never sent to that run's hook)
     attempts: int = 0
     failures: int = 0
     delivered: int = 0
@@ -289,6 +297,9 @@ class Notifier:
         slot = self.slots.get(key)
         if slot is None:
             slot = self.slots[key] = new_slot(self.fold)
+        if foreign_owner(slot, event) is not None:
+            self.stats.refused += 1  # another tenant's run: never that run's webhook
+            return ()
         out = apply_event(self.fold, slot, event)
         if out is None:
             self.stats.duplicates += 1

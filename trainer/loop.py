@@ -800,7 +800,7 @@ def train(
         lock.release()
         raise
     if emitter is not None:
-        trainer.commands = CommandFeed(emitter.sink, cfg.run_id)
+        trainer.commands = CommandFeed(emitter.sink, cfg.run_id, tenant_id=cfg.tenant_id)
     try:
         trainer.start()
         trainer.run_until(cfg.steps)

@@ -463,7 +463,7 @@ def _resume_locked(
         for e in events
         if isinstance(e, RunPaused | RunResumed | RunCancelled) and e.request_id
     }
-    trainer.commands = CommandFeed(emitter.sink, run_id, answered=answered)
+    trainer.commands = CommandFeed(emitter.sink, run_id, answered=answered, tenant_id=cfg.tenant_id)
     try:
         continue_run(result, trainer, cfg.resume.max_staleness)
     except BaseException as exc:

@@ -5,13 +5,22 @@ A *slot* is one key's hosted state: the fold's state plus the ids of the last
 producer retry may append one twice). Every host keeps the same slots with the same window,
 so they absorb the same duplicates and emit the same derived events.
 
+A slot also holds the tenant its run belongs to: the tenant of the first event folded into
+it. An event naming another tenant for the same run id is *refused* (:func:`foreign_owner`),
+never folded: another tenant's producer (a customer's hook that picked the same run id, by
+accident or to pause someone else's run) cannot feed a run's detectors, controller or bill.
+The hosts dead-letter the refused record (:func:`foreign_letter`, kind ``foreign_tenant``).
+The read model's view pins its runs the same way (``projections.materializer``).
+
 - :class:`HostedFold`: one fold in a host, its slots by key, the keys changed since the
   last commit, and the events it derived (for a replay that reports them fold by fold).
 - :class:`FoldSet`: the folds one host runs, routed by topic: an event is decoded once and
   handed to every fold that reads its topic.
 
 Slot bytes (what the faust table stores and the embedded state file holds per key):
-msgpack ``{"state": <fold state bytes>, "recent": <the 16-byte ids, oldest first>}``
+msgpack ``{"state": <fold state bytes>, "recent": <the 16-byte ids, oldest first>,
+"tenant": <the run's tenant>}`` (a slot stored without ``tenant`` is pinned by the next
+event)
 (compact on purpose: the faust host writes it to the changelog for every event). A fold
 hosted without deduplication (the read model's: its records are applied exactly once by
 their positions) is stored as its bare state bytes.
@@ -24,6 +33,8 @@ from typing import Any
 
 import msgpack
 
+from events.codec import encode
+from events.dead_letter import DeadLetter
 from events.dedupe import Deduplicator
 from events.envelope import EventBase
 from events.fold import Fold
@@ -54,13 +65,15 @@ class RecentIds(Deduplicator):
 
 
 class Slot:
-    """One key's live state in a host (mutable holder of an immutable fold state)."""
+    """One key's live state in a host (mutable holder of an immutable fold state), and the
+    tenant its run belongs to (``None``: not pinned yet)."""
 
-    __slots__ = ("recent", "state")
+    __slots__ = ("recent", "state", "tenant")
 
-    def __init__(self, state: Any, recent: RecentIds) -> None:
+    def __init__(self, state: Any, recent: RecentIds, tenant: str | None = None) -> None:
         self.state = state
         self.recent = recent
+        self.tenant = tenant
 
 
 def new_slot(fold: Fold[Any]) -> Slot:
@@ -68,7 +81,9 @@ def new_slot(fold: Fold[Any]) -> Slot:
 
 
 def dump_slot(fold: Fold[Any], slot: Slot) -> bytes:
-    doc = {"state": fold.dump_state(slot.state), "recent": slot.recent.pack()}
+    doc: dict[str, Any] = {"state": fold.dump_state(slot.state), "recent": slot.recent.pack()}
+    if slot.tenant is not None:
+        doc["tenant"] = slot.tenant
     return msgpack.packb(doc, use_bin_type=True)
 
 
@@ -76,11 +91,47 @@ def load_slot(fold: Fold[Any], raw: bytes | None) -> Slot:
     if raw is None:
         return new_slot(fold)
     doc = msgpack.unpackb(raw, raw=False)
-    return Slot(fold.load_state(doc["state"]), RecentIds.unpack(doc["recent"]))
+    return Slot(fold.load_state(doc["state"]), RecentIds.unpack(doc["recent"]), doc.get("tenant"))
+
+
+def foreign_owner(slot: Slot, event: EventBase) -> str | None:
+    """The tenant that owns ``slot``'s run when ``event`` names another one (the event must
+    then not be folded); ``None`` when the event's tenant owns it (an unpinned slot is
+    pinned to it here)."""
+    owner = slot.tenant
+    if owner == event.tenant_id:
+        return None
+    if owner is None:
+        slot.tenant = event.tenant_id
+        return None
+    return owner
+
+
+def foreign_letter(
+    event: EventBase,
+    owner: str,
+    topic: str | None = None,
+    partition: int | None = None,
+    offset: int | None = None,
+) -> DeadLetter:
+    """The dead letter of an event refused because its run id belongs to ``owner``."""
+    return DeadLetter(
+        kind="foreign_tenant",
+        reason=(
+            f"run {event.run_id!r} belongs to tenant {owner!r}; this {event.type} names "
+            f"tenant {event.tenant_id!r}: refused, not folded (a run id is its first tenant's)"
+        ),
+        event_type=event.type,
+        raw=encode(event),
+        source_topic=topic,
+        source_partition=partition,
+        source_offset=offset,
+    )
 
 
 def apply_event(fold: Fold[Any], slot: Slot, event: EventBase) -> Sequence[EventBase] | None:
-    """Fold ``event`` into ``slot``; the derived events, or ``None`` for a duplicate."""
+    """Fold ``event`` into ``slot``; the derived events, or ``None`` for a duplicate. The
+    caller checks :func:`foreign_owner` first."""
     if not slot.recent.first_time(event.event_id):
         return None
     slot.state, derived = fold.apply(slot.state, event)
@@ -112,6 +163,7 @@ class HostedFold:
         "emitted",
         "fold",
         "name",
+        "refused",
         "slots",
         "starts",
         "states",
@@ -139,17 +191,25 @@ class HostedFold:
         self.states: dict[str, Any] = {}
         self.dirty: set[str] = set()
         self.duplicates = 0
+        #: events refused: their run id belongs to another tenant (deduplicating hosts)
+        self.refused = 0
         self.emitted: list[EventBase] = []
         self.starts: dict[str, int] = {}
 
     def feed(self, event: EventBase) -> Sequence[EventBase] | None:
-        """Fold ``event`` into its key's state; the derived events (``None``: a duplicate)."""
+        """Fold ``event`` into its key's state; the derived events (``None``: a duplicate,
+        or refused: another tenant's run, counted in :attr:`refused`)."""
         fold = self.fold
         key = fold.key_of(event)
         if self.dedupe:
             slot = self.slots.get(key)
             if slot is None:
-                slot = self.slots[key] = Slot(fold.initial(), RecentIds(capacity=self.window))
+                slot = self.slots[key] = Slot(
+                    fold.initial(), RecentIds(capacity=self.window), event.tenant_id
+                )
+            elif foreign_owner(slot, event) is not None:
+                self.refused += 1
+                return None
             if not slot.recent.first_time(event.event_id):
                 self.duplicates += 1
                 return None

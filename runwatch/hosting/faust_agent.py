@@ -2,6 +2,7 @@
 
 :func:`fold_records` does for one raw record exactly what every host does
 (:mod:`runwatch.hosting.core`): decode (a bad record goes to ``runwatch.dead-letters``),
+refuse an event whose run id is another tenant's (its dead letter is sent instead),
 dedupe by event id within the key's slot, apply, and encode the derived events with the
 runwatch codec. Same slots, same window, same fold: the same derived events, ids included,
 as the embedded host and the replay (a unit test compares them).
@@ -25,18 +26,33 @@ from events.envelope import EventBase
 from events.fast_decode import decode_fast
 from events.fold import Fold
 from events.topics import DEAD_LETTER_TOPIC
-from runwatch.hosting.core import Slot, apply_event, dump_slot, load_slot
+from runwatch.hosting.core import (
+    Slot,
+    apply_event,
+    dump_slot,
+    foreign_letter,
+    foreign_owner,
+    load_slot,
+)
 
 Output = tuple[str, bytes | None, bytes]
 
 
 class Folded(list[Output]):
     """The records one input derived (a list), and ``store()``: write the new slot to the
-    table — to be called only once those records were delivered."""
+    table — to be called only once those records were delivered. ``refused_by``: the
+    tenant that owns the run when the input named another (nothing folded, nothing to
+    store)."""
 
-    def __init__(self, outputs: list[Output], store: Callable[[], None] | None = None):
+    def __init__(
+        self,
+        outputs: list[Output],
+        store: Callable[[], None] | None = None,
+        refused_by: str | None = None,
+    ):
         super().__init__(outputs)
         self._store = store
+        self.refused_by = refused_by
 
     def store(self) -> None:
         if self._store is not None:
@@ -66,6 +82,9 @@ def fold_event(fold: Fold[Any], table: Any, cache: SlotCache, event: EventBase) 
     value), and the table write to make once they were delivered."""
     key = fold.key_of(event).encode()
     slot = cache.get(fold, key, table.get(key))
+    owner = foreign_owner(slot, event)
+    if owner is not None:
+        return Folded([], refused_by=owner)  # another tenant's run: not folded
     derived = apply_event(fold, slot, event)
     if derived is None:
         return Folded([])  # a duplicate: already folded
@@ -102,15 +121,20 @@ def fold_records(
     event = decode_fast(raw)
     if isinstance(event, DeadLetter):
         return Folded([(DEAD_LETTER_TOPIC, None, event.located(topic, partition, offset).encode())])
-    if len(hosted) == 1:
-        return fold_event(*hosted[0], event)
     parts = [fold_event(fold, table, cache, event) for fold, table, cache in hosted]
+    outputs = [out for part in parts for out in part]
+    owner = next((p.refused_by for p in parts if p.refused_by is not None), None)
+    if owner is not None:  # one dead letter for the record, whichever folds refused it
+        letter = foreign_letter(event, owner, topic, partition, offset)
+        outputs.append((DEAD_LETTER_TOPIC, None, letter.encode()))
+    if len(parts) == 1:
+        return Folded(outputs, parts[0].store)
 
     def store() -> None:
         for part in parts:
             part.store()
 
-    return Folded([out for part in parts for out in part], store)
+    return Folded(outputs, store)
 
 
 def fold_agent(app: Any, hosted: Sequence[Hosted], source: Any, sinks: Mapping[str, Any]) -> Any:

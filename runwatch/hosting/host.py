@@ -8,7 +8,9 @@ options, apply only the shard's runs (``owns``), hold it at the terminal barrier
 (``barrier``, :mod:`runwatch.hosting.barrier`), fold it into its run's view (``view``,
 :class:`projections.materializer.Materializer`: a foreign tenant's claim stops it there);
 then every fold of its topic folds it (:class:`~runwatch.hosting.core.HostedFold`; with
-``dedupe``, once per event id) and what it derives goes to the view and out.
+``dedupe``, once per event id, and only if the run's slot is the event's tenant's: another
+tenant's claim on a run id is refused and dead-lettered) and what it derives goes to the
+view and out.
 :meth:`Host.checkpoint` commits fold states, positions, held records and the view's batch
 through the host's store (:mod:`runwatch.hosting.stores`) in one atomic write.
 
@@ -26,7 +28,14 @@ from events.fast_decode import decode_many
 from events.fold import Fold
 from events.log.base import Record
 from runwatch.hosting.barrier import TerminalBarrier
-from runwatch.hosting.core import FoldSet, HostedFold, RecentIds, Slot
+from runwatch.hosting.core import (
+    FoldSet,
+    HostedFold,
+    RecentIds,
+    Slot,
+    foreign_letter,
+    foreign_owner,
+)
 from runwatch.hosting.ports import DIRECT, Commit, Position, StateStore, View
 
 
@@ -62,6 +71,10 @@ class Host:
         #: records some fold had folded already (a redelivery, a producer's retry)
         self.duplicates = 0
         self.dead_letters: list[DeadLetter] = []
+        #: records refused (their run id is another tenant's; each is a dead letter too)
+        self.refused = 0
+        #: the record being applied (where a refused one is located)
+        self._at: Record | None = None
         #: when a list: a tag per derived event out, ``(fold index, source, rank)`` —
         #: :attr:`source` as the caller set it for the record, rank the released run's
         #: ``(held time, run id)`` or :data:`DIRECT` (a key-sharded replay merges its
@@ -122,6 +135,7 @@ class Host:
         apply, route, barrier, owns = self._apply, self._route, self.barrier, self.owns
         catching_up = self._catching_up
         for rec, ev in zip(records, events):
+            self._at = rec
             if owns is not None and not self._owned(rec, ev, out):
                 continue
             if type(ev) is DeadLetter:
@@ -136,6 +150,7 @@ class Host:
                 apply(rec.topic, ev, out, -1)  # its run not held, nothing to hold (the usual)
             else:
                 route(rec.topic, rec.partition, ev, out)
+        self._at = None
         if catching_up:
             self._catching_up = self._ahead()
         return out
@@ -163,14 +178,19 @@ class Host:
         if (not barrier.held and topic != barrier.lifecycle) or barrier.admit(topic, partition, ev):
             self._apply(topic, ev, out, -1)
         if advanced and barrier.due(partition):
-            barrier.release(lambda t, e: self._apply(t, e, out, -1), force=False)
+            barrier.release(lambda t, e: self._release(t, e, out), force=False)
 
     def release_held(self, force: bool = True) -> list[EventBase]:
         """Apply the runs held at the barrier (``force``: all of them); what they derived."""
         out: list[EventBase] = []
         if self.barrier is not None:
-            self.barrier.release(lambda t, e: self._apply(t, e, out, -1), force)
+            self.barrier.release(lambda t, e: self._release(t, e, out), force)
         return out
+
+    def _release(self, topic: str, ev: EventBase, out: list[EventBase]) -> None:
+        """Apply a held event the barrier released (not the record being read)."""
+        self._at = None
+        self._apply(topic, ev, out, -1)
 
     def _owned(self, rec: Record, ev: EventBase | DeadLetter, out: list[EventBase]) -> bool:
         """Key-sharded: is ``rec`` this host's to apply? Another run's barrier fact only
@@ -194,7 +214,7 @@ class Host:
             and barrier.advance(rec.topic, rec.partition, ev.ts)
             and barrier.due(rec.partition)
         ):
-            barrier.release(lambda t, e: self._apply(t, e, out, -1), force=False)
+            barrier.release(lambda t, e: self._release(t, e, out), force=False)
         return False
 
     def _apply(self, topic: str, ev: EventBase, out: list[EventBase], offset: int) -> None:
@@ -207,6 +227,7 @@ class Host:
             if target is None:
                 return  # a run id claimed by another tenant: never merged
         duplicate = False
+        owner = None
         plan = self.folds.plans.get(topic)
         if plan is None:
             plan = self.folds.plan(topic)
@@ -217,7 +238,13 @@ class Host:
             if dedupe:
                 slot = states.get(key)
                 if slot is None:
-                    slot = states[key] = Slot(initial(), RecentIds(capacity=hf.window))
+                    slot = states[key] = Slot(
+                        initial(), RecentIds(capacity=hf.window), ev.tenant_id
+                    )
+                elif slot.tenant != ev.tenant_id and foreign_owner(slot, ev) is not None:
+                    owner = slot.tenant
+                    hf.refused += 1
+                    continue
                 if not slot.recent.first_time(ev.event_id):
                     hf.duplicates += 1
                     duplicate = True
@@ -243,6 +270,21 @@ class Host:
                         self._tag(hf, len(derived))
         if duplicate:
             self.duplicates += 1
+        if owner is not None:
+            self._refuse(topic, ev, owner)
+
+    def _refuse(self, topic: str, ev: EventBase, owner: str) -> None:
+        """Dead-letter ``ev``: its run id is ``owner``'s, not its tenant's (once per record,
+        whichever folds refused it)."""
+        self.refused += 1
+        at = self._at
+        if at is not None:
+            letter = foreign_letter(ev, owner, topic, at.partition, at.offset)
+        else:  # a held record the barrier released, or one fed without a position
+            letter = foreign_letter(ev, owner, topic)
+        self.dead_letters.append(letter)
+        if self.view is not None:
+            self.view.dead_letter(letter)
 
     def _tag(self, hf: HostedFold, n: int) -> None:
         releasing = self.barrier.releasing if self.barrier is not None else None

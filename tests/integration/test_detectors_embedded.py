@@ -108,6 +108,41 @@ def test_import_process_replay_verl_history(tmp_path: Path) -> None:
     assert _cli("replay", str(log_dir), "--json").stdout == replayed.stdout
 
 
+def test_another_tenants_import_on_a_run_id_is_refused_not_paged(tmp_path: Path) -> None:
+    """Two customers' imports name the same run id: the second tenant's steps carry the
+    run on with a dead reward (folded, ``dead_run`` pages the first tenant's run at step
+    127, and the controller pauses it); they are dead-lettered as ``foreign_tenant`` by the
+    real processor, nothing of it reaches the first tenant's run, and the replay agrees."""
+    mine, theirs, log_dir = tmp_path / "acme.jsonl", tmp_path / "mallory.jsonl", tmp_path / "log"
+    _verl_history(mine, steps=120, dead_from=10**6)  # healthy, steps 0-119 so far
+    _verl_history(theirs)  # steps 0-239, the reward constant from step 120 (the run's next)
+    for path, tenant in ((mine, "acme"), (theirs, "mallory")):
+        done = _cli("import", "metrics", str(path), "--run-id", "r1", "--tenant", tenant,
+                    "--gpus", "8", "--to", str(log_dir))  # fmt: skip
+        assert done.returncode == 0, done.stderr
+    done = _cli("process", "--log", str(log_dir), "--once", "--json")
+    assert done.returncode == 0, done.stderr
+    assert _alerts(log_dir) == []
+    log = EmbeddedLog(log_dir, readonly=True)
+    log.open_sync()
+    inputs = ["runwatch.lifecycle", "runwatch.telemetry", "runwatch.checkpoints"]
+    forged = {
+        r.value for t in inputs for r in log.read_sync(t) if b'"tenant_id":"mallory"' in r.value
+    }
+    letters = [
+        DeadLetter.model_validate_json(r.value) for r in log.read_sync("runwatch.dead-letters")
+    ]
+    refused = [d for d in letters if d.kind == "foreign_tenant"]
+    assert forged and {d.raw for d in refused} == forged and len(refused) == len(forged)
+    assert "belongs to tenant 'acme'" in refused[0].reason
+    bills = list(log.iter_events(["runwatch.tenant-usage"]))
+    assert bills and {b.tenant_id for b in bills} == {"acme"}
+    assert all(b"mallory" not in r.value for r in log.read_sync("runwatch.control"))
+    replayed = _cli("replay", str(log_dir), "--json")
+    assert replayed.returncode == 0, replayed.stderr
+    assert '"type":"AlertFired"' not in replayed.stdout
+
+
 def test_trl_csv_with_eval_file_detects_hacking(tmp_path: Path) -> None:
     metrics, evals, log_dir = tmp_path / "trl.csv", tmp_path / "eval.csv", tmp_path / "log"
     rng = np.random.default_rng(1)

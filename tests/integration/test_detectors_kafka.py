@@ -1,7 +1,8 @@
 """On the real broker: the faust-hosted and the embedded-hosted detectors emit the same
 alert events (ids included) for the same input.
 
-The input is published while a real ``runwatch process --kafka`` worker (a separate
+The input (with another tenant's steps forged on one run's id, which both must refuse)
+is published while a real ``runwatch process --kafka`` worker (a separate
 process: the faust app) runs; the same events go into an embedded log processed by the
 embedded host. Runs get unique ids, so records other tests put on the shared broker's
 ``runwatch.*`` topics are ignored.
@@ -22,10 +23,13 @@ from pathlib import Path
 import pytest
 from aiokafka import AIOKafkaConsumer
 
+from events import TrainerStepCompleted
 from events.codec import decode, encode
+from events.dead_letter import DeadLetter
 from events.envelope import EventBase
 from events.log.embedded import EmbeddedLog
 from events.log.kafka import KafkaLog
+from events.topics import DEAD_LETTER_TOPIC
 from runwatch.folds import processor_folds
 from runwatch.hosting.embedded import EmbeddedHost
 from stream_processors.detectors.scenarios import synthetic_run
@@ -43,7 +47,26 @@ def _input(tag: str) -> list[EventBase]:
         )
         events.extend(run)
     events.extend(events[200:230])  # a producer retry: same ids again
-    return events
+    return events + _forged(f"kafka-{tag}-ok", events)
+
+
+def _forged(run_id: str, events: list[EventBase]) -> list[EventBase]:
+    """Another tenant's steps on the healthy run's id, past its last step, with a reward
+    ten times the run's: folded into the run they would page (and pause) it."""
+    last = [e for e in events if isinstance(e, TrainerStepCompleted) and e.run_id == run_id][-1]
+    assert last.step is not None and last.reward_mean is not None
+    return [
+        last.model_copy(
+            update={
+                "event_id": uuid.uuid4(),
+                "tenant_id": "mallory",
+                "step": last.step + 1 + i,
+                "ts": last.ts + 1 + i,
+                "reward_mean": 10 * last.reward_mean,
+            }
+        )
+        for i in range(3)
+    ]
 
 
 def _embedded_alerts(events: list[EventBase], root: Path) -> list[bytes]:
@@ -61,6 +84,29 @@ async def _publish(bootstrap: str, events: list[EventBase]) -> None:
             group = list(group)
             await log.append_many(type(group[0]).TOPIC, [(e.key(), encode(e)) for e in group])
         await log.append("runwatch.telemetry", b"kafka-bad", b"\xff not json")
+
+
+async def _refused(
+    bootstrap: str, runs: set[str], expected: int, timeout_s: float
+) -> list[DeadLetter]:
+    """The ``foreign_tenant`` dead letters of records of ``runs`` on the broker."""
+    consumer = AIOKafkaConsumer(
+        DEAD_LETTER_TOPIC, bootstrap_servers=bootstrap, auto_offset_reset="earliest"
+    )
+    await consumer.start()
+    got: list[DeadLetter] = []
+    try:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline and len(got) < expected:
+            for records in (await consumer.getmany(timeout_ms=1000)).values():
+                for rec in records:
+                    letter = DeadLetter.model_validate_json(rec.value)
+                    ev = decode(letter.raw)
+                    if letter.kind == "foreign_tenant" and getattr(ev, "run_id", "") in runs:
+                        got.append(letter)
+    finally:
+        await consumer.stop()
+    return got
 
 
 async def _collect(bootstrap: str, runs: set[str], expected: int, timeout_s: float) -> list[bytes]:
@@ -92,6 +138,8 @@ def test_faust_and_embedded_hosts_emit_identical_alerts(kafka_bootstrap: str, tm
     runs = {e.run_id for e in events}
     expected = _embedded_alerts(events, tmp_path / "log")
     assert len(expected) >= 5  # every faulty run fires
+    # ... and nothing on the healthy run: the other tenant's steps on its id are refused
+    assert not [a for a in expected if decode(a).run_id == f"kafka-{tag}-ok"]  # type: ignore[union-attr]
 
     asyncio.run(KafkaLog(kafka_bootstrap).start())  # topics exist before the worker starts
     worker = subprocess.Popen(
@@ -113,6 +161,7 @@ def test_faust_and_embedded_hosts_emit_identical_alerts(kafka_bootstrap: str, tm
     try:
         asyncio.run(_publish(kafka_bootstrap, events))
         got = asyncio.run(_collect(kafka_bootstrap, runs, len(expected), timeout_s=240))
+        refused = asyncio.run(_refused(kafka_bootstrap, runs, 3, timeout_s=60))
     finally:
         os.killpg(worker.pid, signal.SIGTERM)
         try:
@@ -121,3 +170,5 @@ def test_faust_and_embedded_hosts_emit_identical_alerts(kafka_bootstrap: str, tm
             os.killpg(worker.pid, signal.SIGKILL)
             out, _ = worker.communicate()
     assert sorted(got) == sorted(expected), out.decode(errors="replace")[-3000:]
+    assert len(refused) == 3 and {decode(d.raw).tenant_id for d in refused} == {"mallory"}  # type: ignore[union-attr]
+    assert all(d.source_topic == "runwatch.telemetry" for d in refused)

@@ -1,0 +1,180 @@
+"""A run id is its first tenant's: every host refuses another tenant's events on it.
+
+A customer's hook names its own run id and tenant; another tenant's producer that names
+the same run id (by accident, or to page and pause someone else's run) must not reach
+that run's detectors, controller, bill or webhook. Pure logic, no broker: the embedded
+host's core and the faust agent's record handler on dict tables, which must agree.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+import msgpack
+
+from events import AlertFired, PauseRequested, TenantUsageUpdated, TrainerStepCompleted
+from events.codec import encode
+from events.dead_letter import DeadLetter
+from events.envelope import EventBase
+from events.log.base import Record
+from producers.commands import CommandFeed, write_command
+from producers.sinks import MemorySink
+from runwatch.folds import processor_folds
+from runwatch.hosting.core import HostedFold, dump_slot, load_slot
+from runwatch.hosting.faust_agent import SlotCache, fold_records
+from runwatch.hosting.host import Host
+from runwatch.hosting.stores import NoState
+from stream_processors.detectors import RunHealthFold
+from stream_processors.detectors.scenarios import synthetic_run
+
+RUN = "shared-run"
+
+
+def _victim() -> list[EventBase]:
+    """A healthy run of tenant ``victim`` (no detector fires on it)."""
+    return synthetic_run(7, steps=80, run_id=RUN, tenant_id="victim")
+
+
+def _forged(events: list[EventBase], n: int = 3) -> list[EventBase]:
+    """Tenant ``attacker``'s steps on the victim's run id, after its last step: a reward
+    ten times the run's and a NaN loss, which page ``reward_explosion_collapse`` (and
+    the controller pauses the run) if folded into it."""
+    last = [e for e in events if isinstance(e, TrainerStepCompleted)][-1]
+    assert last.step is not None
+    return [
+        last.model_copy(
+            update={
+                "event_id": uuid.uuid4(),
+                "tenant_id": "attacker",
+                "step": last.step + 1 + i,
+                "ts": last.ts + 1 + i,
+                "loss": float("nan"),
+                "reward_mean": 10 * (last.reward_mean or 1.0),
+            }
+        )
+        for i in range(n)
+    ]
+
+
+def _control(tenant: str) -> list[EventBase]:
+    """The same NaN losses under the victim's own name: what the attacker's would do."""
+    events = _victim()
+    return events + [e.model_copy(update={"tenant_id": tenant}) for e in _forged(events)]
+
+
+def _host_run(events: list[EventBase]) -> tuple[Host, list[EventBase]]:
+    """The processors' host over ``events``, what it derives fed back in (as the embedded
+    host's passes over the log do: the controller reads the detectors' alerts)."""
+    host = Host(processor_folds(), NoState())
+    out: list[EventBase] = []
+    batch = events
+    while batch:
+        derived = host.process_events((type(e).TOPIC, 0, e) for e in batch)
+        out.extend(derived)
+        batch = derived
+    return host, out
+
+
+def test_the_forged_events_would_page_and_pause_the_run_if_they_were_the_victims_own() -> None:
+    """The control: the forged records are a real attack (folded, they pause the run)."""
+    _, out = _host_run(_control("victim"))
+    assert any(isinstance(e, AlertFired) and e.routing == "page" for e in out)
+    assert any(isinstance(e, PauseRequested) for e in out)
+
+
+def test_another_tenants_events_on_a_run_id_are_refused_and_dead_lettered() -> None:
+    events = _victim()
+    forged = _forged(events)
+    host, out = _host_run([*events, *forged])
+    assert not [e for e in out if isinstance(e, AlertFired | PauseRequested)]
+    bills = [e for e in out if isinstance(e, TenantUsageUpdated)]
+    assert bills and {b.tenant_id for b in bills} == {"victim"}  # the bill never changed hands
+    assert host.refused == len(forged)  # once per record, whichever folds refused it
+    letters = host.dead_letters
+    assert [d.kind for d in letters] == ["foreign_tenant"] * len(forged)
+    assert "belongs to tenant 'victim'" in letters[0].reason
+    assert "names tenant 'attacker'" in letters[0].reason
+    assert [d.raw for d in letters] == [encode(e) for e in forged]  # nothing lost
+    # the victim's own events still fold after the refusals
+    more = synthetic_run(7, steps=90, run_id=RUN, tenant_id="victim")[len(events) :]
+    assert more
+    host.process_events((type(e).TOPIC, 0, e) for e in more)
+    assert host.refused == len(forged)
+
+
+def test_a_refused_record_is_located_where_it_was_read() -> None:
+    events = _victim()
+    forged = _forged(events, n=1)
+    host = Host(processor_folds(), NoState())
+    records = [
+        Record(type(e).TOPIC, 0, i, e.key(), encode(e), 0) for i, e in enumerate([*events, *forged])
+    ]
+    host.process(records)
+    (letter,) = host.dead_letters
+    assert (letter.source_topic, letter.source_partition, letter.source_offset) == (
+        "runwatch.telemetry",
+        0,
+        len(records) - 1,
+    )
+
+
+def test_the_faust_agent_refuses_the_same_records_and_sends_one_dead_letter_each() -> None:
+    events = _victim()
+    forged = _forged(events)
+    folds = processor_folds()
+    hosted = {f.name: (f, {}, SlotCache()) for f in folds}
+    sent: list[tuple[str, bytes | None, bytes]] = []
+    writes_before_forgery = None
+    for i, ev in enumerate([*events, *forged]):
+        if i == len(events):
+            writes_before_forgery = {n: dict(h[1]) for n, h in hosted.items()}
+        topic = type(ev).TOPIC
+        mine = [hosted[f.name] for f in folds if topic in f.inputs]
+        folded = fold_records(mine, topic, 0, i, encode(ev))
+        sent.extend(folded)
+        folded.store()
+    letters = [
+        DeadLetter.model_validate_json(v) for t, _, v in sent if t == "runwatch.dead-letters"
+    ]
+    assert [d.kind for d in letters] == ["foreign_tenant"] * len(forged)
+    assert [d.source_offset for d in letters] == list(range(len(events), len(events) + 3))
+    assert not [v for t, _, v in sent if t in ("runwatch.alerts", "runwatch.control")]
+    # nothing of the forged records reached a table
+    assert {n: dict(h[1]) for n, h in hosted.items()} == writes_before_forgery
+    # the embedded host derives the same records from the same input
+    host = Host(processor_folds(), NoState())
+    out = host.process_events((type(e).TOPIC, 0, e) for e in [*events, *forged])
+    assert [encode(e) for e in out] == [v for t, _, v in sent if t != "runwatch.dead-letters"]
+
+
+def test_a_slot_keeps_its_tenant_and_an_old_slot_is_pinned_by_the_next_event() -> None:
+    fold = RunHealthFold()
+    hosted = HostedFold(fold)
+    events = _victim()
+    for ev in events[:20]:
+        hosted.feed(ev)
+    raw = hosted.dump(RUN)
+    assert load_slot(fold, raw).tenant == "victim"
+    doc = msgpack.unpackb(raw, raw=False)
+    del doc["tenant"]  # a slot stored before slots held their tenant
+    old = load_slot(fold, msgpack.packb(doc, use_bin_type=True))
+    assert old.tenant is None
+    again = HostedFold(fold)
+    again.slots[RUN] = old
+    again.feed(events[20])
+    assert again.slots[RUN].tenant == "victim"
+    assert again.feed(_forged(events, n=1)[0]) is None and again.refused == 1
+    assert load_slot(fold, dump_slot(fold, again.slots[RUN])).tenant == "victim"
+
+
+def test_the_trainer_follows_only_commands_naming_its_own_tenant() -> None:
+    sink = MemorySink()
+    feed = CommandFeed(sink, RUN, tenant_id="victim")
+    common = {"run_id": RUN, "action": "pause", "phase": "live", "actor": "customer"}
+    write_command(sink, tenant_id="attacker", principal="attacker", **common)  # type: ignore[arg-type]
+    assert feed.poll() == []
+    write_command(sink, tenant_id="victim", principal="victim", **common)  # type: ignore[arg-type]
+    (cmd,) = feed.poll()
+    assert isinstance(cmd, PauseRequested) and cmd.tenant_id == "victim"
+    # without a tenant (a feed of an older caller), every command for the run id is followed
+    assert len(CommandFeed(sink, RUN).poll()) == 2
