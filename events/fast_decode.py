@@ -14,6 +14,9 @@ high-volume event types (1.03-1.29x the codec's decode over a replay's mix,
   is the class's ``Literal`` tag, so a wrong pick cannot pass.
 - The decoded fields become the pydantic model without a second validation (its
   ``__dict__`` in declaration order: what the serializer writes back, byte for byte).
+- The envelope's checked fields (ids, producer name, a finite ``ts``) are decoded plain and
+  checked with the envelope's own functions (:func:`events.envelope.check_id`; an id seen
+  before is a set lookup).
 - Anything the twin refuses — another schema version (upcasting), NaN or infinities
   (not JSON to msgspec), a value pydantic would coerce, a bad record, a type without a
   twin — goes through :func:`events.codec.decode`, which upcasts or dead-letters it as
@@ -37,7 +40,15 @@ from pydantic import BaseModel
 
 from events.codec import decode
 from events.dead_letter import DeadLetter
-from events.envelope import EventBase, _to_pairs, event_classes
+from events.envelope import (
+    PASSED_IDS,
+    PASSED_NAMES,
+    EventBase,
+    _to_pairs,
+    check_id,
+    check_name,
+    event_classes,
+)
 
 _Scalar = Union[str, int, float, bool, None]  # noqa: UP007 (msgspec takes typing forms)
 _ATOMS = (str, int, float, bool, type(None), uuid.UUID)
@@ -94,6 +105,12 @@ class _Twin:
             if _is_attributes(field):
                 kind: Any = dict[str, _Scalar]
                 self.pairs = (*self.pairs, name)
+            elif name in _ENVELOPE_CHECKED:
+                # the envelope's checked fields: decoded plain, checked in decode() by the
+                # envelope's own checks (only while they are the envelope's fields as-is)
+                if field.metadata != EventBase.model_fields[name].metadata:
+                    raise _Unsupported(cls)
+                kind = _ENVELOPE_CHECKED[name]
             elif field.metadata:
                 raise _Unsupported(cls)
             elif name == "schema_version":
@@ -129,6 +146,14 @@ class _Twin:
             values = _asdict(self.decoder.decode(raw))
         except Exception:  # refused (bad UTF-8 too): the codec decides, and says why
             return None
+        if (  # the envelope's checks (ids seen before passed them: a set lookup)
+            values["run_id"] not in _PASSED_IDS
+            or values["tenant_id"] not in _PASSED_IDS
+            or values["producer"] not in _PASSED_NAMES
+        ) and not _envelope_ok(values):
+            return None
+        if not -_FINITE < values["ts"] < _FINITE:  # msgspec reads 1e999 as inf; NaN fails too
+            return None
         for name in self.pairs:  # what the Attributes validator makes of a str-keyed dict
             found = values[name]
             values[name] = tuple(sorted(found.items())) if found else ()
@@ -140,6 +165,23 @@ class _Twin:
         _set_extra(event, None)
         _set_private(event, None)
         return event
+
+
+#: The envelope fields pydantic checks beyond their type, as the twin decodes them.
+_ENVELOPE_CHECKED: dict[str, Any] = {"tenant_id": str, "run_id": str, "producer": str, "ts": float}
+_PASSED_IDS, _PASSED_NAMES = PASSED_IDS, PASSED_NAMES
+_FINITE = float("inf")
+
+
+def _envelope_ok(values: dict[str, Any]) -> bool:
+    """Do the decoded envelope fields pass the checks pydantic runs on them?"""
+    try:
+        check_id(values["run_id"])
+        check_id(values["tenant_id"])
+        check_name(values["producer"])
+    except ValueError:
+        return False
+    return True
 
 
 def _twins() -> dict[bytes, _Twin]:

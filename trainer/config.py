@@ -14,6 +14,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from events.envelope import Identifier
+
 
 class _Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -187,8 +189,10 @@ class ResumeConfig(_Frozen):
 
 
 class TrainerConfig(_Frozen):
-    run_id: str = "run-1"
-    tenant_id: str = "tenant-a"
+    #: the run's identity on every event (``events.envelope.check_id``: refused here, at
+    #: load, rather than at the first event)
+    run_id: Identifier = "run-1"
+    tenant_id: Identifier = "tenant-a"
     seed: int = 0
     steps: int = 100
     eval_every: int = 10

@@ -61,7 +61,7 @@ from events.catalog.lifecycle import (
 )
 from events.catalog.trainer import StepPhaseTimed
 from events.catalog.usage import UsageRecorded
-from events.envelope import EventBase
+from events.envelope import EventBase, check_id
 from producers.hooks.mapping import normalized, row_events, scalar
 from producers.hooks.publisher import Publisher, Stats, Target
 from producers.metrics_import import MetricsImportReport
@@ -103,6 +103,11 @@ class RunwatchHook:
         retry_s: float = 1.0,
         install_exit_hooks: bool = True,
     ) -> None:
+        for what, value in (("run_id", run_id), ("tenant_id", tenant_id)):
+            try:
+                check_id(value)  # refused here, not by the first event on the worker thread
+            except ValueError as exc:
+                raise ValueError(f"RunwatchHook: bad {what} {value[:80]!r}: {exc}") from None
         self.run_id = run_id
         self.tenant_id = tenant_id
         self.algorithm = algorithm

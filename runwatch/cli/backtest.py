@@ -27,6 +27,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from runwatch.cli.ids import identifier
 from runwatch.cli.terminal import Abort, Terminal
 
 HELP = "replay a recorded run through the detectors: which would have fired, and when"
@@ -40,8 +41,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="the step the incident was actually noticed; exit 1 unless a page came first",
     )
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
-    parser.add_argument("--run-id", help="the run (a log with several runs; a file's name)")
-    parser.add_argument("--tenant", default="backtest", help="tenant of a metrics file's run")
+    parser.add_argument(
+        "--run-id", type=identifier, help="the run (a log with several runs; a file's name)"
+    )
+    parser.add_argument(
+        "--tenant", type=identifier, default="backtest", help="tenant of a metrics file's run"
+    )
     parser.add_argument("--algorithm", default="grpo", help="selects per-algorithm thresholds")
     parser.add_argument("--eval-file", help="held-out eval scores (step + score), CSV or JSONL")
     parser.add_argument("--gpus", type=float, help="GPUs of the run: timing_s/step x GPUs")

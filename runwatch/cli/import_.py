@@ -20,6 +20,7 @@ import os
 from typing import Any
 
 from runwatch import settings
+from runwatch.cli.ids import identifier
 from runwatch.cli.terminal import Abort, Terminal
 
 #: Issues printed in full before the rest are only counted.
@@ -42,8 +43,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--run-id", required=True, help="run the facts belong to")
-    p.add_argument("--tenant", required=True, help="tenant owning the run")
+    p.add_argument("--run-id", type=identifier, required=True, help="run the facts belong to")
+    p.add_argument("--tenant", type=identifier, required=True, help="tenant owning the run")
     p.add_argument("--to", help="embedded log directory (default: $RUNWATCH_LOG_DIR)")
     p.add_argument("--kafka", help="append to this Kafka bootstrap instead of a directory")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")

@@ -25,6 +25,7 @@ from events.catalog.rollout import RolloutTraceRecorded
 from events.dead_letter import DeadLetter
 from events.dedupe import Deduplicator
 from events.envelope import EventBase
+from runwatch.cli.ids import identifier
 from runwatch.cli.terminal import Abort, Terminal
 
 TRACES = "runwatch.traces"
@@ -33,8 +34,12 @@ PROFILES = "runwatch.profiles"
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("source", metavar="LOG|DIR", help="embedded log or trace directory")
-    parser.add_argument("--run-id", help="only this run (a trace directory: its run id)")
-    parser.add_argument("--tenant", default="local", help="tenant id for a trace directory")
+    parser.add_argument(
+        "--run-id", type=identifier, help="only this run (a trace directory: its run id)"
+    )
+    parser.add_argument(
+        "--tenant", type=identifier, default="local", help="tenant id for a trace directory"
+    )
     parser.add_argument("--out", default="runwatch-profile", help="directory for the PNG plots")
     parser.add_argument("--no-plots", action="store_true", help="write no plots")
     parser.add_argument(
@@ -136,6 +141,10 @@ def run(args: argparse.Namespace, term: Terminal) -> int:
 
         for rep in reports:
             out_dir = Path(args.out) / rep.run_id if len(reports) > 1 else Path(args.out)
+            # event run ids are one path component (events.envelope.check_id); said again
+            # here, where a tenant's string becomes a directory
+            if len(reports) > 1 and out_dir.resolve().parent != Path(args.out).resolve():
+                raise Abort(f"run id {rep.run_id!r} is not a directory name under {args.out}")
             plots[rep.run_id] = [str(p) for p in write_plots(rep, out_dir, args.step)]
     if args.json:
         term.json(

@@ -10,13 +10,14 @@ from __future__ import annotations
 import argparse
 
 from runwatch import settings
+from runwatch.cli.ids import identifier
 from runwatch.cli.terminal import Abort, Terminal
 
 HELP = "resume a run through the replay-overlap resume gate"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--run-id", required=True, help="the run to resume")
+    parser.add_argument("--run-id", type=identifier, required=True, help="the run to resume")
     parser.add_argument("--log", help="embedded log directory (default: $RUNWATCH_LOG_DIR)")
     parser.add_argument("--quiet", action="store_true", help="no per-step progress lines")
     parser.add_argument("--json", action="store_true", help="print the gate outcome as JSON")

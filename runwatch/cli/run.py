@@ -16,6 +16,7 @@ import getpass
 import time
 
 from runwatch import settings
+from runwatch.cli.ids import identifier
 from runwatch.cli.terminal import Abort, Terminal
 
 HELP = "pause, resume or cancel a run (commands are events on runwatch.control)"
@@ -23,7 +24,7 @@ HELP = "pause, resume or cancel a run (commands are events on runwatch.control)"
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("action", choices=("pause", "resume", "cancel"))
-    parser.add_argument("run_id", metavar="RUN")
+    parser.add_argument("run_id", metavar="RUN", type=identifier)
     parser.add_argument("--reason", default="", help="why (recorded on the command)")
     parser.add_argument(
         "--set",

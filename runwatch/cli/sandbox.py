@@ -24,6 +24,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from runwatch.cli.ids import identifier
 from runwatch.cli.terminal import Abort, Terminal
 from sandbox.batch import MAX_BATCH_BYTES, validate_batch
 
@@ -54,7 +55,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tier", choices=["function", "verifier"], help="default: classified")
     p.add_argument("--deadline", type=float, default=10.0, help="seconds per batch (10)")
-    p.add_argument("--tenant", default="cli", help="tenant id for the ledger (cli)")
+    p.add_argument(
+        "--tenant", type=identifier, default="cli", help="tenant id for the ledger (cli)"
+    )
     p.add_argument("--json", action="store_true", help="print as JSON")
 
 

@@ -19,6 +19,7 @@ import os
 from pathlib import Path
 
 from runwatch import settings
+from runwatch.cli.ids import identifier
 from runwatch.cli.terminal import Abort, Terminal
 
 
@@ -44,8 +45,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="use Kafka (bootstrap, or the configured broker if omitted); default: embedded",
     )
     t.add_argument("--log", help="embedded log directory (default: $RUNWATCH_LOG_DIR)")
-    t.add_argument("--tenant", default="default", help="tenant id of the events")
-    t.add_argument("--run-id", default="atropos", help="run id: the buffer's partition key")
+    t.add_argument("--tenant", type=identifier, default="default", help="tenant id of the events")
+    t.add_argument(
+        "--run-id", type=identifier, default="atropos", help="run id: the buffer's partition key"
+    )
     t.add_argument("--instance", help="stable name of this instance (default host:port)")
     t.add_argument(
         "--max-off-policy-steps",

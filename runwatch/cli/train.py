@@ -11,6 +11,7 @@ import argparse
 from pathlib import Path
 
 from runwatch import settings
+from runwatch.cli.ids import identifier
 from runwatch.cli.terminal import Abort, Terminal
 
 HELP = "run the GRPO trainer from a config file"
@@ -20,7 +21,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", required=True, help="trainer config (YAML or JSON)")
     parser.add_argument("--log", help="embedded log directory (default: $RUNWATCH_LOG_DIR)")
     parser.add_argument("--runs", help="runs directory (default: 'runs' beside the log)")
-    parser.add_argument("--run-id", help="override the config's run_id")
+    parser.add_argument("--run-id", type=identifier, help="override the config's run_id")
     parser.add_argument("--steps", type=int, help="override the config's step count")
     parser.add_argument("--seed", type=int, help="override the config's seed")
     parser.add_argument("--quiet", action="store_true", help="no per-step progress lines")

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import importlib
 
+from runwatch.cli.ids import identifier
 from runwatch.cli.terminal import Terminal
 
 HELP = "write a run's metrics history, alerts, state changes and checkpoints to W&B or MLflow"
@@ -24,7 +25,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     for name, module in TARGETS.items():
         mod = importlib.import_module(module)
         p = sub.add_parser(name, help=mod.HELP, description=mod.HELP)
-        p.add_argument("run_id", metavar="RUN", help="the runwatch run id")
+        p.add_argument("run_id", metavar="RUN", type=identifier, help="the runwatch run id")
         source = p.add_mutually_exclusive_group()
         source.add_argument("--log", help="embedded log directory (default: $RUNWATCH_LOG_DIR)")
         source.add_argument("--kafka", metavar="BOOTSTRAP", help="read the run from Kafka")

@@ -1,0 +1,16 @@
+"""The argparse type of a tenant or run id: refused at the command line, with the reason,
+rather than by the first event the command builds (``events.envelope.check_id``)."""
+
+from __future__ import annotations
+
+import argparse
+
+from events.envelope import check_id
+
+
+def identifier(text: str) -> str:
+    """``text`` if it is a valid tenant or run id, else argparse's usage error."""
+    try:
+        return check_id(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"{text[:80]!r}: {exc}") from None
