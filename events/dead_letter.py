@@ -20,6 +20,7 @@ DeadLetterKind = Literal[
     "upcast_failed",
     "validation_error",
     "foreign_tenant",
+    "key_too_long",
 ]
 
 
@@ -27,7 +28,8 @@ class DeadLetter(BaseModel):
     """Why a record was refused, and the record itself.
 
     ``foreign_tenant``: a valid event whose run id belongs to another tenant (the run's
-    first); the hosts refuse it rather than fold it into that run.
+    first); the hosts refuse it rather than fold it into that run. ``key_too_long``: a
+    Kafka record whose key the embedded log cannot hold (an export keeps its value here).
 
     ``error_types`` are pydantic error codes (``float_parsing``, ``missing``, …) for
     validation errors, so tests and operators match on codes, not message text.

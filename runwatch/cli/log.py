@@ -19,14 +19,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import hashlib
 import heapq
 from pathlib import Path
 
 from events.codec import decode
 from events.dead_letter import DeadLetter
+from events.log.base import Record
 from events.log.embedded import EmbeddedLog
-from events.log.segments import TornTail
-from events.topics import TOPICS
+from events.log.segments import NO_KEY, TornTail
+from events.topics import DEAD_LETTER_TOPIC, TOPICS
 from runwatch import settings
 from runwatch.cli.terminal import Abort, Terminal
 
@@ -194,14 +196,35 @@ async def export(bootstrap: str, topics: list[str], to: str) -> dict[str, int]:
     last_ns = 0
     for rec in merged:
         last_ns = max(rec.timestamp_ms * 1_000_000, last_ns + 1)
-        records, stamps = by_topic.setdefault(rec.topic, ([], []))
-        records.append((rec.key, rec.value))
+        topic, item = rec.topic, (rec.key, rec.value)
+        if rec.key is not None and len(rec.key) >= NO_KEY:  # beyond the embedded log's keys
+            topic, item = DEAD_LETTER_TOPIC, (None, _key_too_long(rec).encode())
+        records, stamps = by_topic.setdefault(topic, ([], []))
+        records.append(item)
         stamps.append(last_ns)
     counts = {topic: 0 for topic in topics}
     for topic, (records, stamps) in by_topic.items():
         target.append_many_sync(topic, records, stamps)
         counts[topic] = len(records)
     return counts
+
+
+def _key_too_long(rec: Record) -> DeadLetter:
+    """The dead letter of a Kafka record whose key the embedded log cannot hold (Kafka
+    takes keys of MiBs; no runwatch event has one: ids are at most 256 characters). The
+    value is kept whole; the key by its length and digest."""
+    digest = hashlib.sha256(rec.key or b"").hexdigest()
+    return DeadLetter(
+        kind="key_too_long",
+        reason=(
+            f"a record key of {len(rec.key or b'')} bytes (sha256 {digest}) is beyond the "
+            f"embedded log's {NO_KEY - 1}: the value is kept here, the key is not"
+        ),
+        raw=rec.value,
+        source_topic=rec.topic,
+        source_partition=rec.partition,
+        source_offset=rec.offset,
+    )
 
 
 __all__ = ["add_arguments", "export", "export_embedded", "open_readonly", "run", "warn_torn"]

@@ -66,3 +66,39 @@ def test_export_then_cat_gives_back_every_event_in_broker_order(
     log = EmbeddedLog(out, readonly=True)
     log.open_sync()
     assert log.end_offset_sync("runwatch.lifecycle") == summary["records"]["runwatch.lifecycle"]
+
+
+def test_a_record_whose_key_the_embedded_log_cannot_hold_is_kept_as_a_dead_letter(
+    kafka_bootstrap: str, tmp_path: Path
+) -> None:
+    """Kafka takes keys of MiBs; the embedded log's stop at 64 KiB. A producer's 70 KiB run
+    id made every auditor's export fail as "a bug in runwatch" (red-team round four): the
+    record is now exported to the dead-letter topic with its value whole."""
+    from events.dead_letter import DeadLetter
+
+    topic = f"rw-test-longkey-{uuid.uuid4().hex[:8]}"  # its own topic: the broker is shared
+    ok = sample(RunStarted, 1, run_id="long-key-neighbour")
+    huge_key, value = b"k" * 70 * 1024, b'{"type":"RunStarted","run_id":"k..."}'
+
+    async def produce() -> None:
+        async with KafkaLog(kafka_bootstrap) as kafka:
+            await kafka.append(topic, ok.key(), encode(ok))
+            await kafka.append(topic, huge_key, value)
+
+    asyncio.run(produce())
+    out = tmp_path / "audit-log"
+    proc = _runwatch("log", "export", "--topic", topic, "--to", str(out), "--kafka",
+                     kafka_bootstrap, "--json")  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    records = json.loads(proc.stdout)["records"]
+    assert records == {topic: 1, "runwatch.dead-letters": 1}
+    log = EmbeddedLog(out, readonly=True)
+    log.open_sync()
+    (kept,) = log.read_sync(topic)
+    assert kept.value == encode(ok) and kept.key == ok.key()
+    (letter,) = [
+        DeadLetter.model_validate_json(r.value) for r in log.read_sync("runwatch.dead-letters")
+    ]
+    assert letter.kind == "key_too_long" and letter.raw == value
+    assert (letter.source_topic, letter.source_offset) == (topic, 1)
+    assert "71680 bytes" in letter.reason
