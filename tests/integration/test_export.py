@@ -165,6 +165,8 @@ def test_export_wandb_offline(demo_log: Path, run_events, tmp_path: Path) -> Non
     checkpoints = [e for e in run_events if e.type == "CheckpointWritten"]
     ck_artifacts = [a for a in artifacts if a.type == "checkpoint"]
     assert len(ck_artifacts) == len(checkpoints)
+    # a checkpoint's path is its producer's word: no file is referenced without a root
+    assert [e.ref for a in ck_artifacts for e in a.manifest.contents if e.ref] == []
     assert summary_items["runwatch/state"] == "SUCCEEDED"
     last = max(rows)
     states = [e for e in run_events if e.type == "RunStateChanged"]

@@ -38,6 +38,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--entity", help="W&B entity (default: yours)")
     parser.add_argument("--dir", help="where W&B writes its files (default: W&B's)")
     parser.add_argument("--offline", action="store_true", help="offline mode (wandb sync later)")
+    parser.add_argument(
+        "--checkpoint-root",
+        metavar="DIR",
+        help="reference checkpoint files under DIR in their artifacts (default: none; a "
+        "checkpoint's path comes from its event, which the run's producer wrote)",
+    )
 
 
 def run(args: argparse.Namespace, term: Terminal) -> int:
@@ -120,8 +126,9 @@ def run(args: argparse.Namespace, term: Terminal) -> int:
             )
             with art.new_file("runwatch-checkpoint.json") as f:
                 json.dump(ck, f, indent=2, default=str)
-            if os.path.exists(ck["path"]):  # rotated away or on another host: metadata only
-                art.add_reference(f"file://{os.path.abspath(ck['path'])}", checksum=False)
+            ref = _checkpoint_file(ck["path"], args.checkpoint_root)
+            if ref is not None:  # else metadata only (rotated away, elsewhere, not allowed)
+                art.add_reference(f"file://{ref}", checksum=False)
             wb.log_artifact(art, aliases=[f"step-{ck['step']}"])
         wb.summary["runwatch/state"] = history.final_state
         if history.states and history.states[-1]["failure_class"]:
@@ -149,6 +156,20 @@ def run(args: argparse.Namespace, term: Terminal) -> int:
             "checkpoints"
         )
     return 0
+
+
+def _checkpoint_file(path: Any, root: str | None) -> str | None:
+    """The checkpoint file to reference: ``path`` resolved, if it is a regular file under
+    ``root``; else None. The path is a producer's (a customer's hook writes
+    ``CheckpointWritten``): referencing it as given listed and sized whatever it named on
+    the exporting host (``/etc``, a home directory) in the artifact's manifest."""
+    if root is None or not isinstance(path, str):
+        return None
+    base = os.path.realpath(root)
+    real = os.path.realpath(path)
+    if os.path.commonpath([base, real]) != base or not os.path.isfile(real):
+        return None
+    return real
 
 
 def _table(wandb: Any, records: list[dict[str, Any]], columns: tuple[str, ...]) -> Any:

@@ -94,3 +94,22 @@ def test_verl_plugin_entry_point_is_declared() -> None:
     module = meta["project"]["entry-points"]["verl.plugins"]["runwatch"]
     assert module == "producers.hooks.verl_plugin"
     assert (root / (module.replace(".", "/") + ".py")).is_file()
+
+
+def test_a_checkpoint_file_is_referenced_only_under_the_given_root(tmp_path: Path) -> None:
+    """``CheckpointWritten.path`` is its producer's word (a customer's hook writes it):
+    referencing it as given listed and sized whatever it named on the exporting host."""
+    from runwatch.cli.export.to_wandb import _checkpoint_file
+
+    root = tmp_path / "ckpt"
+    (root / "step-10").mkdir(parents=True)
+    good = root / "step-10" / "model.safetensors"
+    good.write_bytes(b"w")
+    secret = tmp_path / "secret.txt"
+    secret.write_text("token")
+    (root / "link").symlink_to(secret)
+    assert _checkpoint_file(str(good), str(root)) == str(good.resolve())
+    assert _checkpoint_file(str(good), None) is None  # no root: metadata only
+    for hostile in (str(secret), str(root / ".." / "secret.txt"), str(root / "link"), "/etc"):
+        assert _checkpoint_file(hostile, str(root)) is None, hostile
+    assert _checkpoint_file(str(root / "step-10"), str(root)) is None  # a directory: not walked
