@@ -130,7 +130,7 @@ def _follow(host: Any, log: Any, stop: threading.Event, term: Terminal | None) -
                     positions[topic] = rec.offset + 1
                     ev = decode(rec.value)
                     if isinstance(ev, EventBase):
-                        term.info(_live_line(ev))
+                        term.line(_live_line(ev))
                 term.out.flush()
         stop.wait(0.2)
     return host.stats

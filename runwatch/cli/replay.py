@@ -79,7 +79,7 @@ def run(args: argparse.Namespace, term: Terminal) -> int:
         if args.json:
             term.out.write(encode(event).decode() + "\n")
         else:
-            term.info(_summary(event))
+            term.line(_summary(event))
     if args.json:
         for tail in tails:
             term.json({"torn_tail": tail.as_dict()})

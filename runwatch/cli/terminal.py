@@ -9,7 +9,8 @@ failure reason, a batch's prompt), so nothing reaches the terminal raw: every li
 human text has its control characters (ANSI escapes included: ESC and the one-byte CSI),
 bidi overrides/isolates/marks and lone surrogates made visible and harmless
 (:func:`sandbox.text.escape_controls`; ``\n`` and ``\t`` kept, and escaped inside a
-table cell), and JSON output escapes everything non-ASCII.
+table cell and in :meth:`Terminal.line`, one record per line), and JSON output escapes
+everything non-ASCII.
 """
 
 from __future__ import annotations
@@ -46,6 +47,11 @@ class Terminal:
 
     def info(self, message: str) -> None:
         self.out.write(_safe(message) + "\n")
+
+    def line(self, message: str) -> None:
+        """One record, one line: newlines and tabs escaped too (``\\n``), so tenant text in
+        a record (a failure reason) cannot start a line that reads as another record."""
+        self.out.write(escape_controls(str(message), oneline=True) + "\n")
 
     def progress(self, message: str) -> None:
         """Progress lines go to stderr so stdout stays parseable."""

@@ -143,6 +143,32 @@ def test_another_tenants_import_on_a_run_id_is_refused_not_paged(tmp_path: Path)
     assert '"type":"AlertFired"' not in replayed.stdout
 
 
+def test_a_failure_reason_cannot_forge_a_line_in_the_replay(tmp_path: Path) -> None:
+    """A run's failure reason is its producer's text (a customer's hook writes it): with a
+    newline it printed a line of its own in ``runwatch replay`` reading as an alert on
+    another tenant's run (red-team round four). Each record is one line now."""
+    from events import RunFailed, RunStarted, RunSubmitted
+    from tests.event_samples import sample
+
+    forged = "\nALERT    page     kl_blowup run other-run step 9: KL 40x baseline"
+    events = [
+        sample(RunSubmitted, 0, run_id="r-text"),
+        sample(RunStarted, 1, run_id="r-text"),
+        sample(RunFailed, 2, run_id="r-text").model_copy(
+            update={"reason": "oom" + forged, "failure_class": None}
+        ),
+    ]
+    log = EmbeddedLog(tmp_path / "log", sync=False)
+    log.open_sync()
+    for ev in events:
+        log.append_events_sync([ev])
+    done = _cli("replay", str(tmp_path / "log"))
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert any("oom\\nALERT" in line for line in lines), done.stdout  # shown, escaped
+    assert not [line for line in lines if line.startswith("ALERT")], done.stdout
+
+
 def test_trl_csv_with_eval_file_detects_hacking(tmp_path: Path) -> None:
     metrics, evals, log_dir = tmp_path / "trl.csv", tmp_path / "eval.csv", tmp_path / "log"
     rng = np.random.default_rng(1)
