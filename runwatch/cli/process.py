@@ -4,7 +4,7 @@
   ``--once`` processes what is there and exits, otherwise it follows the log until
   interrupted, printing each alert and run state change it derives as it happens (one
   line each; not with ``--json``). State and positions live in
-  ``DIR/_groups/<fold>.state.json``.
+  ``DIR/_groups/<fold>.state.json`` and the journal of commits beside it.
 - ``--kafka BOOTSTRAP``: the faust-streaming app (one agent per fold, tables keyed by
   run id) as a worker on that broker, until interrupted; a static member of its consumer
   group with a 10 s session (``--instance-id``, ``--session-timeout``;

@@ -1,8 +1,9 @@
 """Where a :class:`~runwatch.hosting.host.Host` keeps its state and positions.
 
-- :class:`StateFiles`: the embedded processors' files, one per fold at
+- :class:`StateFiles`: the embedded processors' files, per fold a snapshot at
   ``<log>/_groups/<fold>.state.json`` — that fold's positions and every key's slot
-  (base64 of the slot bytes) together, written atomically (temp file, fsync, rename).
+  (base64 of the slot bytes) — and a journal of the commits since, one line each: its
+  positions and the slots that changed (:mod:`runwatch.hosting.state_journal`).
 - :class:`ReadModelState`: a read model (:class:`projections.store.ReadModel`): views,
   series points, fold states, fleet aggregates, held records and positions in one
   :meth:`~projections.store.ReadModel.commit` (one SQLite transaction).
@@ -12,14 +13,13 @@
 from __future__ import annotations
 
 import base64
-import json
 from pathlib import Path
 from typing import Any
 
 from events.log.embedded import GROUPS_DIR, EmbeddedLog
-from events.log.segments import write_atomically
 from runwatch.hosting.core import FoldSet
 from runwatch.hosting.ports import Commit, Loaded, Position
+from runwatch.hosting.state_journal import FoldStateFile
 
 
 class NoState:
@@ -31,40 +31,42 @@ class NoState:
 
 
 class StateFiles:
-    """One state file per fold on an embedded log (see the module docstring). A fold's
-    positions in its file never run ahead of its slots: both are one atomic write, made
-    after the derived events of what they reflect were appended."""
+    """One state per fold on an embedded log (see the module docstring): a snapshot and a
+    journal of the commits since (:mod:`runwatch.hosting.state_journal`), so a commit
+    writes what changed, not every key the fold holds. A fold's positions never run ahead
+    of its slots: both are one journal line, appended after the derived events of what
+    they reflect."""
 
     def __init__(self, log: EmbeddedLog) -> None:
         self.log = log
         self._inputs: dict[str, tuple[str, ...]] = {}
-        self._starts: dict[str, dict[str, int]] = {}
-        self._slot_b64: dict[str, dict[str, str]] = {}
+        self._files: dict[str, FoldStateFile] = {}
 
     def path(self, fold: str) -> Path:
+        """The fold's snapshot file."""
         return self.log.root / GROUPS_DIR / f"{fold}.state.json"
 
     def load(self, folds: FoldSet) -> Loaded:
         loaded = Loaded()
+        directory = self.log.root / GROUPS_DIR
+        sync = bool(getattr(self.log, "sync", True))
         for hf in folds:
             self._inputs[hf.name] = tuple(hf.fold.inputs)
-            try:
-                doc = json.loads(self.path(hf.name).read_text())
-            except FileNotFoundError:
-                doc = {"positions": {}, "slots": {}}
-            starts = {str(t): int(n) for t, n in doc["positions"].items()}
-            b64 = {str(k): str(v) for k, v in doc["slots"].items()}
-            self._starts[hf.name], self._slot_b64[hf.name] = starts, b64
-            loaded.fold_starts[hf.name] = starts
-            loaded.fold_states[hf.name] = {k: base64.b64decode(v) for k, v in b64.items()}
+            state = self._files[hf.name] = FoldStateFile(directory, hf.name, sync=sync)
+            state.load()
+            loaded.fold_starts[hf.name] = dict(state.positions)
+            loaded.fold_states[hf.name] = {k: base64.b64decode(v) for k, v in state.slots.items()}
         # the host reads each topic from where its furthest-behind fold stopped
         for topic, hosted in folds.routes.items():
-            loaded.positions[(topic, 0)] = min(self._starts[hf.name].get(topic, 0) for hf in hosted)
+            loaded.positions[(topic, 0)] = min(
+                self._files[hf.name].positions.get(topic, 0) for hf in hosted
+            )
         return loaded
 
     def commit(self, commit: Commit) -> None:
         for name, changed in commit.fold_states.items():
-            starts = self._starts[name]
+            state = self._files[name]
+            starts = dict(state.positions)
             moved = False
             for topic in self._inputs[name]:
                 at = commit.positions.get((topic, 0), 0)
@@ -72,11 +74,8 @@ class StateFiles:
                     starts[topic], moved = at, True
             if not changed and not moved:
                 continue
-            b64 = self._slot_b64[name]
-            for key, raw in changed.items():
-                b64[key] = base64.b64encode(raw).decode()
-            doc = {"fold": name, "positions": starts, "slots": b64}
-            write_atomically(self.path(name), json.dumps(doc, sort_keys=True).encode())
+            b64 = {key: base64.b64encode(raw).decode() for key, raw in changed.items()}
+            state.commit(starts, b64)
 
 
 class ReadModelState:

@@ -1,0 +1,143 @@
+"""One fold's embedded state on disk: a snapshot plus a journal of the commits since.
+
+A commit used to rewrite the fold's whole state file (every key's slot), so its cost grew
+with every run the fold ever saw: 50,000 one-event runs (one tenant's, 23 MB of log) made
+each save of the processors take 630 ms instead of 2 ms, for every tenant's commits after
+(red-team round four). Now a commit appends one line — the fold's positions and only the
+slots that changed — and the snapshot is rewritten only when the journal has grown past
+it (amortized: each byte of state is rewritten a bounded number of times).
+
+Files, beside each other in ``<log>/_groups/``:
+
+- ``<fold>.state.json``: the snapshot, ``{"fold", "positions", "slots": {key: base64},
+  "journal": G}``, replaced atomically (temp file, fsync, rename). A snapshot without
+  ``journal`` (written before journals) is generation 0.
+- ``<fold>.state.<G>.journal``: the commits after snapshot G, one JSON object per line,
+  ``{"positions": {...}, "slots": {key: base64}}``, appended and fsync'd per commit.
+
+Crash safety: a commit is its whole line. A line cut short by a crash (no newline, or
+not JSON) is a commit that did not happen; it is cut off at the next load, before anything
+is appended. A crash during compaction leaves either the old snapshot and its journal or
+the new snapshot (a journal of another generation is ignored and removed). The positions
+in a line are written with its slots, so they never run ahead of them.
+
+Time: nothing here reads a clock.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from events.log.segments import fsync_dir, write_atomically
+
+#: A journal is folded into a new snapshot once it holds more bytes than the snapshot
+#: (and at least this many).
+MIN_COMPACT_BYTES = 1 << 20
+
+
+class FoldStateFile:
+    """The snapshot and journal of one fold (see the module docstring). One writer."""
+
+    def __init__(self, directory: Path, fold: str, *, sync: bool = True) -> None:
+        self.directory = directory
+        self.fold = fold
+        self.sync = sync
+        self.snapshot = directory / f"{fold}.state.json"
+        self.generation = 0
+        #: the fold's state as of the last commit: positions and base64 slots by key
+        self.positions: dict[str, int] = {}
+        self.slots: dict[str, str] = {}
+        self._snapshot_bytes = 0
+        self._journal_bytes = 0
+
+    def journal(self, generation: int | None = None) -> Path:
+        g = self.generation if generation is None else generation
+        return self.directory / f"{self.fold}.state.{g}.journal"
+
+    # -- reading -------------------------------------------------------------------------
+
+    def load(self) -> None:
+        """Read the snapshot and replay its journal; cut off a torn last line."""
+        try:
+            raw = self.snapshot.read_bytes()
+        except FileNotFoundError:
+            raw = b""
+        doc: dict[str, Any] = json.loads(raw) if raw else {"positions": {}, "slots": {}}
+        self.generation = int(doc.get("journal", 0))
+        self.positions = {str(t): int(n) for t, n in doc["positions"].items()}
+        self.slots = {str(k): str(v) for k, v in doc["slots"].items()}
+        self._snapshot_bytes = len(raw)
+        self._journal_bytes = self._replay(self.journal())
+        for stale in self.directory.glob(f"{self.fold}.state.*.journal"):
+            if stale != self.journal():  # a compaction's leftover
+                stale.unlink(missing_ok=True)
+
+    def _replay(self, path: Path) -> int:
+        """Apply the journal's whole lines; the bytes kept (a torn tail is truncated)."""
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:
+            return 0
+        good = 0
+        for line in data.splitlines(keepends=True):
+            if not line.endswith(b"\n"):
+                break
+            try:
+                entry = json.loads(line)
+            except ValueError:
+                break
+            self._apply(entry)
+            good += len(line)
+        if good < len(data):  # a commit a crash cut short: it did not happen
+            with open(path, "r+b") as f:
+                f.truncate(good)
+                os.fsync(f.fileno())
+        return good
+
+    def _apply(self, entry: dict[str, Any]) -> None:
+        self.positions.update({str(t): int(n) for t, n in entry.get("positions", {}).items()})
+        self.slots.update({str(k): str(v) for k, v in entry.get("slots", {}).items()})
+
+    # -- writing -------------------------------------------------------------------------
+
+    def commit(self, positions: dict[str, int], changed: dict[str, str]) -> None:
+        """Make ``positions`` and the ``changed`` slots (base64) durable, as one commit."""
+        entry = {"positions": positions, "slots": changed}
+        line = (json.dumps(entry, sort_keys=True) + "\n").encode()
+        self._apply(entry)
+        if self._journal_bytes + len(line) > max(self._snapshot_bytes, MIN_COMPACT_BYTES):
+            self._compact()  # the snapshot now holds this commit too
+            return
+        created = self._journal_bytes == 0 and not self.journal().exists()
+        if created:
+            self.directory.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.journal(), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            view = memoryview(line)
+            while view:
+                view = view[os.write(fd, view) :]
+            if self.sync:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+        if created and self.sync:
+            fsync_dir(self.directory)
+        self._journal_bytes += len(line)
+
+    def _compact(self) -> None:
+        """A new snapshot of everything (generation + 1), then the old journal removed."""
+        old = self.journal()
+        self.generation += 1
+        doc = {
+            "fold": self.fold,
+            "journal": self.generation,
+            "positions": self.positions,
+            "slots": self.slots,
+        }
+        data = json.dumps(doc, sort_keys=True).encode()
+        write_atomically(self.snapshot, data)
+        old.unlink(missing_ok=True)
+        self._snapshot_bytes, self._journal_bytes = len(data), 0
