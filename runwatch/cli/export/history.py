@@ -57,6 +57,9 @@ class RunHistory:
     lifecycle: list[dict[str, Any]] = field(default_factory=list)
     events: int = 0
     duplicates: int = 0
+    #: events of another tenant on the run id (the run is its first tenant's, as in every
+    #: host: ``runwatch.hosting.core``), left out
+    foreign: int = 0
 
     @property
     def final_state(self) -> str | None:
@@ -73,6 +76,7 @@ class RunHistory:
             "tenant_id": self.tenant_id,
             "events": self.events,
             "duplicates": self.duplicates,
+            "foreign": self.foreign,
             "steps": len(self.steps),
             "metrics": len({k for m in self.steps.values() for k in m}),
             "alerts": len(self.alerts),
@@ -89,7 +93,8 @@ def _number(value: Any) -> float | None:
 
 
 def collect(run_id: str, events: Iterable[EventBase]) -> RunHistory:
-    """Fold ``events`` (any runs; only ``run_id``'s are kept) into a :class:`RunHistory`."""
+    """Fold ``events`` (any runs; only ``run_id``'s are kept, and of those only its first
+    tenant's) into a :class:`RunHistory`."""
     h = RunHistory(run_id)
     seen: set[bytes] = set()
     for ev in events:
@@ -97,6 +102,9 @@ def collect(run_id: str, events: Iterable[EventBase]) -> RunHistory:
             continue
         if ev.event_id.bytes in seen:
             h.duplicates += 1
+            continue
+        if h.tenant_id and ev.tenant_id != h.tenant_id:
+            h.foreign += 1
             continue
         seen.add(ev.event_id.bytes)
         h.events += 1

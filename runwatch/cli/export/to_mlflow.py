@@ -39,14 +39,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def key(name: str) -> str:
-    """An MLflow-legal metric / param / tag key (verl's own sanitising: ``@`` -> ``_at_``)."""
-    return _KEY.sub("_", name.replace("@", "_at_"))
+    """An MLflow-legal metric / param / tag key (verl's own sanitising: ``@`` -> ``_at_``;
+    MLflow refuses a key that is not a normalized relative path, so empty, ``.`` and
+    ``..`` parts become underscores: a customer's metric named ``../../m`` failed the
+    whole export, leaving the MLflow run RUNNING)."""
+    legal = _KEY.sub("_", name.replace("@", "_at_"))
+    return "/".join(p if p not in _NOT_PARTS else "_" * max(1, len(p)) for p in legal.split("/"))
+
+
+_NOT_PARTS = frozenset({"", ".", ".."})
 
 
 def run(args: argparse.Namespace, term: Terminal) -> int:
     history = load(args)
     try:
-        from mlflow.entities import Metric, Param, RunTag
         from mlflow.tracking import MlflowClient
     except ImportError:
         raise Abort("MLflow is not installed: pip install 'runwatch[hooks]'") from None
@@ -57,6 +63,35 @@ def run(args: argparse.Namespace, term: Terminal) -> int:
     )
     mlrun = client.create_run(experiment_id, run_name=history.run_id, tags=_tags(history))
     run_id = mlrun.info.run_id
+    try:
+        metrics = _write(client, run_id, history)
+    except Exception as exc:  # MlflowException and the store's own: end the run, say why
+        client.set_terminated(run_id, status="FAILED")
+        raise Abort(f"MLflow refused the export of run {history.run_id}: {exc}") from None
+    summary = {
+        **history.summary(),
+        "target": "mlflow",
+        "tracking_uri": client.tracking_uri,
+        "experiment_id": experiment_id,
+        "mlflow_run_id": run_id,
+        "metric_points": len(metrics),
+    }
+    if args.json:
+        term.json(summary)
+    else:
+        term.info(
+            f"exported run {history.run_id} to MLflow run {run_id} ({client.tracking_uri}): "
+            f"{len(history.steps)} steps, {len(metrics)} metric points, "
+            f"{len(history.alerts)} alerts, {len(history.states)} state changes, "
+            f"{len(history.checkpoints)} checkpoints"
+        )
+    return 0
+
+
+def _write(client: Any, run_id: str, history: RunHistory) -> list[Any]:
+    """Log the history into the MLflow run and end it; the metrics written."""
+    from mlflow.entities import Metric, Param, RunTag
+
     metrics = [
         Metric(key(name), value, int(ts * 1000), step)
         for step, ts, row in history.rows()
@@ -78,24 +113,7 @@ def run(args: argparse.Namespace, term: Terminal) -> int:
         client.log_dict(run_id, records, f"runwatch/{name}.json")
     final = "FAILED" if history.final_state == "FAILED" else "FINISHED"
     client.set_terminated(run_id, status=final)
-    summary = {
-        **history.summary(),
-        "target": "mlflow",
-        "tracking_uri": client.tracking_uri,
-        "experiment_id": experiment_id,
-        "mlflow_run_id": run_id,
-        "metric_points": len(metrics),
-    }
-    if args.json:
-        term.json(summary)
-    else:
-        term.info(
-            f"exported run {history.run_id} to MLflow run {run_id} ({client.tracking_uri}): "
-            f"{len(history.steps)} steps, {len(metrics)} metric points, "
-            f"{len(history.alerts)} alerts, {len(history.states)} state changes, "
-            f"{len(history.checkpoints)} checkpoints"
-        )
-    return 0
+    return metrics
 
 
 def _tags(history: RunHistory) -> dict[str, str]:

@@ -113,3 +113,26 @@ def test_a_checkpoint_file_is_referenced_only_under_the_given_root(tmp_path: Pat
     for hostile in (str(secret), str(root / ".." / "secret.txt"), str(root / "link"), "/etc"):
         assert _checkpoint_file(hostile, str(root)) is None, hostile
     assert _checkpoint_file(str(root / "step-10"), str(root)) is None  # a directory: not walked
+
+
+def test_mlflow_keys_are_normalized_relative_paths() -> None:
+    """A customer's metric named ``../../m`` failed the whole MLflow export (red-team
+    round four); MLflow's own validator accepts every key made here."""
+    import pytest
+
+    validation = pytest.importorskip("mlflow.utils.validation")
+    for name, expected in (
+        ("../../m", "__/__/m"),
+        ("/abs/m", "_/abs/m"),
+        ("a//b/.", "a/_/b/_"),
+        ("actor/entropy", "actor/entropy"),
+    ):
+        assert key(name) == expected
+        validation._validate_metric_name(key(name))
+
+
+def test_another_tenants_events_on_the_run_id_are_left_out_of_the_export() -> None:
+    mine = [_step(1, 0.1), _step(2, 0.2)]
+    theirs = _step(3, 9.9).model_copy(update={"tenant_id": "mallory"})
+    h = collect("r", [*mine, theirs])
+    assert h.tenant_id == "acme" and h.foreign == 1 and sorted(h.steps) == [1, 2]
