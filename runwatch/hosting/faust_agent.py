@@ -2,7 +2,8 @@
 
 :func:`fold_records` does for one raw record exactly what every host does
 (:mod:`runwatch.hosting.core`): decode (a bad record goes to ``runwatch.dead-letters``),
-refuse an event whose run id is another tenant's (its dead letter is sent instead),
+refuse an event whose run id is another tenant's (the first event of a run the agent folds
+pins it for all its folds; a refused one's dead letter is sent instead),
 dedupe by event id within the key's slot, apply, and encode the derived events with the
 runwatch codec. Same slots, same window, same fold: the same derived events, ids included,
 as the embedded host and the replay (a unit test compares them).
@@ -113,14 +114,50 @@ def fold_record(
 Hosted = tuple[Fold[Any], Any, SlotCache]  # a fold, its table, its live slots
 
 
+class Owners:
+    """Which tenant each run id belongs to, for one agent's folds: the first event of a run
+    the agent folded pins it for all of them (as :class:`~runwatch.hosting.host.Host`
+    does). The pins persist in the slots (tables); this caches them by run id."""
+
+    def __init__(self, hosted: Sequence[Hosted]) -> None:
+        self.hosted = list(hosted)
+        self._by_run: dict[str, str] = {}
+
+    def of(self, event: EventBase) -> str:
+        """The tenant ``event``'s run belongs to (``event``'s own for a new run)."""
+        run = event.run_id
+        owner = self._by_run.get(run)
+        if owner is None:
+            key = run.encode()
+            for fold, table, cache in self.hosted:
+                raw = table.get(key)
+                tenant = cache.get(fold, key, raw).tenant if raw is not None else None
+                if tenant is not None:
+                    owner = tenant
+                    break
+            owner = self._by_run[run] = owner or event.tenant_id
+        return owner
+
+
 def fold_records(
-    hosted: Sequence[Hosted], topic: str, partition: int, offset: int, raw: bytes
+    hosted: Sequence[Hosted],
+    topic: str,
+    partition: int,
+    offset: int,
+    raw: bytes,
+    owners: Owners | None = None,
 ) -> Folded:
     """Decode one raw record once and fold it into each of ``hosted`` (the folds of the
-    agent that read ``topic``); everything they derived, and every table write."""
+    agent that read ``topic``); everything they derived, and every table write.
+    ``owners``: the agent's run pins (None: each fold's slot pins on its own)."""
     event = decode_fast(raw)
     if isinstance(event, DeadLetter):
         return Folded([(DEAD_LETTER_TOPIC, None, event.located(topic, partition, offset).encode())])
+    if owners is not None:
+        owner = owners.of(event)
+        if owner != event.tenant_id:  # another tenant's run: not folded by any fold
+            letter = foreign_letter(event, owner, topic, partition, offset)
+            return Folded([(DEAD_LETTER_TOPIC, None, letter.encode())])
     parts = [fold_event(fold, table, cache, event) for fold, table, cache in hosted]
     outputs = [out for part in parts for out in part]
     owner = next((p.refused_by for p in parts if p.refused_by is not None), None)
@@ -146,12 +183,13 @@ def fold_agent(app: Any, hosted: Sequence[Hosted], source: Any, sinks: Mapping[s
         for topic in h[0].inputs:
             routes.setdefault(topic, []).append(h)
     name = "+".join(h[0].name for h in hosted)
+    owners = Owners(hosted)
 
     @app.agent(source, name=f"runwatch.{name}")
     async def agent(stream: Any) -> None:
         async for ev in stream.events():
             m = ev.message
-            folded = fold_records(routes[m.topic], m.topic, m.partition, m.offset, ev.value)
+            folded = fold_records(routes[m.topic], m.topic, m.partition, m.offset, ev.value, owners)
             pending = [await sinks[t].send(key=k, value=v) for t, k, v in folded]
             for delivery in pending:
                 await delivery  # acknowledged by the broker before the slots are stored

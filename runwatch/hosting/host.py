@@ -8,9 +8,10 @@ options, apply only the shard's runs (``owns``), hold it at the terminal barrier
 (``barrier``, :mod:`runwatch.hosting.barrier`), fold it into its run's view (``view``,
 :class:`projections.materializer.Materializer`: a foreign tenant's claim stops it there);
 then every fold of its topic folds it (:class:`~runwatch.hosting.core.HostedFold`; with
-``dedupe``, once per event id, and only if the run's slot is the event's tenant's: another
-tenant's claim on a run id is refused and dead-lettered) and what it derives goes to the
-view and out.
+``dedupe``, once per event id, and only if the run is the event's tenant's: the first
+event of a run this host folds, on any topic, pins it for every fold; another tenant's
+claim on the run id is refused and dead-lettered) and what it derives goes to the view and
+out.
 :meth:`Host.checkpoint` commits fold states, positions, held records and the view's batch
 through the host's store (:mod:`runwatch.hosting.stores`) in one atomic write.
 
@@ -73,6 +74,10 @@ class Host:
         self.dead_letters: list[DeadLetter] = []
         #: records refused (their run id is another tenant's; each is a dead letter too)
         self.refused = 0
+        #: run id -> the tenant it belongs to, for hosts of deduplicating folds (the
+        #: processors): the first event of the run this host folded, whatever fold or
+        #: topic, pins it for every fold (kept in the slots: see :meth:`_pin`)
+        self.owners: dict[str, str] | None = {} if any(hf.dedupe for hf in self.folds) else None
         #: the record being applied (where a refused one is located)
         self._at: Record | None = None
         #: when a list: a tag per derived event out, ``(fold index, source, rank)`` —
@@ -226,6 +231,14 @@ class Host:
             target = view.admit(topic, ev)
             if target is None:
                 return  # a run id claimed by another tenant: never merged
+        owners = self.owners
+        if owners is not None:  # the run's tenant, for every fold (one dict lookup)
+            owner = owners.get(ev.run_id)
+            if owner is None:
+                owner = self._pin(ev)
+            if owner != ev.tenant_id:
+                self._refuse(topic, ev, owner)
+                return
         duplicate = False
         owner = None
         plan = self.folds.plans.get(topic)
@@ -272,6 +285,21 @@ class Host:
             self.duplicates += 1
         if owner is not None:
             self._refuse(topic, ev, owner)
+
+    def _pin(self, ev: EventBase) -> str:
+        """The tenant ``ev``'s run belongs to: the one a slot of the run was pinned to
+        (any fold of this host; after a restart the slots are where the pins persist),
+        else ``ev``'s own, pinned now."""
+        run = ev.run_id
+        owner = None
+        for hf in self.folds:
+            slot = hf.slots.get(run) if hf.dedupe else None
+            if slot is not None and slot.tenant is not None:
+                owner = slot.tenant
+                break
+        owner = owner or ev.tenant_id
+        self.owners[run] = owner  # type: ignore[index]
+        return owner
 
     def _refuse(self, topic: str, ev: EventBase, owner: str) -> None:
         """Dead-letter ``ev``: its run id is ``owner``'s, not its tenant's (once per record,

@@ -21,7 +21,7 @@ from producers.commands import CommandFeed, write_command
 from producers.sinks import MemorySink
 from runwatch.folds import processor_folds
 from runwatch.hosting.core import HostedFold, dump_slot, load_slot
-from runwatch.hosting.faust_agent import SlotCache, fold_records
+from runwatch.hosting.faust_agent import Owners, SlotCache, fold_records
 from runwatch.hosting.host import Host
 from runwatch.hosting.stores import NoState
 from stream_processors.detectors import RunHealthFold
@@ -123,6 +123,7 @@ def test_the_faust_agent_refuses_the_same_records_and_sends_one_dead_letter_each
     forged = _forged(events)
     folds = processor_folds()
     hosted = {f.name: (f, {}, SlotCache()) for f in folds}
+    owners = Owners(list(hosted.values()))
     sent: list[tuple[str, bytes | None, bytes]] = []
     writes_before_forgery = None
     for i, ev in enumerate([*events, *forged]):
@@ -130,7 +131,7 @@ def test_the_faust_agent_refuses_the_same_records_and_sends_one_dead_letter_each
             writes_before_forgery = {n: dict(h[1]) for n, h in hosted.items()}
         topic = type(ev).TOPIC
         mine = [hosted[f.name] for f in folds if topic in f.inputs]
-        folded = fold_records(mine, topic, 0, i, encode(ev))
+        folded = fold_records(mine, topic, 0, i, encode(ev), owners)
         sent.extend(folded)
         folded.store()
     letters = [
@@ -178,3 +179,61 @@ def test_the_trainer_follows_only_commands_naming_its_own_tenant() -> None:
     assert isinstance(cmd, PauseRequested) and cmd.tenant_id == "victim"
     # without a tenant (a feed of an older caller), every command for the run id is followed
     assert len(CommandFeed(sink, RUN).poll()) == 2
+
+
+def _step_first_run() -> tuple[list[EventBase], EventBase, list[EventBase]]:
+    """The victim's submission, then another tenant's step on the run id (telemetry: a
+    topic the controller does not read, and accounting reads only), then the victim's
+    steps."""
+    events = _victim()
+    cut = next(i for i, e in enumerate(events) if e.TOPIC == "runwatch.telemetry")
+    head, tail = events[:cut], events[cut:]
+    assert head and {e.TOPIC for e in head} == {"runwatch.lifecycle"}
+    step = next(e for e in tail if isinstance(e, TrainerStepCompleted))
+    forged = step.model_copy(update={"event_id": uuid.uuid4(), "tenant_id": "attacker"})
+    return head, forged, tail
+
+
+def test_the_first_event_of_a_run_pins_it_for_every_fold_of_the_host() -> None:
+    """Round four, second pass: pins were per fold, so a fold that had not seen the run
+    yet (accounting reads telemetry only) was pinned by another tenant's first step
+    there, and the victim's whole bill went to the attacker."""
+    head, forged, tail = _step_first_run()
+    host, out = _host_run([*head, forged, *tail])
+    assert host.refused == 1 and host.dead_letters[0].raw == encode(forged)
+    bills = [e for e in out if isinstance(e, TenantUsageUpdated)]
+    assert bills and {b.tenant_id for b in bills} == {"victim"}
+    assert len(bills) == sum(1 for e in tail if isinstance(e, TrainerStepCompleted))
+    # after a restart the pin comes back from the slots (any fold's)
+    again = Host(processor_folds(), NoState())
+    for hf, old in zip(again.folds, host.folds):
+        hf.slots.update(
+            {k: load_slot(hf.fold, dump_slot(old.fold, v)) for k, v in old.slots.items()}
+        )
+    again.process_events([(type(forged).TOPIC, 0, forged)])
+    assert again.refused == 1
+
+
+def test_the_faust_agent_pins_a_run_for_all_its_folds_too() -> None:
+    head, forged, tail = _step_first_run()
+    folds = processor_folds()
+    hosted = {f.name: (f, {}, SlotCache()) for f in folds}
+    owners = Owners(list(hosted.values()))
+    sent: list[tuple[str, bytes | None, bytes]] = []
+    for i, ev in enumerate([*head, forged, *tail]):
+        topic = type(ev).TOPIC
+        mine = [hosted[f.name] for f in folds if topic in f.inputs]
+        folded = fold_records(mine, topic, 0, i, encode(ev), owners)
+        sent.extend(folded)
+        folded.store()
+    dead = [DeadLetter.model_validate_json(v) for t, _, v in sent if t == "runwatch.dead-letters"]
+    assert [d.raw for d in dead] == [encode(forged)]
+    bills = [
+        TenantUsageUpdated.model_validate_json(v)
+        for t, _, v in sent
+        if t == "runwatch.tenant-usage"
+    ]
+    assert bills and {b.tenant_id for b in bills} == {"victim"}
+    # a fresh agent (a restart, a rebalance) finds the pin in the tables
+    fresh = Owners([(f, table, SlotCache()) for f, table, _ in hosted.values()])
+    assert fresh.of(forged) == "victim"
