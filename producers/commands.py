@@ -271,6 +271,9 @@ def issue(
             e for e in reader.iter_events(topics) if isinstance(e, EventBase) and e.run_id == run_id
         ]
     owner = facts[0].tenant_id if facts else (tenant_id or "")
+    # a run id is its first tenant's: another tenant's facts on it (a forged RunFailed)
+    # must not decide the run's phase
+    facts = [f for f in facts if f.tenant_id == owner]
     foreign = tenant_id is not None and owner != tenant_id
     return write_command(
         EmbeddedSink(EmbeddedLog(root)),  # appends to the control topic only

@@ -51,16 +51,22 @@ def make_emitter(
     )
 
 
-def run_events(log_dir: Path, run_id: str) -> Iterator[EventBase]:
-    """Every decodable event of ``run_id`` on the run topics, in log order."""
+def run_events(log_dir: Path, run_id: str, tenant_id: str | None = None) -> Iterator[EventBase]:
+    """Every decodable event of ``run_id`` on the run topics, in log order, of the run's
+    tenant only: ``tenant_id``, or else the tenant of the run's first event (a run id is
+    its first tenant's, as in the processors' hosts: another tenant's forged
+    ``RunCancelled`` or steps on the id must not end or steer the resume)."""
     from events.log.embedded import EmbeddedLog
 
     log = EmbeddedLog(log_dir, readonly=True)
     log.open_sync()
     topics = [t for t in RUN_TOPICS if t in log.topic_names()]
+    owner = tenant_id
     for ev in log.iter_events(topics):
         if isinstance(ev, EventBase) and ev.run_id == run_id:
-            yield ev
+            owner = owner or ev.tenant_id
+            if ev.tenant_id == owner:
+                yield ev
 
 
 def recorded_steps(events: list[EventBase]) -> dict[int, TrainerStepCompleted]:

@@ -436,7 +436,8 @@ def _resume_locked(
     sink: EventSink | None,
     progress: Callable[[str], None] | None,
 ) -> tuple[GateResult, Trainer | None]:
-    events = list(run_events(log_dir, run_id))  # re-read under the lock: the final record
+    # re-read under the lock (the final record), the config's tenant's only
+    events = list(run_events(log_dir, run_id, cfg.tenant_id))
     if any(isinstance(e, RunCompleted) for e in events):
         raise ResumeError(f"run {run_id!r} already completed; nothing to resume")
     if any(isinstance(e, RunCancelled) for e in events):

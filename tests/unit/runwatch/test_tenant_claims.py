@@ -9,6 +9,7 @@ host's core and the faust agent's record handler on dict tables, which must agre
 from __future__ import annotations
 
 import uuid
+from pathlib import Path
 
 import msgpack
 
@@ -26,6 +27,7 @@ from runwatch.hosting.host import Host
 from runwatch.hosting.stores import NoState
 from stream_processors.detectors import RunHealthFold
 from stream_processors.detectors.scenarios import synthetic_run
+from tests.event_samples import sample
 
 RUN = "shared-run"
 
@@ -237,3 +239,34 @@ def test_the_faust_agent_pins_a_run_for_all_its_folds_too() -> None:
     # a fresh agent (a restart, a rebalance) finds the pin in the tables
     fresh = Owners([(f, table, SlotCache()) for f, table, _ in hosted.values()])
     assert fresh.of(forged) == "victim"
+
+
+def test_another_tenants_lifecycle_facts_decide_neither_commands_nor_resumes(
+    tmp_path: Path,
+) -> None:
+    """Round four, second pass: a forged ``RunFailed`` under another tenant on a live
+    run's id made an operator's cancel refused ("the run has already ended"), and would
+    have made ``runwatch resume`` refuse the run."""
+    from events import RunFailed, RunStarted
+    from events.log.embedded import EmbeddedLog
+    from producers.commands import issue
+    from trainer.publish import run_events
+
+    log = EmbeddedLog(tmp_path / "log", sync=False)
+    log.open_sync()
+    events = _victim()
+    submitted = next(e for e in events if e.type == "RunSubmitted")
+    started = [
+        submitted,
+        sample(RunStarted, 1, run_id=RUN).model_copy(update={"tenant_id": "victim"}),
+    ]
+    forged = sample(RunFailed, 99, run_id=RUN).model_copy(update={"tenant_id": "attacker"})
+    log.append_events_sync([*started, forged])
+    done = issue(tmp_path / "log", RUN, "cancel", actor="operator", principal="ops")
+    assert done.refused == "" and done.tenant_id == "victim"
+    mine = list(run_events(tmp_path / "log", RUN))
+    assert [e.type for e in mine if e.TOPIC == "runwatch.lifecycle"] == [
+        "RunSubmitted",
+        "RunStarted",
+    ]
+    assert list(run_events(tmp_path / "log", RUN, "attacker")) == [forged]
