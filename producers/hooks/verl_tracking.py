@@ -37,6 +37,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from producers.hooks.hook import RunwatchHook
+from producers.hooks.ids import id_from_name
 
 BACKEND = "runwatch"
 TRACKER_FILE = "latest_checkpointed_iteration.txt"
@@ -86,7 +87,10 @@ class RunwatchTracking:
         gpus = _gpus(trainer)
         if gpus is not None:
             settings.setdefault("gpus", gpus)
-        self.hook = RunwatchHook(str(run_id or experiment_name), str(tenant), **settings)
+        # an explicit run id must be valid as it is; verl's experiment name is free text
+        # (``qwen2.5/grpo-gsm8k``): made a valid id rather than failing the training start
+        run = str(run_id) if run_id else id_from_name(str(experiment_name))
+        self.hook = RunwatchHook(run, str(tenant), **settings)
         self.checkpoint_root = _get(trainer, "default_local_dir")
         self._tracker_mtime: float | None = None
         self._tracker_step: int | None = self._read_tracker()[1]  # resumed: not new

@@ -40,14 +40,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def key(name: str) -> str:
     """An MLflow-legal metric / param / tag key (verl's own sanitising: ``@`` -> ``_at_``;
-    MLflow refuses a key that is not a normalized relative path, so empty, ``.`` and
-    ``..`` parts become underscores: a customer's metric named ``../../m`` failed the
-    whole export, leaving the MLflow run RUNNING)."""
+    MLflow refuses a key that is not a normalized relative path, so empty and ``.`` parts
+    and the leading dots of a part starting ``..`` become underscores: a customer's metric
+    named ``../../m`` failed the whole export, leaving the MLflow run RUNNING)."""
     legal = _KEY.sub("_", name.replace("@", "_at_"))
-    return "/".join(p if p not in _NOT_PARTS else "_" * max(1, len(p)) for p in legal.split("/"))
+    return "/".join(_part(p) for p in legal.split("/"))
 
 
-_NOT_PARTS = frozenset({"", ".", ".."})
+def _part(part: str) -> str:
+    """One path part MLflow takes: not empty, not ``.``, not starting with ``..``."""
+    if part in ("", "."):
+        return "_"
+    if part.startswith(".."):
+        dots = len(part) - len(part.lstrip("."))
+        return "_" * dots + part[dots:]
+    return part
 
 
 def run(args: argparse.Namespace, term: Terminal) -> int:

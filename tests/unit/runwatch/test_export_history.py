@@ -116,8 +116,8 @@ def test_a_checkpoint_file_is_referenced_only_under_the_given_root(tmp_path: Pat
 
 
 def test_mlflow_keys_are_normalized_relative_paths() -> None:
-    """A customer's metric named ``../../m`` failed the whole MLflow export (red-team
-    round four); MLflow's own validator accepts every key made here."""
+    """A customer's metric named ``../../m`` (or ``..x``: round four's second pass) failed
+    the whole MLflow export; MLflow's own validator accepts every key made here."""
     import pytest
 
     validation = pytest.importorskip("mlflow.utils.validation")
@@ -126,6 +126,10 @@ def test_mlflow_keys_are_normalized_relative_paths() -> None:
         ("/abs/m", "_/abs/m"),
         ("a//b/.", "a/_/b/_"),
         ("actor/entropy", "actor/entropy"),
+        ("..x", "__x"),
+        ("...", "___"),
+        ("..@", "___at_"),
+        ("a/..b/.c", "a/__b/.c"),
     ):
         assert key(name) == expected
         validation._validate_metric_name(key(name))
