@@ -85,10 +85,14 @@ def run(args: argparse.Namespace, term: Terminal) -> int:
         return 0
     from events.log.embedded import EmbeddedLog
     from runwatch.hosting.embedded import EmbeddedHost
+    from runwatch.hosting.state_journal import DamagedState
 
     log = EmbeddedLog(settings.log_dir(args.log))
     log.open_sync()
-    host = EmbeddedHost(log, folds)
+    try:
+        host = EmbeddedHost(log, folds)
+    except DamagedState as exc:
+        raise Abort(str(exc)) from None
     if args.once:
         stats = host.run_once()
     else:

@@ -15,11 +15,13 @@ Files, beside each other in ``<log>/_groups/``:
 - ``<fold>.state.<G>.journal``: the commits after snapshot G, one JSON object per line,
   ``{"positions": {...}, "slots": {key: base64}}``, appended and fsync'd per commit.
 
-Crash safety: a commit is its whole line. A line cut short by a crash (no newline, or
-not JSON) is a commit that did not happen; it is cut off at the next load, before anything
-is appended. A crash during compaction leaves either the old snapshot and its journal or
-the new snapshot (a journal of another generation is ignored and removed). The positions
-in a line are written with its slots, so they never run ahead of them.
+Crash safety: a commit is its whole line. A last line cut short by a crash (no newline,
+or not a commit) is a commit that did not happen; it is cut off at the next load, before
+anything is appended. A damaged line *before* the last, or a snapshot that is not one, is
+not a crash's doing: the load stops with :class:`DamagedState` saying how to rebuild. A
+crash during compaction leaves either the old snapshot and its journal or the new
+snapshot (a journal of another generation is ignored and removed). The positions in a
+line are written with its slots, so they never run ahead of them.
 
 Time: nothing here reads a clock.
 """
@@ -36,6 +38,25 @@ from events.log.segments import fsync_dir, write_atomically
 #: A journal is folded into a new snapshot once it holds more bytes than the snapshot
 #: (and at least this many).
 MIN_COMPACT_BYTES = 1 << 20
+
+
+class DamagedState(ValueError):
+    """A state file that is not what this module writes, beyond a torn last line: the
+    processor stops and says so rather than guess (see the message for the remedy)."""
+
+
+def _positions(doc: Any) -> dict[str, int]:
+    if not isinstance(doc, dict) or not all(
+        type(n) is int and n >= 0 for n in doc.values()
+    ):  # JSON keys are always strings
+        raise ValueError("positions must map topics to offsets")
+    return {str(t): n for t, n in doc.items()}
+
+
+def _slots(doc: Any) -> dict[str, str]:
+    if not isinstance(doc, dict) or not all(isinstance(v, str) for v in doc.values()):
+        raise ValueError("slots must map keys to base64 text")
+    return dict(doc)
 
 
 class FoldStateFile:
@@ -65,10 +86,15 @@ class FoldStateFile:
             raw = self.snapshot.read_bytes()
         except FileNotFoundError:
             raw = b""
-        doc: dict[str, Any] = json.loads(raw) if raw else {"positions": {}, "slots": {}}
-        self.generation = int(doc.get("journal", 0))
-        self.positions = {str(t): int(n) for t, n in doc["positions"].items()}
-        self.slots = {str(k): str(v) for k, v in doc["slots"].items()}
+        try:
+            doc = json.loads(raw) if raw else {"positions": {}, "slots": {}}
+            generation = doc.get("journal", 0)
+            if type(generation) is not int or generation < 0:
+                raise ValueError("journal must be a generation number")
+            self.positions, self.slots = _positions(doc["positions"]), _slots(doc["slots"])
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise self._damaged(self.snapshot, f"not a state snapshot ({exc})") from None
+        self.generation = generation
         self._snapshot_bytes = len(raw)
         self._journal_bytes = self._replay(self.journal())
         for stale in self.directory.glob(f"{self.fold}.state.*.journal"):
@@ -82,14 +108,19 @@ class FoldStateFile:
         except FileNotFoundError:
             return 0
         good = 0
-        for line in data.splitlines(keepends=True):
-            if not line.endswith(b"\n"):
-                break
+        lines = data.splitlines(keepends=True)
+        for n, line in enumerate(lines, 1):
             try:
+                if not line.endswith(b"\n"):
+                    raise ValueError("cut short")
                 entry = json.loads(line)
-            except ValueError:
+                positions, slots = _positions(entry["positions"]), _slots(entry["slots"])
+            except (ValueError, KeyError, TypeError) as exc:
+                if n < len(lines):  # not a torn last write: later commits follow it
+                    raise self._damaged(path, f"line {n} is damaged ({exc})") from None
                 break
-            self._apply(entry)
+            self.positions.update(positions)
+            self.slots.update(slots)
             good += len(line)
         if good < len(data):  # a commit a crash cut short: it did not happen
             with open(path, "r+b") as f:
@@ -97,9 +128,12 @@ class FoldStateFile:
                 os.fsync(f.fileno())
         return good
 
-    def _apply(self, entry: dict[str, Any]) -> None:
-        self.positions.update({str(t): int(n) for t, n in entry.get("positions", {}).items()})
-        self.slots.update({str(k): str(v) for k, v in entry.get("slots", {}).items()})
+    def _damaged(self, path: Path, what: str) -> DamagedState:
+        return DamagedState(
+            f"{path}: {what}. The fold state of {self.fold!r} cannot be trusted: move its "
+            f"files ({self.fold}.state.*) aside and run again to rebuild it from the log "
+            f"(what it derives again keeps its ids: consumers deduplicate)"
+        )
 
     # -- writing -------------------------------------------------------------------------
 
@@ -107,7 +141,8 @@ class FoldStateFile:
         """Make ``positions`` and the ``changed`` slots (base64) durable, as one commit."""
         entry = {"positions": positions, "slots": changed}
         line = (json.dumps(entry, sort_keys=True) + "\n").encode()
-        self._apply(entry)
+        self.positions.update(positions)
+        self.slots.update(changed)
         if self._journal_bytes + len(line) > max(self._snapshot_bytes, MIN_COMPACT_BYTES):
             self._compact()  # the snapshot now holds this commit too
             return

@@ -55,7 +55,12 @@ class StateFiles:
             state = self._files[hf.name] = FoldStateFile(directory, hf.name, sync=sync)
             state.load()
             loaded.fold_starts[hf.name] = dict(state.positions)
-            loaded.fold_states[hf.name] = {k: base64.b64decode(v) for k, v in state.slots.items()}
+            try:
+                loaded.fold_states[hf.name] = {
+                    k: base64.b64decode(v, validate=True) for k, v in state.slots.items()
+                }
+            except ValueError as exc:
+                raise state._damaged(state.snapshot, f"a slot is not base64 ({exc})") from None
         # the host reads each topic from where its furthest-behind fold stopped
         for topic, hosted in folds.routes.items():
             loaded.positions[(topic, 0)] = min(

@@ -274,6 +274,18 @@ def test_a_killed_processor_resumes_from_its_journal_without_loss_or_repeats(
     assert any(b"kl_blowup" in a for a in stored) and any(b"nan_metric" in a for a in stored)
 
 
+def test_a_snapshot_that_is_not_one_stops_the_processor_with_the_remedy(tmp_path: Path) -> None:
+    """A damaged fold state stops ``runwatch process`` with the remedy, not a traceback."""
+    log = EmbeddedLog(tmp_path / "log", sync=False)
+    log.open_sync()
+    groups = tmp_path / "log" / "_groups"
+    groups.mkdir(exist_ok=True)
+    (groups / "run-health.state.json").write_text('{"positions": [], "slots": {}}')
+    done = _cli("process", "--log", str(tmp_path / "log"), "--once")
+    assert done.returncode != 0 and "bug in runwatch" not in done.stderr
+    assert "not a state snapshot" in done.stderr and "rebuild it from the log" in done.stderr
+
+
 def _append_in_order(log: EmbeddedLog, events: list) -> None:
     """Append keeping the cross-topic order (one write per run of same-topic events)."""
     for _, group in itertools.groupby(events, key=lambda e: type(e).TOPIC):

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 import runwatch.hosting.state_journal as journal_mod
-from runwatch.hosting.state_journal import FoldStateFile
+from runwatch.hosting.state_journal import DamagedState, FoldStateFile
 
 
 def _b64(i: int) -> str:
@@ -87,3 +87,26 @@ def test_a_snapshot_written_before_journals_loads_as_generation_zero(tmp_path: P
     state.commit({"t": 6}, {"b": _b64(2)})
     again = _fresh(tmp_path)
     assert again.positions == {"t": 6} and again.slots == {"a": _b64(1), "b": _b64(2)}
+
+
+@pytest.mark.parametrize(
+    "line",
+    [b"[1, 2]", b'{"positions": {"t": "x"}, "slots": {}}', b'{"positions": {"t": 1e400}}',
+     b"null", b'{"positions": {}, "slots": {"a": 7}}', b"not json"],
+)  # fmt: skip
+def test_a_damaged_line_before_the_last_stops_the_load_and_says_how_to_rebuild(
+    tmp_path: Path, line: bytes
+) -> None:
+    """Round four, second pass: a valid-JSON line of the wrong shape crashed the load with
+    a traceback, and a damaged line in the middle silently dropped every later commit."""
+    state = _fresh(tmp_path)
+    state.commit({"t": 1}, {"a": _b64(1)})
+    good = state.journal().read_bytes()
+    state.journal().write_bytes(good + line + b"\n" + good)
+    with pytest.raises(DamagedState, match=r"line 2 is damaged.*rebuild it from the log"):
+        _fresh(tmp_path)
+    assert state.journal().read_bytes() == good + line + b"\n" + good  # left as found
+    # the same line as the last one is a torn write: cut off, the commits before kept
+    state.journal().write_bytes(good + line + b"\n")
+    again = _fresh(tmp_path)
+    assert again.positions == {"t": 1} and state.journal().read_bytes() == good
