@@ -97,8 +97,13 @@ def run(args: argparse.Namespace, term: Terminal) -> int:
         events = _from_log(source, args, info, derived, term)
     states: dict[str, Any] = {}
     dedupe = Deduplicator()
+    owners: dict[str, str] = {}  # a run id is its first tenant's, as in the processors
+    foreign = 0
     for ev in events:
         if args.run_id and ev.run_id != args.run_id:
+            continue
+        if owners.setdefault(ev.run_id, ev.tenant_id) != ev.tenant_id:
+            foreign += 1
             continue
         if not dedupe.first_time(ev.event_id):
             continue
@@ -116,6 +121,9 @@ def run(args: argparse.Namespace, term: Terminal) -> int:
                 "step-less trace event(s) were not profiled"
             )
     info["duplicates"] = dedupe.duplicates
+    info["foreign"] = foreign
+    if foreign:
+        term.warn(f"{foreign} trace event(s) of another tenant on a run id were not profiled")
     if import_report is not None:
         info["import"] = import_report.as_dict()
         for issue in import_report.issues[:10]:

@@ -211,3 +211,25 @@ def test_a_log_holding_only_derived_profiles_is_shown_as_it_is(
     assert doc["kind"] == "log-profiles"
     assert [(s["step"], s["worker"]) for s in doc["runs"][0]["stragglers"]] == [(3, "2")]
     assert len(doc["runs"][0]["rollout_batches"]) == 5
+
+
+def test_another_tenants_traces_on_a_run_id_are_not_profiled(
+    traces: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Round four, second pass: another tenant's imported traces on the run id made
+    stragglers and steps in the run's profile (the processors refused them already)."""
+    log = str(tmp_path / "log")
+    for tenant, src in (("acme", traces), ("mallory", tmp_path / "other")):
+        if tenant == "mallory":
+            write_synthetic_traces(src, steps=6, workers=3, requests_per_worker=5, seed=9)
+        code, _, err = run_cli(capsys, "import", "traces", str(src), "--run-id", "exp-1",
+                               "--tenant", tenant, "--to", log)  # fmt: skip
+        assert code == 0, err
+    code, out, err = run_cli(capsys, "profile", log, "--no-plots", "--json")
+    mixed = json.loads(out)
+    code2, out2, _ = run_cli(
+        capsys, "profile", str(traces), "--no-plots", "--json", "--tenant", "acme"
+    )
+    alone = json.loads(out2)
+    assert code == code2 == 0 and mixed["foreign"] > 0 and "another tenant" in err
+    assert mixed["runs"][0]["steps"] == alone["runs"][0]["steps"]
