@@ -5,11 +5,14 @@ A *slot* is one key's hosted state: the fold's state plus the ids of the last
 producer retry may append one twice). Every host keeps the same slots with the same window,
 so they absorb the same duplicates and emit the same derived events.
 
-A slot also holds the tenant its run belongs to: the tenant of the first event folded into
-it. An event naming another tenant for the same run id is *refused* (:func:`foreign_owner`),
-never folded: another tenant's producer (a customer's hook that picked the same run id, by
-accident or to pause someone else's run) cannot feed a run's detectors, controller or bill.
-The hosts dead-letter the refused record (:func:`foreign_letter`, kind ``foreign_tenant``).
+A slot also holds the tenant its run belongs to. A host pins a run once for all its folds
+(the tenant of the first event of the run it folds, on any topic: ``Host.owners``, the
+faust agent's ``Owners``) and every slot keeps that tenant, which is where the pin
+persists. An event naming another tenant for the run id is *refused*, never folded:
+another tenant's producer (a customer's hook that picked the same run id, by accident or
+to pause someone else's run) cannot feed a run's detectors, controller or bill. The hosts
+dead-letter the refused record (:func:`foreign_letter`, kind ``foreign_tenant``); a host
+of one fold (the notifier, the trajectory tail) checks the slot (:func:`foreign_owner`).
 The read model's view pins its runs the same way (``projections.materializer``).
 
 - :class:`HostedFold`: one fold in a host, its slots by key, the keys changed since the
