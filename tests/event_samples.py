@@ -64,3 +64,28 @@ def sample(cls: type[EventBase], i: int = 0, run_id: str = "run-1") -> EventBase
 
 def all_samples() -> list[EventBase]:
     return [sample(cls, i) for i, cls in enumerate(sorted(event_classes().values(), key=str))]
+
+
+def forged_steps(
+    events: list[EventBase], run_id: str, tenant: str, n: int = 3, **changes: Any
+) -> list[EventBase]:
+    """``n`` steps of ``tenant`` on ``run_id``'s id, past the run's last
+    ``TrainerStepCompleted`` in ``events``, with a reward ten times the run's (and
+    ``changes``): folded into the run they page ``reward_explosion_collapse`` and the
+    controller pauses it. What another tenant's producer forges in the tenant tests."""
+    last = [e for e in events if e.type == "TrainerStepCompleted" and e.run_id == run_id][-1]
+    assert last.step is not None
+    reward = 10 * (getattr(last, "reward_mean", None) or 1.0)
+    return [
+        last.model_copy(
+            update={
+                "event_id": uuid.uuid4(),
+                "tenant_id": tenant,
+                "step": last.step + 1 + i,
+                "ts": last.ts + 1 + i,
+                "reward_mean": reward,
+                **changes,
+            }
+        )
+        for i in range(n)
+    ]

@@ -23,7 +23,6 @@ from pathlib import Path
 import pytest
 from aiokafka import AIOKafkaConsumer
 
-from events import TrainerStepCompleted
 from events.codec import decode, encode
 from events.dead_letter import DeadLetter
 from events.envelope import EventBase
@@ -33,6 +32,7 @@ from events.topics import DEAD_LETTER_TOPIC
 from runwatch.folds import processor_folds
 from runwatch.hosting.embedded import EmbeddedHost
 from stream_processors.detectors.scenarios import synthetic_run
+from tests.event_samples import forged_steps
 
 pytestmark = [pytest.mark.kafka, pytest.mark.timeout(420)]
 
@@ -47,26 +47,8 @@ def _input(tag: str) -> list[EventBase]:
         )
         events.extend(run)
     events.extend(events[200:230])  # a producer retry: same ids again
-    return events + _forged(f"kafka-{tag}-ok", events)
-
-
-def _forged(run_id: str, events: list[EventBase]) -> list[EventBase]:
-    """Another tenant's steps on the healthy run's id, past its last step, with a reward
-    ten times the run's: folded into the run they would page (and pause) it."""
-    last = [e for e in events if isinstance(e, TrainerStepCompleted) and e.run_id == run_id][-1]
-    assert last.step is not None and last.reward_mean is not None
-    return [
-        last.model_copy(
-            update={
-                "event_id": uuid.uuid4(),
-                "tenant_id": "mallory",
-                "step": last.step + 1 + i,
-                "ts": last.ts + 1 + i,
-                "reward_mean": 10 * last.reward_mean,
-            }
-        )
-        for i in range(3)
-    ]
+    # another tenant's steps on the healthy run's id: folded, they would page and pause it
+    return events + forged_steps(events, f"kafka-{tag}-ok", "mallory")
 
 
 def _embedded_alerts(events: list[EventBase], root: Path) -> list[bytes]:

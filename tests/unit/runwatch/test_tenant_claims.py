@@ -27,7 +27,7 @@ from runwatch.hosting.host import Host
 from runwatch.hosting.stores import NoState
 from stream_processors.detectors import RunHealthFold
 from stream_processors.detectors.scenarios import synthetic_run
-from tests.event_samples import sample
+from tests.event_samples import forged_steps, sample
 
 RUN = "shared-run"
 
@@ -38,24 +38,8 @@ def _victim() -> list[EventBase]:
 
 
 def _forged(events: list[EventBase], n: int = 3) -> list[EventBase]:
-    """Tenant ``attacker``'s steps on the victim's run id, after its last step: a reward
-    ten times the run's and a NaN loss, which page ``reward_explosion_collapse`` (and
-    the controller pauses the run) if folded into it."""
-    last = [e for e in events if isinstance(e, TrainerStepCompleted)][-1]
-    assert last.step is not None
-    return [
-        last.model_copy(
-            update={
-                "event_id": uuid.uuid4(),
-                "tenant_id": "attacker",
-                "step": last.step + 1 + i,
-                "ts": last.ts + 1 + i,
-                "loss": float("nan"),
-                "reward_mean": 10 * (last.reward_mean or 1.0),
-            }
-        )
-        for i in range(n)
-    ]
+    """Tenant ``attacker``'s steps on the victim's run id (with a NaN loss too)."""
+    return forged_steps(events, RUN, "attacker", n, loss=float("nan"))
 
 
 def _control(tenant: str) -> list[EventBase]:
