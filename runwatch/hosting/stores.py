@@ -13,7 +13,6 @@
 from __future__ import annotations
 
 import base64
-from pathlib import Path
 from typing import Any
 
 from events.log.embedded import GROUPS_DIR, EmbeddedLog
@@ -41,10 +40,6 @@ class StateFiles:
         self.log = log
         self._inputs: dict[str, tuple[str, ...]] = {}
         self._files: dict[str, FoldStateFile] = {}
-
-    def path(self, fold: str) -> Path:
-        """The fold's snapshot file."""
-        return self.log.root / GROUPS_DIR / f"{fold}.state.json"
 
     def load(self, folds: FoldSet) -> Loaded:
         loaded = Loaded()
