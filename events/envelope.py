@@ -39,6 +39,7 @@ from pydantic import (
     ConfigDict,
     Field,
     PlainSerializer,
+    WithJsonSchema,
     model_validator,
 )
 
@@ -121,10 +122,36 @@ def check_name(value: str) -> str:
     return _passed(PASSED_NAMES, value)
 
 
-#: A tenant or run id (:func:`check_id`).
-Identifier = Annotated[str, AfterValidator(check_id)]
+#: A tenant or run id (:func:`check_id`; the exported JSON schema says the same rule, for
+#: producers in other languages).
+Identifier = Annotated[
+    str,
+    AfterValidator(check_id),
+    WithJsonSchema(
+        {
+            "type": "string",
+            "maxLength": MAX_ID_CHARS,
+            "not": {
+                "anyOf": [
+                    {"pattern": "[\\u0000-\\u001f\\u007f-\\u009f/\\\\]"},
+                    {"enum": [".", ".."]},
+                ]
+            },
+        }
+    ),
+]
 #: A producer's name (:func:`check_name`).
-ProducerName = Annotated[str, AfterValidator(check_name)]
+ProducerName = Annotated[
+    str,
+    AfterValidator(check_name),
+    WithJsonSchema(
+        {
+            "type": "string",
+            "maxLength": MAX_NAME_CHARS,
+            "not": {"pattern": "[\\u0000-\\u001f\\u007f-\\u009f]"},
+        }
+    ),
+]
 #: Event time: unix seconds, finite.
 EventTime = Annotated[float, Field(allow_inf_nan=False)]
 
