@@ -26,7 +26,8 @@ backoff does not hold back the run's later ones). Redirects are not followed (a 
 failure); an answer body is read up to 64 KiB (to keep the connection alive), no further.
 
 Crash safety (at-least-once, nothing lost): the state file holds the positions and every
-run's pending notifications and attempt counts, written before the group commits; records
+run's pending notifications and attempt counts (a snapshot and a journal of saves beside
+it: :mod:`runwatch.hosting.state_journal`), written before the group commits; records
 before the stored positions are skipped. After a ``kill -9`` the restarted notifier reads
 its uncommitted tail again (the fold absorbs what it already knew) and sends nothing until
 it has read every input up to where it ended at the start (``catch_up_s`` at most), so the
@@ -51,7 +52,6 @@ import asyncio
 import base64
 import contextlib
 import dataclasses
-import json
 import logging
 import os
 import time
@@ -71,7 +71,6 @@ from events.codec import decode, records_by_topic
 from events.dead_letter import DeadLetter
 from events.envelope import EventBase
 from events.log.base import LogBackend, Record
-from events.log.segments import write_atomically
 from projections.keys import Webhook, load_webhooks
 from runwatch.hosting.core import (
     Slot,
@@ -81,6 +80,7 @@ from runwatch.hosting.core import (
     load_slot,
     new_slot,
 )
+from runwatch.hosting.state_journal import FoldStateFile
 from stream_processors.notify import NotifierFold, NotifyPolicy, Pending, attempt_event, due
 from stream_processors.notify.payload import KINDS
 from stream_processors.notify.signing import (
@@ -243,7 +243,7 @@ class Notifier:
         self.stats = NotifierStats()
         self.positions: dict[str, int] = {}  # "topic:partition" -> next offset
         self.slots: dict[str, Slot] = {}
-        self._slot_bytes: dict[str, str] = {}
+        self._state: FoldStateFile | None = None
         self._dirty: set[str] = set()
         self._active: set[str] = set()  # runs with pending notifications
         #: run -> its notification being sent (or sent, its attempt not yet recorded)
@@ -267,29 +267,27 @@ class Notifier:
         path = self.settings.state_path
         if path is None:
             return
-        try:
-            doc = json.loads(Path(path).read_text())
-        except FileNotFoundError:
-            return
-        self.positions = {str(k): int(v) for k, v in doc["positions"].items()}
-        self._slot_bytes = {str(k): str(v) for k, v in doc["slots"].items()}
-        for key, raw in self._slot_bytes.items():
+        self._state = FoldStateFile(Path(path), self.fold.name)
+        self._state.load()
+        self.positions = dict(self._state.positions)
+        for key, raw in self._state.slots.items():
             slot = self.slots[key] = load_slot(self.fold, base64.b64decode(raw))
             if slot.state.pending:
                 self._active.add(key)
 
     def save(self) -> None:
-        """Write positions and every changed slot (atomically: temp file, fsync, rename)."""
-        path = self.settings.state_path
-        if path is None:
+        """Make the positions and the changed slots durable: one journal line beside the
+        state file's snapshot (:mod:`runwatch.hosting.state_journal`: a save writes what
+        changed, not every run's state)."""
+        if self._state is None:
             self._dirty.clear()
             return
-        for key in self._dirty:
-            raw = dump_slot(self.fold, self.slots[key])
-            self._slot_bytes[key] = base64.b64encode(raw).decode()
+        changed = {
+            key: base64.b64encode(dump_slot(self.fold, self.slots[key])).decode()
+            for key in self._dirty
+        }
         self._dirty.clear()
-        doc = {"fold": self.fold.name, "positions": self.positions, "slots": self._slot_bytes}
-        write_atomically(Path(path), json.dumps(doc, sort_keys=True).encode())
+        self._state.commit(dict(self.positions), changed)
 
     # -- folding --------------------------------------------------------------------------
     def _apply(self, event: EventBase) -> Sequence[EventBase]:

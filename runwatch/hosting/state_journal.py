@@ -28,6 +28,7 @@ Time: nothing here reads a clock.
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 from pathlib import Path
@@ -62,11 +63,14 @@ def _slots(doc: Any) -> dict[str, str]:
 class FoldStateFile:
     """The snapshot and journal of one fold (see the module docstring). One writer."""
 
-    def __init__(self, directory: Path, fold: str, *, sync: bool = True) -> None:
-        self.directory = directory
+    def __init__(self, snapshot: Path, fold: str, *, sync: bool = True) -> None:
+        """``snapshot``: the snapshot file (the journals lie beside it, named after it:
+        ``x.state.json`` -> ``x.state.<G>.journal``); ``fold``: the fold's name."""
+        self.directory = snapshot.parent
         self.fold = fold
         self.sync = sync
-        self.snapshot = directory / f"{fold}.state.json"
+        self.snapshot = snapshot
+        self._base = snapshot.name.removesuffix(".json")
         self.generation = 0
         #: the fold's state as of the last commit: positions and base64 slots by key
         self.positions: dict[str, int] = {}
@@ -76,7 +80,7 @@ class FoldStateFile:
 
     def journal(self, generation: int | None = None) -> Path:
         g = self.generation if generation is None else generation
-        return self.directory / f"{self.fold}.state.{g}.journal"
+        return self.directory / f"{self._base}.{g}.journal"
 
     # -- reading -------------------------------------------------------------------------
 
@@ -97,7 +101,7 @@ class FoldStateFile:
         self.generation = generation
         self._snapshot_bytes = len(raw)
         self._journal_bytes = self._replay(self.journal())
-        for stale in self.directory.glob(f"{self.fold}.state.*.journal"):
+        for stale in self.directory.glob(f"{glob.escape(self._base)}.*.journal"):
             if stale != self.journal():  # a compaction's leftover
                 stale.unlink(missing_ok=True)
 
@@ -131,7 +135,7 @@ class FoldStateFile:
     def _damaged(self, path: Path, what: str) -> DamagedState:
         return DamagedState(
             f"{path}: {what}. The fold state of {self.fold!r} cannot be trusted: move its "
-            f"files ({self.fold}.state.*) aside and run again to rebuild it from the log "
+            f"files ({self._base}.*) aside and run again to rebuild it from the log "
             f"(what it derives again keeps its ids: consumers deduplicate)"
         )
 

@@ -47,7 +47,8 @@ class StateFiles:
         sync = bool(getattr(self.log, "sync", True))
         for hf in folds:
             self._inputs[hf.name] = tuple(hf.fold.inputs)
-            state = self._files[hf.name] = FoldStateFile(directory, hf.name, sync=sync)
+            snapshot = directory / f"{hf.name}.state.json"
+            state = self._files[hf.name] = FoldStateFile(snapshot, hf.name, sync=sync)
             state.load()
             loaded.fold_starts[hf.name] = dict(state.positions)
             try:

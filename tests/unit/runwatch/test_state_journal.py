@@ -22,7 +22,7 @@ def _b64(i: int) -> str:
 
 
 def _fresh(directory: Path) -> FoldStateFile:
-    state = FoldStateFile(directory, "run_health", sync=False)
+    state = FoldStateFile(directory / "run_health.state.json", "run_health", sync=False)
     state.load()
     return state
 
