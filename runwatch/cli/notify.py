@@ -105,7 +105,12 @@ def run(args: argparse.Namespace, term: Terminal) -> int:
         per_tenant_in_flight=args.per_tenant_in_flight,
         start=args.start,
     )
-    notifier = Notifier(backend, book, policy=policy, settings=config)
+    from runwatch.hosting.state_journal import DamagedState
+
+    try:
+        notifier = Notifier(backend, book, policy=policy, settings=config)
+    except DamagedState as exc:
+        raise Abort(str(exc)) from None
     tenants = ", ".join(sorted(book.hooks)) or "none"
     term.progress(f"notifier on {where}: webhooks for {tenants} (Ctrl-C to stop)")
 

@@ -259,6 +259,24 @@ def test_a_malformed_webhook_url_refuses_to_start(tmp_path: Path) -> None:
     )
 
 
+def test_a_damaged_state_file_stops_the_notifier_with_the_remedy(tmp_path: Path) -> None:
+    """The notifier's state is a snapshot plus a journal of saves
+    (``runwatch/hosting/state_journal.py``); one that is not what it writes stops the
+    notifier with how to rebuild, not a traceback."""
+    keys = keys_file(tmp_path, {"acme": "http://127.0.0.1:9/runwatch"})
+    state = tmp_path / "notifier.state.json"
+    state.write_text('{"positions": {"runwatch.alerts:0": "x"}, "slots": {}}')
+    out = subprocess.run(
+        _cli("notify", "--log", str(tmp_path / "log"), "--keys", str(keys), "--state", str(state)),
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 1 and "bug in runwatch" not in out.stderr
+    assert "not a state snapshot" in out.stderr and "rebuild it from the log" in out.stderr
+
+
 def test_a_hanging_receiver_does_not_hold_back_another_tenant(tmp_path: Path) -> None:
     """One tenant's endpoint answers nothing for longer than the timeout; the other
     tenant's notifications still arrive at once, and the hang is recorded as a timeout."""
