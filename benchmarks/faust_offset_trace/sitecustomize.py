@@ -43,10 +43,12 @@ def _install(path: str) -> None:
 
     fold_records = fa.fold_records
 
-    def traced_fold(hosted: Any, topic: str, partition: int, offset: int, raw: bytes) -> Any:
+    def traced_fold(
+        hosted: Any, topic: str, partition: int, offset: int, raw: bytes, *rest: Any
+    ) -> Any:
         if topic == TOPIC:
             note(f"FOLD {partition} {offset}")
-        return fold_records(hosted, topic, partition, offset, raw)
+        return fold_records(hosted, topic, partition, offset, raw, *rest)
 
     fa.fold_records = traced_fold
 
