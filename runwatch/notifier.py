@@ -72,15 +72,9 @@ from events.dead_letter import DeadLetter
 from events.envelope import EventBase
 from events.log.base import LogBackend, Record
 from projections.keys import Webhook, load_webhooks
-from runwatch.hosting.core import (
-    Slot,
-    apply_event,
-    dump_slot,
-    foreign_owner,
-    load_slot,
-    new_slot,
-)
+from runwatch.hosting.core import Slot, apply_event, dump_slot, load_slot, new_slot
 from runwatch.hosting.state_journal import FoldStateFile
+from runwatch.hosting.tenancy import foreign_owner
 from stream_processors.notify import NotifierFold, NotifyPolicy, Pending, attempt_event, due
 from stream_processors.notify.payload import KINDS
 from stream_processors.notify.signing import (

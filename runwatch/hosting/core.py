@@ -5,15 +5,9 @@ A *slot* is one key's hosted state: the fold's state plus the ids of the last
 producer retry may append one twice). Every host keeps the same slots with the same window,
 so they absorb the same duplicates and emit the same derived events.
 
-A slot also holds the tenant its run belongs to. A host pins a run once for all its folds
-(the tenant of the first event of the run it folds, on any topic: ``Host.owners``, the
-faust agent's ``Owners``) and every slot keeps that tenant, which is where the pin
-persists. An event naming another tenant for the run id is *refused*, never folded:
-another tenant's producer (a customer's hook that picked the same run id, by accident or
-to pause someone else's run) cannot feed a run's detectors, controller or bill. The hosts
-dead-letter the refused record (:func:`foreign_letter`, kind ``foreign_tenant``); a host
-of one fold (the notifier, the trajectory tail) checks the slot (:func:`foreign_owner`).
-The read model's view pins its runs the same way (``projections.materializer``).
+A slot also holds the tenant its run belongs to: a host pins a run once for all its folds
+and every slot keeps that tenant, which is where the pin persists
+(:mod:`runwatch.hosting.tenancy`: another tenant's events on the run id are refused).
 
 - :class:`HostedFold`: one fold in a host, its slots by key, the keys changed since the
   last commit, and the events it derived (for a replay that reports them fold by fold).
@@ -36,11 +30,10 @@ from typing import Any
 
 import msgpack
 
-from events.codec import encode
-from events.dead_letter import DeadLetter
 from events.dedupe import Deduplicator
 from events.envelope import EventBase
 from events.fold import Fold
+from runwatch.hosting.tenancy import foreign_owner
 
 #: Event ids remembered per key. A redelivery reaches back at most one uncommitted batch
 #: (the faust app commits every 100 events); folds that must absorb older repeats do it
@@ -97,44 +90,9 @@ def load_slot(fold: Fold[Any], raw: bytes | None) -> Slot:
     return Slot(fold.load_state(doc["state"]), RecentIds.unpack(doc["recent"]), doc.get("tenant"))
 
 
-def foreign_owner(slot: Slot, event: EventBase) -> str | None:
-    """The tenant that owns ``slot``'s run when ``event`` names another one (the event must
-    then not be folded); ``None`` when the event's tenant owns it (an unpinned slot is
-    pinned to it here)."""
-    owner = slot.tenant
-    if owner == event.tenant_id:
-        return None
-    if owner is None:
-        slot.tenant = event.tenant_id
-        return None
-    return owner
-
-
-def foreign_letter(
-    event: EventBase,
-    owner: str,
-    topic: str | None = None,
-    partition: int | None = None,
-    offset: int | None = None,
-) -> DeadLetter:
-    """The dead letter of an event refused because its run id belongs to ``owner``."""
-    return DeadLetter(
-        kind="foreign_tenant",
-        reason=(
-            f"run {event.run_id!r} belongs to tenant {owner!r}; this {event.type} names "
-            f"tenant {event.tenant_id!r}: refused, not folded (a run id is its first tenant's)"
-        ),
-        event_type=event.type,
-        raw=encode(event),
-        source_topic=topic,
-        source_partition=partition,
-        source_offset=offset,
-    )
-
-
 def apply_event(fold: Fold[Any], slot: Slot, event: EventBase) -> Sequence[EventBase] | None:
     """Fold ``event`` into ``slot``; the derived events, or ``None`` for a duplicate. The
-    caller checks :func:`foreign_owner` first."""
+    caller checks the run's tenant first (:mod:`runwatch.hosting.tenancy`)."""
     if not slot.recent.first_time(event.event_id):
         return None
     slot.state, derived = fold.apply(slot.state, event)

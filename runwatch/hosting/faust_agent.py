@@ -27,33 +27,19 @@ from events.envelope import EventBase
 from events.fast_decode import decode_fast
 from events.fold import Fold
 from events.topics import DEAD_LETTER_TOPIC
-from runwatch.hosting.core import (
-    Slot,
-    apply_event,
-    dump_slot,
-    foreign_letter,
-    foreign_owner,
-    load_slot,
-)
+from runwatch.hosting.core import Slot, apply_event, dump_slot, load_slot
+from runwatch.hosting.tenancy import RunPins, foreign_letter
 
 Output = tuple[str, bytes | None, bytes]
 
 
 class Folded(list[Output]):
     """The records one input derived (a list), and ``store()``: write the new slot to the
-    table — to be called only once those records were delivered. ``refused_by``: the
-    tenant that owns the run when the input named another (nothing folded, nothing to
-    store)."""
+    table — to be called only once those records were delivered."""
 
-    def __init__(
-        self,
-        outputs: list[Output],
-        store: Callable[[], None] | None = None,
-        refused_by: str | None = None,
-    ):
+    def __init__(self, outputs: list[Output], store: Callable[[], None] | None = None):
         super().__init__(outputs)
         self._store = store
-        self.refused_by = refused_by
 
     def store(self) -> None:
         if self._store is not None:
@@ -83,9 +69,8 @@ def fold_event(fold: Fold[Any], table: Any, cache: SlotCache, event: EventBase) 
     value), and the table write to make once they were delivered."""
     key = fold.key_of(event).encode()
     slot = cache.get(fold, key, table.get(key))
-    owner = foreign_owner(slot, event)
-    if owner is not None:
-        return Folded([], refused_by=owner)  # another tenant's run: not folded
+    if slot.tenant is None:  # a new slot, or one stored before slots held tenants
+        slot.tenant = event.tenant_id  # (the caller checked the run's tenant)
     derived = apply_event(fold, slot, event)
     if derived is None:
         return Folded([])  # a duplicate: already folded
@@ -114,29 +99,20 @@ def fold_record(
 Hosted = tuple[Fold[Any], Any, SlotCache]  # a fold, its table, its live slots
 
 
-class Owners:
-    """Which tenant each run id belongs to, for one agent's folds: the first event of a run
-    the agent folded pins it for all of them (as :class:`~runwatch.hosting.host.Host`
-    does). The pins persist in the slots (tables); this caches them by run id."""
+def agent_pins(hosted: Sequence[Hosted]) -> RunPins:
+    """The run pins of one agent's folds (:mod:`runwatch.hosting.tenancy`): kept in the
+    slots of their tables, cached by run id."""
 
-    def __init__(self, hosted: Sequence[Hosted]) -> None:
-        self.hosted = list(hosted)
-        self._by_run: dict[str, str] = {}
+    def pinned(run: str) -> str | None:
+        key = run.encode()
+        for fold, table, cache in hosted:
+            raw = table.get(key)
+            tenant = cache.get(fold, key, raw).tenant if raw is not None else None
+            if tenant is not None:
+                return tenant
+        return None
 
-    def of(self, event: EventBase) -> str:
-        """The tenant ``event``'s run belongs to (``event``'s own for a new run)."""
-        run = event.run_id
-        owner = self._by_run.get(run)
-        if owner is None:
-            key = run.encode()
-            for fold, table, cache in self.hosted:
-                raw = table.get(key)
-                tenant = cache.get(fold, key, raw).tenant if raw is not None else None
-                if tenant is not None:
-                    owner = tenant
-                    break
-            owner = self._by_run[run] = owner or event.tenant_id
-        return owner
+    return RunPins(pinned)
 
 
 def fold_records(
@@ -145,25 +121,21 @@ def fold_records(
     partition: int,
     offset: int,
     raw: bytes,
-    owners: Owners | None = None,
+    pins: RunPins | None = None,
 ) -> Folded:
     """Decode one raw record once and fold it into each of ``hosted`` (the folds of the
     agent that read ``topic``); everything they derived, and every table write.
-    ``owners``: the agent's run pins (None: each fold's slot pins on its own)."""
+    ``pins``: the agent's run pins (:func:`agent_pins` of all its folds; None: looked up
+    in ``hosted``'s tables for this record)."""
     event = decode_fast(raw)
     if isinstance(event, DeadLetter):
         return Folded([(DEAD_LETTER_TOPIC, None, event.located(topic, partition, offset).encode())])
-    if owners is not None:
-        owner = owners.of(event)
-        if owner != event.tenant_id:  # another tenant's run: not folded by any fold
-            letter = foreign_letter(event, owner, topic, partition, offset)
-            return Folded([(DEAD_LETTER_TOPIC, None, letter.encode())])
+    owner = (pins or agent_pins(hosted)).owner_of(event)
+    if owner != event.tenant_id:  # another tenant's run: not folded by any fold
+        letter = foreign_letter(event, owner, topic, partition, offset)
+        return Folded([(DEAD_LETTER_TOPIC, None, letter.encode())])
     parts = [fold_event(fold, table, cache, event) for fold, table, cache in hosted]
     outputs = [out for part in parts for out in part]
-    owner = next((p.refused_by for p in parts if p.refused_by is not None), None)
-    if owner is not None:  # one dead letter for the record, whichever folds refused it
-        letter = foreign_letter(event, owner, topic, partition, offset)
-        outputs.append((DEAD_LETTER_TOPIC, None, letter.encode()))
     if len(parts) == 1:
         return Folded(outputs, parts[0].store)
 
@@ -183,13 +155,13 @@ def fold_agent(app: Any, hosted: Sequence[Hosted], source: Any, sinks: Mapping[s
         for topic in h[0].inputs:
             routes.setdefault(topic, []).append(h)
     name = "+".join(h[0].name for h in hosted)
-    owners = Owners(hosted)
+    pins = agent_pins(hosted)
 
     @app.agent(source, name=f"runwatch.{name}")
     async def agent(stream: Any) -> None:
         async for ev in stream.events():
             m = ev.message
-            folded = fold_records(routes[m.topic], m.topic, m.partition, m.offset, ev.value, owners)
+            folded = fold_records(routes[m.topic], m.topic, m.partition, m.offset, ev.value, pins)
             pending = [await sinks[t].send(key=k, value=v) for t, k, v in folded]
             for delivery in pending:
                 await delivery  # acknowledged by the broker before the slots are stored

@@ -29,15 +29,9 @@ from events.fast_decode import decode_many
 from events.fold import Fold
 from events.log.base import Record
 from runwatch.hosting.barrier import TerminalBarrier
-from runwatch.hosting.core import (
-    FoldSet,
-    HostedFold,
-    RecentIds,
-    Slot,
-    foreign_letter,
-    foreign_owner,
-)
+from runwatch.hosting.core import FoldSet, HostedFold, RecentIds, Slot
 from runwatch.hosting.ports import DIRECT, Commit, Position, StateStore, View
+from runwatch.hosting.tenancy import RunPins, foreign_letter
 
 
 class Host:
@@ -74,10 +68,9 @@ class Host:
         self.dead_letters: list[DeadLetter] = []
         #: records refused (their run id is another tenant's; each is a dead letter too)
         self.refused = 0
-        #: run id -> the tenant it belongs to, for hosts of deduplicating folds (the
-        #: processors): the first event of the run this host folded, whatever fold or
-        #: topic, pins it for every fold (kept in the slots: see :meth:`_pin`)
-        self.owners: dict[str, str] | None = {} if any(hf.dedupe for hf in self.folds) else None
+        #: the runs' tenants, for hosts of deduplicating folds (the processors; the read
+        #: model's view pins its own): :mod:`runwatch.hosting.tenancy`
+        self.pins = RunPins(self._pinned) if any(hf.dedupe for hf in self.folds) else None
         #: the record being applied (where a refused one is located)
         self._at: Record | None = None
         #: when a list: a tag per derived event out, ``(fold index, source, rank)`` —
@@ -231,16 +224,13 @@ class Host:
             target = view.admit(topic, ev)
             if target is None:
                 return  # a run id claimed by another tenant: never merged
-        owners = self.owners
-        if owners is not None:  # the run's tenant, for every fold (one dict lookup)
-            owner = owners.get(ev.run_id)
-            if owner is None:
-                owner = self._pin(ev)
+        pins = self.pins
+        if pins is not None:  # the run's tenant, for every fold (one dict lookup)
+            owner = pins.by_run.get(ev.run_id) or pins.owner_of(ev)
             if owner != ev.tenant_id:
                 self._refuse(topic, ev, owner)
                 return
         duplicate = False
-        owner = None
         plan = self.folds.plans.get(topic)
         if plan is None:
             plan = self.folds.plan(topic)
@@ -254,10 +244,8 @@ class Host:
                     slot = states[key] = Slot(
                         initial(), RecentIds(capacity=hf.window), ev.tenant_id
                     )
-                elif slot.tenant != ev.tenant_id and foreign_owner(slot, ev) is not None:
-                    owner = slot.tenant
-                    hf.refused += 1
-                    continue
+                elif slot.tenant is None:  # stored before slots held tenants: pinned now
+                    slot.tenant = ev.tenant_id
                 if not slot.recent.first_time(ev.event_id):
                     hf.duplicates += 1
                     duplicate = True
@@ -283,23 +271,14 @@ class Host:
                         self._tag(hf, len(derived))
         if duplicate:
             self.duplicates += 1
-        if owner is not None:
-            self._refuse(topic, ev, owner)
 
-    def _pin(self, ev: EventBase) -> str:
-        """The tenant ``ev``'s run belongs to: the one a slot of the run was pinned to
-        (any fold of this host; after a restart the slots are where the pins persist),
-        else ``ev``'s own, pinned now."""
-        run = ev.run_id
-        owner = None
+    def _pinned(self, run: str) -> str | None:
+        """The tenant a stored slot of ``run`` was pinned to (any fold of this host)."""
         for hf in self.folds:
             slot = hf.slots.get(run) if hf.dedupe else None
             if slot is not None and slot.tenant is not None:
-                owner = slot.tenant
-                break
-        owner = owner or ev.tenant_id
-        self.owners[run] = owner  # type: ignore[index]
-        return owner
+                return slot.tenant
+        return None
 
     def _refuse(self, topic: str, ev: EventBase, owner: str) -> None:
         """Dead-letter ``ev``: its run id is ``owner``'s, not its tenant's (once per record,

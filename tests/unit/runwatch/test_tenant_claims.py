@@ -22,7 +22,7 @@ from producers.commands import CommandFeed, write_command
 from producers.sinks import MemorySink
 from runwatch.folds import processor_folds
 from runwatch.hosting.core import HostedFold, dump_slot, load_slot
-from runwatch.hosting.faust_agent import Owners, SlotCache, fold_records
+from runwatch.hosting.faust_agent import SlotCache, agent_pins, fold_records
 from runwatch.hosting.host import Host
 from runwatch.hosting.stores import NoState
 from stream_processors.detectors import RunHealthFold
@@ -109,7 +109,7 @@ def test_the_faust_agent_refuses_the_same_records_and_sends_one_dead_letter_each
     forged = _forged(events)
     folds = processor_folds()
     hosted = {f.name: (f, {}, SlotCache()) for f in folds}
-    owners = Owners(list(hosted.values()))
+    owners = agent_pins(list(hosted.values()))
     sent: list[tuple[str, bytes | None, bytes]] = []
     writes_before_forgery = None
     for i, ev in enumerate([*events, *forged]):
@@ -204,7 +204,7 @@ def test_the_faust_agent_pins_a_run_for_all_its_folds_too() -> None:
     head, forged, tail = _step_first_run()
     folds = processor_folds()
     hosted = {f.name: (f, {}, SlotCache()) for f in folds}
-    owners = Owners(list(hosted.values()))
+    owners = agent_pins(list(hosted.values()))
     sent: list[tuple[str, bytes | None, bytes]] = []
     for i, ev in enumerate([*head, forged, *tail]):
         topic = type(ev).TOPIC
@@ -221,8 +221,8 @@ def test_the_faust_agent_pins_a_run_for_all_its_folds_too() -> None:
     ]
     assert bills and {b.tenant_id for b in bills} == {"victim"}
     # a fresh agent (a restart, a rebalance) finds the pin in the tables
-    fresh = Owners([(f, table, SlotCache()) for f, table, _ in hosted.values()])
-    assert fresh.of(forged) == "victim"
+    fresh = agent_pins([(f, table, SlotCache()) for f, table, _ in hosted.values()])
+    assert fresh.owner_of(forged) == "victim"
 
 
 def test_another_tenants_lifecycle_facts_decide_neither_commands_nor_resumes(

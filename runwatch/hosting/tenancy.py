@@ -1,0 +1,88 @@
+"""Which tenant a run belongs to, in a host: a run id is its first tenant's.
+
+A customer's producer names its run id and tenant (the hooks), so another tenant can name a
+run id that is already taken — by accident (two customers' ``exp-1``) or to page and
+pause someone else's run. A host pins each run to the tenant of the first event of it that
+it folds, on any topic, for all its folds, and refuses another tenant's events on the id:
+never folded, dead-lettered as ``foreign_tenant`` with both tenants in the reason and the
+record's bytes (docs/threat-model.md, "Producers on the data plane").
+
+- :class:`RunPins`: run id -> tenant for one host's folds (the embedded host, the replay,
+  a faust agent). The pins persist in the folds' slots (``Slot.tenant``,
+  :mod:`runwatch.hosting.core`): after a restart ``lookup`` finds them there.
+- :func:`foreign_owner`: the same check on one slot, for the hosts of one fold (the
+  notifier, the trajectory tail); it also pins a slot stored before slots held tenants.
+- :func:`foreign_letter`: the dead letter of a refused event.
+
+Time: nothing here reads a clock.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Protocol
+
+from events.codec import encode
+from events.dead_letter import DeadLetter
+from events.envelope import EventBase
+
+
+class Pinned(Protocol):
+    """What holds a run's tenant (a host's slot)."""
+
+    tenant: str | None
+
+
+class RunPins:
+    """Run id -> the tenant it belongs to, for one host. ``lookup(run_id)``: the tenant a
+    stored slot of the run was pinned to, or None (a run this host has not seen)."""
+
+    __slots__ = ("by_run", "lookup")
+
+    def __init__(self, lookup: Callable[[str], str | None]) -> None:
+        #: the pins known so far (hosts read it directly: one dict lookup per event)
+        self.by_run: dict[str, str] = {}
+        self.lookup = lookup
+
+    def owner_of(self, event: EventBase) -> str:
+        """The tenant ``event``'s run belongs to; a new run is pinned to ``event``'s."""
+        run = event.run_id
+        owner = self.by_run.get(run)
+        if owner is None:
+            owner = self.by_run[run] = self.lookup(run) or event.tenant_id
+        return owner
+
+
+def foreign_owner(slot: Pinned, event: EventBase) -> str | None:
+    """The tenant that owns ``slot``'s run when ``event`` names another one (the event must
+    then not be folded); ``None`` when the event's tenant owns it (an unpinned slot is
+    pinned to it here)."""
+    owner = slot.tenant
+    if owner == event.tenant_id:
+        return None
+    if owner is None:
+        slot.tenant = event.tenant_id
+        return None
+    return owner
+
+
+def foreign_letter(
+    event: EventBase,
+    owner: str,
+    topic: str | None = None,
+    partition: int | None = None,
+    offset: int | None = None,
+) -> DeadLetter:
+    """The dead letter of an event refused because its run id belongs to ``owner``."""
+    return DeadLetter(
+        kind="foreign_tenant",
+        reason=(
+            f"run {event.run_id!r} belongs to tenant {owner!r}; this {event.type} names "
+            f"tenant {event.tenant_id!r}: refused, not folded (a run id is its first tenant's)"
+        ),
+        event_type=event.type,
+        raw=encode(event),
+        source_topic=topic,
+        source_partition=partition,
+        source_offset=offset,
+    )
