@@ -8,15 +8,13 @@ fields are the same for all events:
 - ``type``: the discriminator tag, a past-tense name such as ``"TrainerStepCompleted"``.
 - ``schema_version``: version of this type's payload. A changed payload is a new version
   plus an upcaster in :mod:`events.upcasting`, never an edit of an old version.
-- ``tenant_id`` / ``run_id``: identity; ``run_id`` is the partition key. Each is at most
-  :data:`MAX_ID_CHARS` characters, none of them a control character, ``/`` or ``\\``,
-  and neither ``.`` nor ``..`` (:func:`check_id`): a customer's hook names them, and they
-  become Kafka keys, one-line terminal text and path components downstream.
+- ``tenant_id`` / ``run_id``: identity; ``run_id`` is the partition key. What each may be
+  (at most 256 characters, no control characters, ``/`` or ``\\``, not ``.`` or ``..``):
+  :mod:`events.identity` (a customer's hook names them).
 - ``step``: training step where it applies, else ``None``.
 - ``ts``: unix seconds as the *producer* saw them, finite. Folds read time only from here.
-- ``producer``: who wrote it (e.g. ``"trainer/run-7"``; at most :data:`MAX_NAME_CHARS`
-  characters, no control characters: :func:`check_name`); ``seq``: that producer's
-  monotonic counter, so gaps are visible.
+- ``producer``: who wrote it (e.g. ``"trainer/run-7"``; :mod:`events.identity`); ``seq``:
+  that producer's monotonic counter, so gaps are visible.
 
 Assumptions: NaN and infinities are legal metric values (a NaN is a fact worth reporting),
 so they are serialized as the JSON constants ``NaN``/``Infinity`` which the codec reads back.
@@ -25,23 +23,15 @@ so they are serialized as the JSON constants ``NaN``/``Infinity`` which the code
 from __future__ import annotations
 
 import hashlib
-import re
 import threading
 import time
 import uuid
 from collections.abc import Mapping
 from typing import Annotated, Any, ClassVar
 
-from pydantic import (
-    AfterValidator,
-    BaseModel,
-    BeforeValidator,
-    ConfigDict,
-    Field,
-    PlainSerializer,
-    WithJsonSchema,
-    model_validator,
-)
+from pydantic import BaseModel, BeforeValidator, ConfigDict, PlainSerializer, model_validator
+
+from events.identity import EventTime, Identifier, ProducerName
 
 #: Namespace of every derived event id; never change it (ids would change on replay).
 RUNWATCH_NAMESPACE = uuid.UUID("6f1c3c52-6a63-4f1e-9b7e-2f4d8f0b7a11")
@@ -68,93 +58,6 @@ Attributes = Annotated[
     BeforeValidator(_to_pairs),
     PlainSerializer(_to_dict, return_type=dict),
 ]
-
-
-#: The longest tenant or run id, in characters (a Kafka key every log backend takes: the
-#: embedded log's limit is 64 KiB, Kafka's a few MiB).
-MAX_ID_CHARS = 256
-#: The longest producer name (a role and an id, e.g. ``trainer/<run id>``).
-MAX_NAME_CHARS = 2 * MAX_ID_CHARS
-_ID_REFUSED = re.compile(r"[\x00-\x1f\x7f-\x9f/\\]")
-_NAME_REFUSED = re.compile(r"[\x00-\x1f\x7f-\x9f]")
-#: Ids and names that passed their check. A run's ids repeat in every one of its events,
-#: so each is checked once; the sets are bounded (emptied when full: a fleet interleaving
-#: more runs than this would check ids again, ~0.5 us a record) and only ever hold values
-#: that passed, so a decoder may skip the check for a member (a few MB at most).
-PASSED_IDS: set[str] = set()
-PASSED_NAMES: set[str] = set()
-_PASSED_CAP = 16384
-
-
-def _passed(into: set[str], value: str) -> str:
-    if len(into) >= _PASSED_CAP:
-        into.clear()
-    into.add(value)
-    return value
-
-
-def check_id(value: str) -> str:
-    """``value`` if it is a valid tenant or run id (see the module docstring), else
-    ``ValueError`` saying why."""
-    if value in PASSED_IDS:
-        return value
-    if len(value) > MAX_ID_CHARS:
-        raise ValueError(f"at most {MAX_ID_CHARS} characters, not {len(value)}")
-    if value in (".", ".."):
-        raise ValueError(f"{value!r} is not an id")
-    bad = _ID_REFUSED.search(value)
-    if bad is not None:
-        raise ValueError(
-            f"no control characters, '/' or '\\' in an id ({bad.group()!r} at {bad.start()})"
-        )
-    return _passed(PASSED_IDS, value)
-
-
-def check_name(value: str) -> str:
-    """``value`` if it is a valid producer name (at most :data:`MAX_NAME_CHARS`
-    characters, no control characters), else ``ValueError``."""
-    if value in PASSED_NAMES:
-        return value
-    if len(value) > MAX_NAME_CHARS:
-        raise ValueError(f"at most {MAX_NAME_CHARS} characters, not {len(value)}")
-    bad = _NAME_REFUSED.search(value)
-    if bad is not None:
-        raise ValueError(f"no control characters in a name ({bad.group()!r} at {bad.start()})")
-    return _passed(PASSED_NAMES, value)
-
-
-#: A tenant or run id (:func:`check_id`; the exported JSON schema says the same rule, for
-#: producers in other languages).
-Identifier = Annotated[
-    str,
-    AfterValidator(check_id),
-    WithJsonSchema(
-        {
-            "type": "string",
-            "maxLength": MAX_ID_CHARS,
-            "not": {
-                "anyOf": [
-                    {"pattern": "[\\u0000-\\u001f\\u007f-\\u009f/\\\\]"},
-                    {"enum": [".", ".."]},
-                ]
-            },
-        }
-    ),
-]
-#: A producer's name (:func:`check_name`).
-ProducerName = Annotated[
-    str,
-    AfterValidator(check_name),
-    WithJsonSchema(
-        {
-            "type": "string",
-            "maxLength": MAX_NAME_CHARS,
-            "not": {"pattern": "[\\u0000-\\u001f\\u007f-\\u009f]"},
-        }
-    ),
-]
-#: Event time: unix seconds, finite.
-EventTime = Annotated[float, Field(allow_inf_nan=False)]
 
 
 class EventBase(BaseModel):

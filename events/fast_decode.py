@@ -15,7 +15,7 @@ high-volume event types (1.03-1.29x the codec's decode over a replay's mix,
 - The decoded fields become the pydantic model without a second validation (its
   ``__dict__`` in declaration order: what the serializer writes back, byte for byte).
 - The envelope's checked fields (ids, producer name, a finite ``ts``) are decoded plain and
-  checked with the envelope's own functions (:func:`events.envelope.check_id`; an id seen
+  checked with the envelope's own functions (:func:`events.identity.check_id`; an id seen
   before is a set lookup).
 - Anything the twin refuses — another schema version (upcasting), NaN or infinities
   (not JSON to msgspec), a value pydantic would coerce, a bad record, a type without a
@@ -40,15 +40,8 @@ from pydantic import BaseModel
 
 from events.codec import decode
 from events.dead_letter import DeadLetter
-from events.envelope import (
-    PASSED_IDS,
-    PASSED_NAMES,
-    EventBase,
-    _to_pairs,
-    check_id,
-    check_name,
-    event_classes,
-)
+from events.envelope import EventBase, _to_pairs, event_classes
+from events.identity import PASSED_IDS, PASSED_NAMES, check_id, check_name
 
 _Scalar = Union[str, int, float, bool, None]  # noqa: UP007 (msgspec takes typing forms)
 _ATOMS = (str, int, float, bool, type(None), uuid.UUID)

@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from events.envelope import Identifier
+from events.identity import Identifier
 
 
 class _Frozen(BaseModel):
@@ -189,7 +189,7 @@ class ResumeConfig(_Frozen):
 
 
 class TrainerConfig(_Frozen):
-    #: the run's identity on every event (``events.envelope.check_id``: refused here, at
+    #: the run's identity on every event (``events.identity.check_id``: refused here, at
     #: load, rather than at the first event)
     run_id: Identifier = "run-1"
     tenant_id: Identifier = "tenant-a"

@@ -61,7 +61,8 @@ from events.catalog.lifecycle import (
 )
 from events.catalog.trainer import StepPhaseTimed
 from events.catalog.usage import UsageRecorded
-from events.envelope import EventBase, check_id
+from events.envelope import EventBase
+from events.identity import check_id
 from producers.hooks.mapping import normalized, row_events, scalar
 from producers.hooks.publisher import Publisher, Stats, Target
 from producers.metrics_import import MetricsImportReport

@@ -1,6 +1,6 @@
 """A valid run id from a free-form name (a framework's experiment name).
 
-Run ids are checked by the envelope (:func:`events.envelope.check_id`: at most 256
+Run ids are checked by the envelope (:func:`events.identity.check_id`: at most 256
 characters, no control characters, ``/`` or ``\\``, not ``.`` or ``..``). A name the
 customer gave for display (verl's ``trainer.experiment_name``, e.g. ``qwen2.5/grpo-gsm8k``)
 is made one: the refused characters become ``_``, and a name too long keeps its start and a
@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 import re
 
-from events.envelope import MAX_ID_CHARS, check_id
+from events.identity import MAX_ID_CHARS, check_id
 
 _REFUSED = re.compile(r"[\x00-\x1f\x7f-\x9f/\\]")
 

@@ -1,11 +1,11 @@
 """The argparse type of a tenant or run id: refused at the command line, with the reason,
-rather than by the first event the command builds (``events.envelope.check_id``)."""
+rather than by the first event the command builds (``events.identity.check_id``)."""
 
 from __future__ import annotations
 
 import argparse
 
-from events.envelope import check_id
+from events.identity import check_id
 
 
 def identifier(text: str) -> str:

@@ -149,7 +149,7 @@ def run(args: argparse.Namespace, term: Terminal) -> int:
 
         for rep in reports:
             out_dir = Path(args.out) / rep.run_id if len(reports) > 1 else Path(args.out)
-            # event run ids are one path component (events.envelope.check_id); said again
+            # event run ids are one path component (events.identity.check_id); said again
             # here, where a tenant's string becomes a directory
             if len(reports) > 1 and out_dir.resolve().parent != Path(args.out).resolve():
                 raise Abort(f"run id {rep.run_id!r} is not a directory name under {args.out}")

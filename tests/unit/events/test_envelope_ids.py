@@ -20,8 +20,8 @@ from pydantic import ValidationError
 from events import TrainerStepCompleted
 from events.codec import decode, encode
 from events.dead_letter import DeadLetter
-from events.envelope import MAX_ID_CHARS, MAX_NAME_CHARS, PASSED_IDS, check_id, check_name
 from events.fast_decode import decode_fast
+from events.identity import MAX_ID_CHARS, MAX_NAME_CHARS, PASSED_IDS, check_id, check_name
 
 GOOD = {
     "event_id": str(uuid.uuid4()),

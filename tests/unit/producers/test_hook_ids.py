@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from events.envelope import MAX_ID_CHARS, check_id
+from events.identity import MAX_ID_CHARS, check_id
 from producers.hooks.ids import id_from_name
 from producers.hooks.verl_tracking import RunwatchTracking
 
