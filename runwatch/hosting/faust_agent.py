@@ -64,13 +64,15 @@ class SlotCache:
         self._live[key] = (raw, slot)
 
 
-def fold_event(fold: Fold[Any], table: Any, cache: SlotCache, event: EventBase) -> Folded:
+def fold_event(
+    fold: Fold[Any], table: Any, cache: SlotCache, event: EventBase, tenant: str | None = None
+) -> Folded:
     """Fold one decoded event into its key's slot: the records to send as (topic, key,
     value), and the table write to make once they were delivered."""
     key = fold.key_of(event).encode()
     slot = cache.get(fold, key, table.get(key))
-    if slot.tenant is None:  # a new slot, or one stored before slots held tenants
-        slot.tenant = event.tenant_id  # (the caller checked the run's tenant)
+    if slot.tenant is None:  # a new slot, or one stored unpinned: the run's pin, if any
+        slot.tenant = tenant  # (the caller checked the run's tenant)
     derived = apply_event(fold, slot, event)
     if derived is None:
         return Folded([])  # a duplicate: already folded
@@ -130,11 +132,13 @@ def fold_records(
     event = decode_fast(raw)
     if isinstance(event, DeadLetter):
         return Folded([(DEAD_LETTER_TOPIC, None, event.located(topic, partition, offset).encode())])
-    owner = (pins or agent_pins(hosted)).owner_of(event)
+    pins = pins or agent_pins(hosted)
+    owner = pins.owner_of(event, topic)
     if owner != event.tenant_id:  # another tenant's run: not folded by any fold
         letter = foreign_letter(event, owner, topic, partition, offset)
         return Folded([(DEAD_LETTER_TOPIC, None, letter.encode())])
-    parts = [fold_event(fold, table, cache, event) for fold, table, cache in hosted]
+    pinned = pins.by_run.get(event.run_id)
+    parts = [fold_event(fold, table, cache, event, pinned) for fold, table, cache in hosted]
     outputs = [out for part in parts for out in part]
     if len(parts) == 1:
         return Folded(outputs, parts[0].store)

@@ -31,7 +31,7 @@ from events.log.base import Record
 from runwatch.hosting.barrier import TerminalBarrier
 from runwatch.hosting.core import FoldSet, HostedFold, RecentIds, Slot
 from runwatch.hosting.ports import DIRECT, Commit, Position, StateStore, View
-from runwatch.hosting.tenancy import RunPins, foreign_letter
+from runwatch.hosting.tenancy import foreign_letter, slot_pins
 
 
 class Host:
@@ -70,7 +70,7 @@ class Host:
         self.refused = 0
         #: the runs' tenants, for hosts of deduplicating folds (the processors; the read
         #: model's view pins its own): :mod:`runwatch.hosting.tenancy`
-        self.pins = RunPins(self._pinned) if any(hf.dedupe for hf in self.folds) else None
+        self.pins = slot_pins(self.folds) if any(hf.dedupe for hf in self.folds) else None
         #: the record being applied (where a refused one is located)
         self._at: Record | None = None
         #: when a list: a tag per derived event out, ``(fold index, source, rank)`` —
@@ -226,7 +226,7 @@ class Host:
                 return  # a run id claimed by another tenant: never merged
         pins = self.pins
         if pins is not None:  # the run's tenant, for every fold (one dict lookup)
-            owner = pins.by_run.get(ev.run_id) or pins.owner_of(ev)
+            owner = pins.by_run.get(ev.run_id) or pins.owner_of(ev, topic)
             if owner != ev.tenant_id:
                 self._refuse(topic, ev, owner)
                 return
@@ -240,12 +240,14 @@ class Host:
             key = key_of(ev)
             if dedupe:
                 slot = states.get(key)
-                if slot is None:
+                if slot is None:  # its tenant: the run's pin (none yet: a command)
                     slot = states[key] = Slot(
-                        initial(), RecentIds(capacity=hf.window), ev.tenant_id
+                        initial(),
+                        RecentIds(capacity=hf.window),
+                        pins.by_run.get(ev.run_id),  # type: ignore[union-attr]
                     )
-                elif slot.tenant is None:  # stored before slots held tenants: pinned now
-                    slot.tenant = ev.tenant_id
+                elif slot.tenant is None:  # stored unpinned (or before slots held tenants)
+                    slot.tenant = pins.by_run.get(ev.run_id)  # type: ignore[union-attr]
                 if not slot.recent.first_time(ev.event_id):
                     hf.duplicates += 1
                     duplicate = True
@@ -272,23 +274,13 @@ class Host:
         if duplicate:
             self.duplicates += 1
 
-    def _pinned(self, run: str) -> str | None:
-        """The tenant a stored slot of ``run`` was pinned to (any fold of this host)."""
-        for hf in self.folds:
-            slot = hf.slots.get(run) if hf.dedupe else None
-            if slot is not None and slot.tenant is not None:
-                return slot.tenant
-        return None
-
     def _refuse(self, topic: str, ev: EventBase, owner: str) -> None:
         """Dead-letter ``ev``: its run id is ``owner``'s, not its tenant's (once per record,
         whichever folds refused it)."""
         self.refused += 1
-        at = self._at
-        if at is not None:
-            letter = foreign_letter(ev, owner, topic, at.partition, at.offset)
-        else:  # a held record the barrier released, or one fed without a position
-            letter = foreign_letter(ev, owner, topic)
+        at = self._at  # None: a held record the barrier released, or one without a position
+        where = (at.partition, at.offset) if at is not None else ()
+        letter = foreign_letter(ev, owner, topic, *where)
         self.dead_letters.append(letter)
         if self.view is not None:
             self.view.dead_letter(letter)

@@ -7,9 +7,12 @@ it folds, on any topic, for all its folds, and refuses another tenant's events o
 never folded, dead-lettered as ``foreign_tenant`` with both tenants in the reason and the
 record's bytes (docs/threat-model.md, "Producers on the data plane").
 
-- :class:`RunPins`: run id -> tenant for one host's folds (the embedded host, the replay,
-  a faust agent). The pins persist in the folds' slots (``Slot.tenant``,
-  :mod:`runwatch.hosting.core`): after a restart ``lookup`` finds them there.
+- :class:`RunPins`: run id -> tenant for one host's folds (the embedded host and the
+  replay: :func:`slot_pins`; a faust agent: ``faust_agent.agent_pins``). The pins persist
+  in the folds' slots (``Slot.tenant``, :mod:`runwatch.hosting.core`): after a restart
+  ``lookup`` finds them there. Commands (:data:`UNPINNING`) never pin a run: anyone may
+  ask about any run id (a customer's refused command is written under the customer's
+  tenant, an unknown run's under none), and the run's own facts must claim it.
 - :func:`foreign_owner`: the same check on one slot, for the hosts of one fold (the
   notifier, the trajectory tail); it also pins a slot stored before slots held tenants.
 - :func:`foreign_letter`: the dead letter of a refused event.
@@ -19,8 +22,8 @@ Time: nothing here reads a clock.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Protocol
+from collections.abc import Callable, Iterable
+from typing import Any, Protocol
 
 from events.codec import encode
 from events.dead_letter import DeadLetter
@@ -31,6 +34,10 @@ class Pinned(Protocol):
     """What holds a run's tenant (a host's slot)."""
 
     tenant: str | None
+
+
+#: Topics whose events never claim a run: the commands (and their refusals).
+UNPINNING = frozenset({"runwatch.control"})
 
 
 class RunPins:
@@ -44,13 +51,33 @@ class RunPins:
         self.by_run: dict[str, str] = {}
         self.lookup = lookup
 
-    def owner_of(self, event: EventBase) -> str:
-        """The tenant ``event``'s run belongs to; a new run is pinned to ``event``'s."""
+    def owner_of(self, event: EventBase, topic: str) -> str:
+        """The tenant ``event``'s run belongs to. A run not pinned yet is pinned to
+        ``event``'s tenant, unless ``topic`` is a command topic: then the event is
+        taken as it is, and the run stays unpinned."""
         run = event.run_id
         owner = self.by_run.get(run)
         if owner is None:
-            owner = self.by_run[run] = self.lookup(run) or event.tenant_id
+            owner = self.lookup(run)
+            if owner is None and topic in UNPINNING:
+                return event.tenant_id
+            owner = self.by_run[run] = owner or event.tenant_id
         return owner
+
+
+def slot_pins(folds: Iterable[Any]) -> RunPins:
+    """The run pins of a host's hosted folds (:class:`~runwatch.hosting.core.HostedFold`):
+    a stored pin is the tenant of any deduplicating fold's slot of the run."""
+    hosted = [hf for hf in folds if hf.dedupe]
+
+    def pinned(run: str) -> str | None:
+        for hf in hosted:
+            slot = hf.slots.get(run)
+            if slot is not None and slot.tenant is not None:
+                return str(slot.tenant)
+        return None
+
+    return RunPins(pinned)
 
 
 def foreign_owner(slot: Pinned, event: EventBase) -> str | None:

@@ -222,7 +222,7 @@ def test_the_faust_agent_pins_a_run_for_all_its_folds_too() -> None:
     assert bills and {b.tenant_id for b in bills} == {"victim"}
     # a fresh agent (a restart, a rebalance) finds the pin in the tables
     fresh = agent_pins([(f, table, SlotCache()) for f, table, _ in hosted.values()])
-    assert fresh.owner_of(forged) == "victim"
+    assert fresh.owner_of(forged, "runwatch.telemetry") == "victim"
 
 
 def test_another_tenants_lifecycle_facts_decide_neither_commands_nor_resumes(
@@ -254,3 +254,56 @@ def test_another_tenants_lifecycle_facts_decide_neither_commands_nor_resumes(
         "RunStarted",
     ]
     assert list(run_events(tmp_path / "log", RUN, "attacker")) == [forged]
+
+
+def test_a_command_before_the_run_exists_claims_nothing(tmp_path: Path) -> None:
+    """Review of round four: a command for a run id with no facts yet (a typo, or just
+    before the trainer's submission) is refused under tenant ``''`` — and, as the run's
+    first event on the processors' host, pinned the run to ``''``: every event of the
+    real run was then refused. A customer's refused command on another run id, written
+    under the customer's tenant, would have claimed it the same way. Commands never pin."""
+    from events.log.embedded import EmbeddedLog
+    from producers.commands import issue
+    from runwatch.hosting.embedded import EmbeddedHost
+
+    log = EmbeddedLog(tmp_path / "log", sync=False)
+    log.open_sync()
+    early = issue(tmp_path / "log", RUN, "pause", actor="operator", principal="ops")
+    probe = issue(tmp_path / "log", RUN, "cancel", actor="customer", principal="m", tenant_id="m")
+    assert early.refused and probe.refused  # no such run (yet): refused, and written
+    events = _victim()
+    log.append_events_sync([*events, *forged_steps(events, RUN, "victim")])
+    host = EmbeddedHost(log, processor_folds())
+    stats = host.run_once()
+    assert host.host.refused == 0 and stats.dead_letters == 0
+    assert stats.derived.get("PauseRequested") == 1  # the run's own steps paged and paused it
+    # a fresh host (a restart) finds the run pinned to its tenant, not to a command's
+    again = Host(processor_folds(), NoState())
+    for hf, old in zip(again.folds, host.host.folds):
+        hf.slots.update(
+            {k: load_slot(hf.fold, dump_slot(old.fold, v)) for k, v in old.slots.items()}
+        )
+    assert (
+        again.pins is not None and again.pins.owner_of(events[0], "runwatch.telemetry") == "victim"
+    )
+
+
+def test_a_faust_agent_lets_no_command_claim_a_run() -> None:
+    from events import CommandRejected
+
+    events = _victim()
+    early = sample(CommandRejected, 0, run_id=RUN).model_copy(update={"tenant_id": ""})
+    folds = processor_folds()
+    hosted = {f.name: (f, {}, SlotCache()) for f in folds}
+    pins = agent_pins(list(hosted.values()))
+    sent: list[tuple[str, bytes | None, bytes]] = []
+    for i, ev in enumerate([early, *events, *forged_steps(events, RUN, "victim")]):
+        topic = type(ev).TOPIC
+        mine = [hosted[f.name] for f in folds if topic in f.inputs]
+        folded = fold_records(mine, topic, 0, i, encode(ev), pins)
+        sent.extend(folded)
+        folded.store()
+    assert not [v for t, _, v in sent if t == "runwatch.dead-letters"]
+    alerts = [AlertFired.model_validate_json(v) for t, _, v in sent if t == "runwatch.alerts"]
+    assert any(a.routing == "page" for a in alerts)  # the run's own steps were folded
+    assert pins.by_run[RUN] == "victim"
