@@ -40,21 +40,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def key(name: str) -> str:
     """An MLflow-legal metric / param / tag key (verl's own sanitising: ``@`` -> ``_at_``;
-    MLflow refuses a key that is not a normalized relative path, so empty and ``.`` parts
-    and the leading dots of a part starting ``..`` become underscores: a customer's metric
-    named ``../../m`` failed the whole export, leaving the MLflow run RUNNING)."""
+    MLflow refuses a key that is not a normalized relative path, so empty, ``.`` and ``..``
+    parts, and the leading dots of a first part starting ``..``, become underscores: a
+    customer's metric named ``../../m`` failed the whole export, leaving the run RUNNING)."""
     legal = _KEY.sub("_", name.replace("@", "_at_"))
-    return "/".join(_part(p) for p in legal.split("/"))
-
-
-def _part(part: str) -> str:
-    """One path part MLflow takes: not empty, not ``.``, not starting with ``..``."""
-    if part in ("", "."):
-        return "_"
-    if part.startswith(".."):
-        dots = len(part) - len(part.lstrip("."))
-        return "_" * dots + part[dots:]
-    return part
+    parts = ["_" if p in ("", ".") else "__" if p == ".." else p for p in legal.split("/")]
+    first = parts[0]
+    if first.startswith(".."):  # the key would normalize to a path starting with ".."
+        dots = len(first) - len(first.lstrip("."))
+        parts[0] = "_" * dots + first[dots:]
+    return "/".join(parts)
 
 
 def run(args: argparse.Namespace, term: Terminal) -> int:

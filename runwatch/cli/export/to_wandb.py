@@ -41,7 +41,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--checkpoint-root",
         metavar="DIR",
-        help="reference checkpoint files under DIR in their artifacts (default: none; a "
+        help="reference checkpoints under DIR in their artifacts (default: none; a "
         "checkpoint's path comes from its event, which the run's producer wrote)",
     )
 
@@ -159,7 +159,8 @@ def run(args: argparse.Namespace, term: Terminal) -> int:
 
 
 def _checkpoint_file(path: Any, root: str | None) -> str | None:
-    """The checkpoint file to reference: ``path`` resolved, if it is a regular file under
+    """The checkpoint to reference: ``path`` resolved, if it is a file or a directory (a
+    trainer's ``step-N/``, transformers' ``checkpoint-N``, verl's ``global_step_N``) under
     ``root``; else None. The path is a producer's (a customer's hook writes
     ``CheckpointWritten``): referencing it as given listed and sized whatever it named on
     the exporting host (``/etc``, a home directory) in the artifact's manifest."""
@@ -167,7 +168,7 @@ def _checkpoint_file(path: Any, root: str | None) -> str | None:
         return None
     base = os.path.realpath(root)
     real = os.path.realpath(path)
-    if os.path.commonpath([base, real]) != base or not os.path.isfile(real):
+    if real == base or os.path.commonpath([base, real]) != base or not os.path.exists(real):
         return None
     return real
 

@@ -96,7 +96,7 @@ def test_verl_plugin_entry_point_is_declared() -> None:
     assert (root / (module.replace(".", "/") + ".py")).is_file()
 
 
-def test_a_checkpoint_file_is_referenced_only_under_the_given_root(tmp_path: Path) -> None:
+def test_a_checkpoint_is_referenced_only_under_the_given_root(tmp_path: Path) -> None:
     """``CheckpointWritten.path`` is its producer's word (a customer's hook writes it):
     referencing it as given listed and sized whatever it named on the exporting host."""
     from runwatch.cli.export.to_wandb import _checkpoint_file
@@ -112,7 +112,10 @@ def test_a_checkpoint_file_is_referenced_only_under_the_given_root(tmp_path: Pat
     assert _checkpoint_file(str(good), None) is None  # no root: metadata only
     for hostile in (str(secret), str(root / ".." / "secret.txt"), str(root / "link"), "/etc"):
         assert _checkpoint_file(hostile, str(root)) is None, hostile
-    assert _checkpoint_file(str(root / "step-10"), str(root)) is None  # a directory: not walked
+    # a checkpoint directory under the root is referenced (trainers write directories);
+    # the root itself is not a checkpoint
+    assert _checkpoint_file(str(root / "step-10"), str(root)) == str((root / "step-10").resolve())
+    assert _checkpoint_file(str(root), str(root)) is None
 
 
 def test_mlflow_keys_are_normalized_relative_paths() -> None:
@@ -129,7 +132,8 @@ def test_mlflow_keys_are_normalized_relative_paths() -> None:
         ("..x", "__x"),
         ("...", "___"),
         ("..@", "___at_"),
-        ("a/..b/.c", "a/__b/.c"),
+        ("a/..b/.c", "a/..b/.c"),  # MLflow takes these as they are
+        ("train/..x", "train/..x"),
     ):
         assert key(name) == expected
         validation._validate_metric_name(key(name))
