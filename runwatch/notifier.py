@@ -280,8 +280,8 @@ class Notifier:
             key: base64.b64encode(dump_slot(self.fold, self.slots[key])).decode()
             for key in self._dirty
         }
-        self._dirty.clear()
         self._state.commit(dict(self.positions), changed)
+        self._dirty.clear()  # only once durable: a failed save is made again in full
 
     # -- folding --------------------------------------------------------------------------
     def _apply(self, event: EventBase) -> Sequence[EventBase]:

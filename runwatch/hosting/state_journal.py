@@ -145,16 +145,16 @@ class FoldStateFile:
         """Make ``positions`` and the ``changed`` slots (base64) durable, as one commit."""
         entry = {"positions": positions, "slots": changed}
         line = (json.dumps(entry, sort_keys=True) + "\n").encode()
-        self.positions.update(positions)
-        self.slots.update(changed)
         if self._journal_bytes + len(line) > max(self._snapshot_bytes, MIN_COMPACT_BYTES):
-            self._compact()  # the snapshot now holds this commit too
+            self._compact({**self.positions, **positions}, {**self.slots, **changed})
             return
         created = self._journal_bytes == 0 and not self.journal().exists()
         if created:
             self.directory.mkdir(parents=True, exist_ok=True)
         fd = os.open(self.journal(), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         try:
+            if os.fstat(fd).st_size != self._journal_bytes:  # an append that failed part-way
+                os.ftruncate(fd, self._journal_bytes)  # (else this line would join it)
             view = memoryview(line)
             while view:
                 view = view[os.write(fd, view) :]
@@ -164,19 +164,19 @@ class FoldStateFile:
             os.close(fd)
         if created and self.sync:
             fsync_dir(self.directory)
+        self.positions.update(positions)  # what is durable (a failed write raised above)
+        self.slots.update(changed)
         self._journal_bytes += len(line)
 
-    def _compact(self) -> None:
-        """A new snapshot of everything (generation + 1), then the old journal removed."""
+    def _compact(self, positions: dict[str, int], slots: dict[str, str]) -> None:
+        """A new snapshot of everything with this commit (generation + 1), then the old
+        journal removed. Nothing here changes until the snapshot is written: a failed
+        write leaves the state as durable as it was (the caller commits again)."""
         old = self.journal()
-        self.generation += 1
-        doc = {
-            "fold": self.fold,
-            "journal": self.generation,
-            "positions": self.positions,
-            "slots": self.slots,
-        }
+        generation = self.generation + 1
+        doc = {"fold": self.fold, "journal": generation, "positions": positions, "slots": slots}
         data = json.dumps(doc, sort_keys=True).encode()
         write_atomically(self.snapshot, data)
+        self.generation, self.positions, self.slots = generation, positions, slots
         old.unlink(missing_ok=True)
         self._snapshot_bytes, self._journal_bytes = len(data), 0

@@ -110,3 +110,61 @@ def test_a_damaged_line_before_the_last_stops_the_load_and_says_how_to_rebuild(
     state.journal().write_bytes(good + line + b"\n")
     again = _fresh(tmp_path)
     assert again.positions == {"t": 1} and state.journal().read_bytes() == good
+
+
+def test_an_append_that_failed_part_way_does_not_swallow_the_next_commit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Review of round four: a commit whose write failed half-way (a full disk) left its
+    bytes; the next commit, reported done, joined that line and was cut off at the next
+    load as a torn tail. The next commit now starts where the last good one ended."""
+    import os
+
+    state = _fresh(tmp_path)
+    state.commit({"t": 1}, {"a": _b64(1)})
+    real_write = os.write
+    calls = {"n": 0}
+
+    def half_then_fail(fd: int, data: bytes) -> int:
+        calls["n"] += 1
+        if calls["n"] == 1:
+            real_write(fd, bytes(data[: len(data) // 2]))
+            raise OSError(28, "No space left on device")
+        return real_write(fd, data)
+
+    monkeypatch.setattr(journal_mod.os, "write", half_then_fail)
+    with pytest.raises(OSError):
+        state.commit({"t": 2}, {"a": _b64(2)})
+    state.commit({"t": 3}, {"a": _b64(3)})  # reported done: must survive a restart
+    monkeypatch.undo()
+    again = _fresh(tmp_path)
+    assert again.positions == {"t": 3} and again.slots == {"a": _b64(3)}
+
+
+def test_a_compaction_that_failed_keeps_the_generation_its_journal_is_in(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A snapshot write that fails (a full disk) must not move the journal to the next
+    generation: the snapshot on disk still names the old one, and commits appended to a
+    journal of another generation would be dropped at the next load."""
+    monkeypatch.setattr(journal_mod, "MIN_COMPACT_BYTES", 300)
+    state = _fresh(tmp_path)
+    state.commit({"t": 1}, {"a": _b64(1)})
+    real = journal_mod.write_atomically
+
+    def fail(path: Path, data: bytes) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(journal_mod, "write_atomically", fail)
+    big = {f"k{i}": _b64(i) for i in range(20)}
+    with pytest.raises(OSError):
+        state.commit({"t": 2}, big)  # outgrows the journal: compacts, and fails
+    # nothing of the failed commit is taken for durable: a later commit's positions
+    # must not pass slots that were never written
+    assert state.positions == {"t": 1} and "k3" not in state.slots
+    monkeypatch.setattr(journal_mod, "write_atomically", real)
+    state.commit({"t": 2}, big)  # the caller commits again, the disk back
+    state.commit({"t": 3}, {"a": _b64(3)})
+    again = _fresh(tmp_path)
+    assert again.positions == {"t": 3} and again.generation == state.generation
+    assert again.slots["a"] == _b64(3) and again.slots["k3"] == _b64(3)
