@@ -23,7 +23,8 @@ from pydantic import AfterValidator, Field, WithJsonSchema
 MAX_ID_CHARS = 256
 #: The longest producer name (a role and an id, e.g. ``trainer/<run id>``).
 MAX_NAME_CHARS = 2 * MAX_ID_CHARS
-_ID_REFUSED = re.compile(r"[\x00-\x1f\x7f-\x9f/\\]")
+#: the characters an id may not hold (control characters, ``/``, ``\\``)
+ID_REFUSED = re.compile(r"[\x00-\x1f\x7f-\x9f/\\]")
 _NAME_REFUSED = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 #: Ids and names that passed their check. A run's ids repeat in every one of its events,
 #: so each is checked once; the sets are bounded (emptied when full: a fleet interleaving
@@ -50,7 +51,7 @@ def check_id(value: str) -> str:
         raise ValueError(f"at most {MAX_ID_CHARS} characters, not {len(value)}")
     if value in (".", ".."):
         raise ValueError(f"{value!r} is not an id")
-    bad = _ID_REFUSED.search(value)
+    bad = ID_REFUSED.search(value)
     if bad is not None:
         raise ValueError(
             f"no control characters, '/' or '\\' in an id ({bad.group()!r} at {bad.start()})"

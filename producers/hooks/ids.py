@@ -10,16 +10,13 @@ digest of the whole, so two long names stay two ids.
 from __future__ import annotations
 
 import hashlib
-import re
 
-from events.identity import MAX_ID_CHARS, check_id
-
-_REFUSED = re.compile(r"[\x00-\x1f\x7f-\x9f/\\]")
+from events.identity import ID_REFUSED, MAX_ID_CHARS, check_id
 
 
 def id_from_name(name: str) -> str:
     """``name`` as a valid run id (itself when it already is one)."""
-    out = _REFUSED.sub("_", name) or "run"
+    out = ID_REFUSED.sub("_", name) or "run"
     if out in (".", ".."):
         out = out.replace(".", "_")
     if len(out) > MAX_ID_CHARS:
