@@ -32,7 +32,9 @@ and it is ~4x cheaper than SHA-256 here: 0.12 vs 0.41 ms for an 830 KB checkpoin
 is what keeps the digests under 2 % of the save (benchmarks/trainer_bench.py).
 
 Parts are deserialized with ``weights_only=True``: a checkpoint can carry tensors and
-plain containers, never code.
+plain containers, never code. Tensors load onto the CPU whatever device wrote them, so a
+GPU run's checkpoint reads (inspect, the resume gate's checks) on a host without one;
+``load_state_dict`` of each part moves them onto the trainer's device.
 """
 
 from __future__ import annotations
@@ -281,7 +283,7 @@ def read_checkpoint(directory: Path) -> tuple[CheckpointInfo, dict[str, Any]]:
         algo = str(p.get("digest", "")).partition(":")[0]
         if algo not in ("crc32", "sha256") or part_digest(blob, algo) != p["digest"]:
             raise CorruptCheckpoint(f"{directory}: sentinel digest mismatch in part {name!r}")
-        out[name] = torch.load(io.BytesIO(blob), weights_only=True)
+        out[name] = torch.load(io.BytesIO(blob), map_location="cpu", weights_only=True)
     return info, out
 
 
