@@ -12,7 +12,9 @@
    next to the plain step time measured in the same run.
 
 Every figure is printed next to its anchor from the same process. ``--device cuda`` runs
-the same on a GPU where one is present.
+the same on a GPU where one is present (``scripts/device_check.sh`` runs both devices on
+one machine, where the CPU run is the GPU run's anchor); ``--hidden/--heads/--layers``
+change the test config's model (a GPU pays off only once a step's kernels are large).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import statistics
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -39,8 +42,8 @@ from trainer.resume import resume
 CONFIG = Path(__file__).resolve().parents[1] / "trainer" / "configs" / "test.yaml"
 
 
-def bench_steps(tmp: Path, steps: int, device: str) -> dict[str, float]:
-    cfg = load_config(CONFIG, run_id="bench-mem", steps=steps, device=device)
+def bench_steps(tmp: Path, steps: int, over: dict[str, Any]) -> dict[str, float]:
+    cfg = load_config(CONFIG, run_id="bench-mem", steps=steps, **over)
     tr = Trainer(cfg, tmp / "mem")
     tr.train_step()  # warm-up, not counted
     t0 = time.perf_counter()
@@ -48,7 +51,7 @@ def bench_steps(tmp: Path, steps: int, device: str) -> dict[str, float]:
         tr.train_step()
     train_only = (steps - 1) / (time.perf_counter() - t0)
 
-    cfg = load_config(CONFIG, run_id="bench-e2e", steps=steps, device=device)
+    cfg = load_config(CONFIG, run_id="bench-e2e", steps=steps, **over)
     sink = MemorySink()
     t0 = time.perf_counter()
     train(cfg, tmp / "e2e-mem", make_emitter(cfg.run_id, cfg.tenant_id, sink=sink))
@@ -82,10 +85,10 @@ def bench_steps(tmp: Path, steps: int, device: str) -> dict[str, float]:
     }
 
 
-def bench_checkpoint(tmp: Path, reps: int, device: str) -> dict[str, float]:
+def bench_checkpoint(tmp: Path, reps: int, over: dict[str, Any]) -> dict[str, float]:
     """Saves of one state with crc32 sentinels (default), sha256 sentinels and none,
     interleaved in rotating order; every save includes its three fsyncs."""
-    cfg = load_config(CONFIG, run_id="bench-ckpt", steps=10, device=device)
+    cfg = load_config(CONFIG, run_id="bench-ckpt", steps=10, **over)
     tr = Trainer(cfg, tmp / "ckpt")
     for _ in range(3):
         tr.train_step()
@@ -130,11 +133,11 @@ def bench_checkpoint(tmp: Path, reps: int, device: str) -> dict[str, float]:
     return out
 
 
-def bench_gate(tmp: Path, device: str, stops: tuple[int, ...] = (25, 29)) -> list[dict]:
+def bench_gate(tmp: Path, over: dict[str, Any], stops: tuple[int, ...] = (25, 29)) -> list[dict]:
     out = []
     for stop in stops:
         base = tmp / f"gate-{stop}"
-        cfg = load_config(CONFIG, run_id="gate", steps=stop + 1, device=device)
+        cfg = load_config(CONFIG, run_id="gate", steps=stop + 1, **over)
         log = base / "log"
         tr = Trainer(cfg, base / "run", make_emitter("gate", cfg.tenant_id, log_dir=log))
         tr.start()
@@ -166,11 +169,19 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=60)
     ap.add_argument("--reps", type=int, default=50)
     ap.add_argument("--device", default="cpu")
+    ap.add_argument("--hidden", type=int, help="override the test config's model.hidden")
+    ap.add_argument("--heads", type=int, help="override model.heads")
+    ap.add_argument("--layers", type=int, help="override model.layers")
     ap.add_argument("--json", action="store_true")
     ap.add_argument(
         "--only", choices=("steps", "checkpoint", "gate"), help="run one section (default: all)"
     )
     args = ap.parse_args()
+    model = load_config(CONFIG).model.model_dump()
+    for key in ("hidden", "heads", "layers"):
+        if getattr(args, key) is not None:
+            model[key] = getattr(args, key)
+    over: dict[str, Any] = {"device": args.device, "model": model}
     tmp = Path(tempfile.mkdtemp(prefix="trainer-bench-"))
     try:
         env = {
@@ -179,11 +190,12 @@ def main() -> None:
             "device": args.device,
             "cpu_threads": 1,
             "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+            "model": {k: model[k] for k in ("hidden", "heads", "layers")},
         }
         want = {args.only} if args.only else {"steps", "checkpoint", "gate"}
-        steps = bench_steps(tmp, args.steps, args.device) if "steps" in want else None
-        saves = bench_checkpoint(tmp, args.reps, args.device) if "checkpoint" in want else None
-        gate = bench_gate(tmp, args.device) if "gate" in want else []
+        steps = bench_steps(tmp, args.steps, over) if "steps" in want else None
+        saves = bench_checkpoint(tmp, args.reps, over) if "checkpoint" in want else None
+        gate = bench_gate(tmp, over) if "gate" in want else []
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     report = {"env": env, "steps": steps, "checkpoint": saves, "resume_gate": gate}
