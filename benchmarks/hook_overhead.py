@@ -18,8 +18,11 @@ Goal: overhead <= max(1 % of the step, 1 ms), judged on the step-time difference
 training thread's CPU time in the hook. The hook writes to an embedded log in a temporary
 directory (``--kafka BOOTSTRAP``: to Kafka).
 
+``--device cuda`` runs either loop on a GPU (the torch loop reads its loss each step, the
+sync a real loop's logging makes; a GPU step is short, so the hook's share is larger).
+
 Usage: ``python benchmarks/hook_overhead.py [--steps 400] [--blocks 8] [--trainer]
-[--kafka HOST:PORT] [--json]``
+[--device cuda] [--kafka HOST:PORT] [--json]``
 """
 
 from __future__ import annotations
@@ -88,15 +91,16 @@ def torch_loop(args: argparse.Namespace, hook: RunwatchHook, ckpt: Path) -> dict
     import torch
 
     torch.set_num_threads(1)
-    model = _model(args.hidden, args.layers)
+    model = _model(args.hidden, args.layers).to(args.device)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    batch = torch.randint(0, 512, (args.batch, args.seq))
+    batch = torch.randint(0, 512, (args.batch, args.seq), device=args.device)
 
     def step() -> None:
         loss = model(input_ids=batch, labels=batch).loss
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
+        float(loss.item())  # a loop logs its loss each step: on a GPU, the step's sync
 
     for _ in range(10):  # warm-up
         step()
@@ -183,7 +187,7 @@ def trainer_loop(args: argparse.Namespace, hook_kwargs: dict[str, Any], tmp: Pat
             per_device_train_batch_size=args.batch,
             report_to=[],
             save_strategy="no",
-            use_cpu=True,
+            use_cpu=args.device == "cpu",
             disable_tqdm=True,
         )
         trainer = Trainer(
@@ -213,6 +217,7 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--seq", type=int, default=64)
     ap.add_argument("--trainer", action="store_true", help="transformers.Trainer + callback")
+    ap.add_argument("--device", default="cpu", help="cpu (default) or cuda")
     ap.add_argument("--kafka", help="publish to this Kafka bootstrap instead of a temp log")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
@@ -237,6 +242,7 @@ def main() -> None:
     budget = max(0.01 * plain_p50, 1e-3)
     out: dict[str, Any] = {
         "mode": "trainer" if args.trainer else "torch",
+        "device": args.device,
         "steps_each": len(res["plain"]),
         "step_p50_ms_without_hook": plain_p50 * 1e3,
         "step_p50_ms_with_hook": hooked_p50 * 1e3,
