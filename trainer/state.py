@@ -31,7 +31,9 @@ class RngStreams:
 
     def state_dict(self) -> dict[str, Any]:
         name, keys, pos, has_gauss, cached = np.random.get_state()
-        cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []
+        # only once CUDA is in use: asking first would start a CUDA context (hundreds of
+        # MiB of GPU memory) in a CPU run that happens to share a host with a GPU
+        cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else []
         return {
             "python": random.getstate(),
             "numpy": {
@@ -54,7 +56,10 @@ class RngStreams:
         )
         torch.set_rng_state(state["torch"])
         if state["cuda"] and torch.cuda.is_available():
-            torch.cuda.set_rng_state_all(state["cuda"])
+            # a host with fewer GPUs than the writer's restores the devices it has (the
+            # trainer uses one); set_rng_state_all would stop at a missing device
+            for i, gen_state in enumerate(state["cuda"][: torch.cuda.device_count()]):
+                torch.cuda.set_rng_state(gen_state, i)
 
 
 class RunningMoments:

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import math
 
+import pytest
 import torch
 
 from trainer.config import TaskConfig, TrainerConfig
 from trainer.resume import deviation, metric_vector
 from trainer.rewards import RewardFn, exact_match, gameable, parse, partial_credit
 from trainer.rollout import RolloutBatch
-from trainer.state import RolloutBuffer, RunningMoments
+from trainer.state import RngStreams, RolloutBuffer, RunningMoments
 from trainer.task import DIGIT0, EOS, Dataset, PromptSampler, dataset_revision
 
 
@@ -83,6 +84,27 @@ def test_running_moments() -> None:
 def _batch(version: int) -> RolloutBatch:
     z = torch.zeros((1, 1))
     return RolloutBatch(z.long(), z.long(), z, z, torch.zeros(1, dtype=torch.bool), version)
+
+
+def test_rng_streams_leave_cuda_alone_in_a_cpu_run() -> None:
+    """Capturing the CUDA streams of a process that never used CUDA would start a CUDA
+    context on a GPU host; a CPU run's state holds none."""
+    state = RngStreams().state_dict()
+    assert state["cuda"] == [] and not torch.cuda.is_initialized()
+
+
+def test_rng_streams_restore_the_gpus_a_host_has(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A checkpoint written on a host with 4 GPUs resumes on a host with 1: the devices it
+    has get their streams, the missing ones are not an error."""
+    restored: list[int] = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "set_rng_state", lambda _s, i: restored.append(i))
+    streams = RngStreams()
+    state = streams.state_dict()
+    state["cuda"] = [torch.zeros(16, dtype=torch.uint8)] * 4
+    streams.load_state_dict(state)
+    assert restored == [0]
 
 
 def test_on_policy_staleness_keeps_only_the_restored_version() -> None:
