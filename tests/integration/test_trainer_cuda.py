@@ -15,9 +15,7 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
-import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +28,7 @@ import yaml
 from events.catalog.checkpoint import ResumeCertified
 from events.catalog.lifecycle import RunCompleted
 from events.catalog.usage import UsageRecorded
+from tests.trainer_runs import ROOT, cli, resume_gate, train_killed
 from trainer import checkpoint as ckpt
 from trainer.config import load_config
 from trainer.loop import train
@@ -38,12 +37,7 @@ from trainer.resume import recorded_vector
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
 
-ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "trainer" / "configs" / "test.yaml"
-
-
-def _cli(*args: str) -> list[str]:
-    return [sys.executable, "-m", "runwatch.cli.main", *args]
 
 
 @dataclass(frozen=True)
@@ -68,34 +62,11 @@ def _cuda_config(directory: Path) -> Path:
 def cuda_runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[CudaRuns]:
     base = tmp_path_factory.mktemp("cuda")
     config, log, runs = _cuda_config(base), base / "log", base / "runs"
-    train_args = ["--config", str(config), "--log", str(log), "--runs", str(runs)]
-    proc = subprocess.Popen(
-        _cli("train", *train_args, "--run-id", "killed"),
-        cwd=ROOT,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    assert proc.stderr is not None
-    killed_after, lines = None, []
-    for line in proc.stderr:
-        lines.append(line)
-        if line.startswith("step ") and int(line.split()[1]) >= 25:
-            os.kill(proc.pid, signal.SIGKILL)  # checkpoint 20 exists, 21.. recorded
-            killed_after = int(line.split()[1])
-            break
-    proc.wait(timeout=120)
-    assert proc.returncode == -signal.SIGKILL and killed_after is not None, "".join(lines)
-    out = subprocess.run(
-        _cli("resume", "--run-id", "killed", "--log", str(log), "--json", "--quiet"),
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert out.returncode == 0, out.stderr
+    killed_after = train_killed(config, log, "killed", "--runs", str(runs))
+    gate = resume_gate(log, "killed")
     cfg = load_config(config, run_id="straight")
     train(cfg, runs / "straight", make_emitter("straight", cfg.tenant_id, log_dir=log))
-    yield CudaRuns(log, runs, json.loads(out.stdout), killed_after)
+    yield CudaRuns(log, runs, gate, killed_after)
 
 
 def test_cuda_kill9_resume_is_bitwise(cuda_runs: CudaRuns) -> None:
@@ -131,7 +102,7 @@ def test_a_cuda_checkpoint_reads_on_a_host_without_cuda(cuda_runs: CudaRuns) -> 
     assert weights and all(t.device.type == "cpu" for t in weights.values())
     hidden = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}  # an auditor's laptop
     out = subprocess.run(
-        _cli("checkpoint", "inspect", str(path), "--json"),
+        cli("checkpoint", "inspect", str(path), "--json"),
         cwd=ROOT,
         env=hidden,
         capture_output=True,

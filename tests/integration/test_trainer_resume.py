@@ -11,12 +11,7 @@ to step 25, no RunCompleted), copy it, damage the step-20 checkpoint one way, an
 
 from __future__ import annotations
 
-import json
-import os
 import shutil
-import signal
-import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -26,49 +21,23 @@ import pytest
 from events.catalog.checkpoint import ResumeCertified, ResumeRejected
 from events.catalog.lifecycle import RunCompleted, RunFailed
 from events.catalog.trainer import WeightSyncCompleted
+from tests.trainer_runs import ROOT, resume_gate, train_killed
 from trainer import checkpoint as ckpt
 from trainer.config import load_config
 from trainer.loop import Trainer, train
 from trainer.publish import make_emitter, recorded_steps, run_events
 from trainer.resume import recorded_vector, resume
 
-ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "trainer" / "configs" / "test.yaml"
-
-
-def _cli(*args: str) -> list[str]:
-    return [sys.executable, "-m", "runwatch.cli.main", *args]
 
 
 def test_kill9_resume_is_bitwise(tmp_path: Path) -> None:
     log = tmp_path / "log"
-    proc = subprocess.Popen(
-        _cli("train", "--config", str(CONFIG), "--log", str(log), "--run-id", "killed"),
-        cwd=ROOT,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    assert proc.stderr is not None
-    killed_after = None
-    for line in proc.stderr:
-        if line.startswith("step ") and int(line.split()[1]) >= 25:
-            os.kill(proc.pid, signal.SIGKILL)  # mid-run: checkpoint 20 exists, 21..25 recorded
-            killed_after = int(line.split()[1])
-            break
-    proc.wait(timeout=60)
-    assert proc.returncode == -signal.SIGKILL and killed_after is not None
+    killed_after = train_killed(CONFIG, log, "killed")
     events = list(run_events(log, "killed"))
     assert not any(isinstance(e, RunCompleted) for e in events)
 
-    out = subprocess.run(
-        _cli("resume", "--run-id", "killed", "--log", str(log), "--json", "--quiet"),
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert out.returncode == 0, out.stderr
-    gate = json.loads(out.stdout)
+    gate = resume_gate(log, "killed", timeout_s=120)
     assert gate["certified"] and gate["tier"] == "bitwise"
     assert gate["tolerance"] == 0.0 and gate["max_deviation"] == 0.0
     assert gate["checkpoint_step"] == 20 and gate["window"][0] == 21
