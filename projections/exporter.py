@@ -4,12 +4,14 @@ Naming (prometheus.io/docs/practices/naming): ``runwatch_`` prefix, base units a
 (``_seconds``, ``_usd``), ``_total`` on counters. Cardinality (seed 000 step 6):
 
 - no ``run_id`` label anywhere: every series here is fleet-level or per tenant;
-- tenant labels are bounded: the ``top_tenants`` tenants by spend keep their name, every
-  other tenant is summed into ``tenant="other"`` (so ``sum()`` over tenants stays right);
+- tenant labels are bounded: the first ``top_tenants`` tenants to appear keep their name,
+  every other tenant is summed into ``tenant="other"`` (so ``sum()`` over tenants stays
+  right), and a name once given is kept for the collector's life (:class:`TenantLabels`);
 - other labels come from closed sets (states, failure classes, detectors, phases, pools).
 
-Nothing is cached between scrapes; each read is guarded, so a read-model failure turns
-into ``runwatch_exporter_scrape_errors_total`` instead of a failed scrape.
+Nothing of the read model is cached between scrapes (only which tenants have names); each
+read is guarded, so a read-model failure turns into
+``runwatch_exporter_scrape_errors_total`` instead of a failed scrape.
 
 Exposure: tenant names and spend are in these series, so :func:`start_metrics_server`
 binds the loopback address unless told otherwise (``runwatch serve api --metrics-host``)
@@ -56,7 +58,8 @@ def bounded_tenants(views: list[RunView], top: int) -> dict[str, str]:
     Why first appearance and not top spend: the tenant families are counters, and a
     ranking that changes between scrapes would move a tenant's total into or out of
     ``other`` — a counter going down, which ``rate()`` reads as a reset. A new tenant
-    only ever arrives after the labelled ones, so every series here only grows."""
+    only ever arrives after the labelled ones (with honest clocks; :class:`TenantLabels`
+    keeps it so whatever the producers' clocks say), so every series here only grows."""
     first_seen: dict[str, float] = {}
     for v in views:
         ts = v.created_ts if v.created_ts is not None else v.updated_ts
@@ -65,6 +68,32 @@ def bounded_tenants(views: list[RunView], top: int) -> dict[str, str]:
     ranked = sorted(first_seen, key=lambda t: (first_seen[t], t))
     keep = set(ranked[:top])
     return {t: t if t in keep else OTHER for t in first_seen}
+
+
+class TenantLabels:
+    """The tenant labels of one collector: :func:`bounded_tenants` for the tenants that have
+    no label yet, into the names still free; a name once given is never taken back.
+
+    Why sticky: the ranking is by event time, which is the producer's clock. Recomputed at
+    every scrape, a tenant whose first event claims an early ``ts`` would take a name from
+    a tenant named before it, whose counters would move into ``other`` (a series going
+    down, a reset to ``rate()``). Here a newcomer only ever gets a name that is free. A
+    restarted exporter ranks afresh (its series start over anyway). Scrapes may run on
+    several threads: one lock."""
+
+    def __init__(self, top: int) -> None:
+        self.top = top
+        self.named: set[str] = set()
+        self._lock = threading.Lock()
+
+    def __call__(self, views: list[RunView]) -> dict[str, str]:
+        with self._lock:
+            new = [v for v in views if v.tenant_id not in self.named]
+            free = self.top - len(self.named)
+            if new and free > 0:
+                ranked = bounded_tenants(new, free)
+                self.named.update(t for t, label in ranked.items() if label != OTHER)
+            return {v.tenant_id: v.tenant_id if v.tenant_id in self.named else OTHER for v in views}
 
 
 class _RunTotals:
@@ -98,6 +127,7 @@ class ProjectionCollector:
     def __init__(self, store: ReadModel, top_tenants: int = 10) -> None:
         self.store = store
         self.top_tenants = top_tenants
+        self.labels = TenantLabels(top_tenants)
         self.errors = 0
 
     def describe(self) -> list[Metric]:
@@ -215,7 +245,7 @@ class ProjectionCollector:
         yield c
 
     def _tenants(self, views: list[RunView]) -> Iterator[Metric]:
-        label = bounded_tenants(views, self.top_tenants)
+        label = self.labels(views)
         gpu: dict[tuple[str, str], float] = {}
         device: dict[tuple[str, str], float] = {}
         spend: dict[str, float] = {}
