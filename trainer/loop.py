@@ -15,7 +15,8 @@ sampler's numpy generator, both checkpointed; with ``resume.tier == 'bitwise'`` 
 deterministic algorithms on ``threads`` threads, so a replay from a checkpoint
 reproduces the recorded metrics exactly, on the CPU and on CUDA (measured on an H200:
 kill -9 and resume certified bitwise, ``tests/integration/test_trainer_cuda.py``). Older
-PyTorch releases also need cuBLAS's fixed workspace (:func:`deterministic_cuda`).
+PyTorch releases also need cuBLAS's fixed workspace
+(:func:`trainer.device.deterministic_cuda`).
 
 Time semantics of :class:`StepPhaseTimed`: ``wall_s`` runs from the previous step's cut
 to this step's cut (so the previous step's checkpoint and event flush are in this
@@ -39,7 +40,6 @@ from __future__ import annotations
 import copy
 import json
 import math
-import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -74,6 +74,7 @@ from producers.commands import CommandFeed
 from producers.emitter import Emitter
 from trainer import checkpoint as ckpt
 from trainer.config import TrainerConfig
+from trainer.device import check_device, deterministic_cuda
 from trainer.engines import check_servable, engine_pin, make_engine, resolve_backend
 from trainer.policy import build_policy, greedy, logits_of, warm_start, weights_hash
 from trainer.rewards import RewardFn, RewardUnavailable, parse
@@ -164,24 +165,6 @@ class _Progress:
         self.step = int(state["step"])
 
 
-#: cuBLAS's documented deterministic workspace (8 buffers of 4 MiB per stream).
-CUBLAS_DETERMINISTIC = ":4096:8"
-
-
-def deterministic_cuda() -> None:
-    """Make cuBLAS deterministic for this process: ``CUBLAS_WORKSPACE_CONFIG`` (kept if
-    the operator already set it, e.g. ``:16:8`` for less memory).
-
-    PyTorch releases until late 2025 refuse every cuBLAS matrix product in deterministic
-    mode without it (PyTorch then dropped the check: cuBLAS workspaces are allocated per
-    handle and stream); torch 2.11 with CUDA 13.0, measured on an H200, runs bitwise
-    without it. Costs nothing where it is not needed. Assumes no cuBLAS handle exists
-    yet in the process (cuBLAS reads the variable when it creates one): the trainer calls
-    this before its first CUDA tensor.
-    """
-    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", CUBLAS_DETERMINISTIC)
-
-
 class Trainer:
     """One run's whole trainer state, composed of Stateful parts (:meth:`parts`)."""
 
@@ -197,7 +180,7 @@ class Trainer:
         self.emitter = emitter
         self.say = progress or (lambda _m: None)
         torch.set_num_threads(cfg.threads)
-        self.device = torch.device(cfg.device)
+        self.device = check_device(cfg.device)  # DeviceUnavailable before anything is built
         if cfg.resume.tier == "bitwise":
             if self.device.type == "cuda":
                 deterministic_cuda()

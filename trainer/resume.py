@@ -58,6 +58,7 @@ from producers.emitter import Emitter
 from producers.sinks import EventSink
 from trainer import checkpoint as ckpt
 from trainer.config import TrainerConfig
+from trainer.device import DeviceUnavailable, check_device
 from trainer.engines import effective_tier, engine_pin, resolve_backend
 from trainer.loop import METRIC_FIELDS, RunLock, Trainer
 from trainer.policy import weights_hash
@@ -442,6 +443,10 @@ def _resume_locked(
         raise ResumeError(f"run {run_id!r} already completed; nothing to resume")
     if any(isinstance(e, RunCancelled) for e in events):
         raise ResumeError(f"run {run_id!r} was cancelled; nothing to resume")
+    try:  # before anything is published: the run's device on this host
+        check_device(cfg.device)
+    except DeviceUnavailable as exc:
+        raise ResumeError(f"run {run_id!r} cannot resume here: {exc}") from None
     seqs = [e.seq for e in events if e.producer == producer_name(run_id)]
     emitter = make_emitter(
         run_id, cfg.tenant_id, log_dir=log_dir, sink=sink, first_seq=max(seqs, default=-1) + 1

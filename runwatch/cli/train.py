@@ -37,6 +37,7 @@ def run_dir_for(cfg_run_dir: str | None, runs: str | None, log: Path, run_id: st
 
 def run(args: argparse.Namespace, term: Terminal) -> int:
     from trainer.config import load_config
+    from trainer.device import DeviceUnavailable, check_device
     from trainer.engines import check_servable
     from trainer.loop import RunBusy, train
     from trainer.publish import make_emitter, run_events
@@ -47,9 +48,10 @@ def run(args: argparse.Namespace, term: Terminal) -> int:
         cfg = load_config(args.config, run_id=args.run_id, steps=args.steps, seed=args.seed)
     except ValueError as exc:
         raise Abort(str(exc)) from None
-    try:  # before anything is published: a policy the engine cannot serve never starts
+    try:  # before anything is published: a device or policy this host cannot run
+        check_device(cfg.device)
         check_servable(cfg)
-    except RolloutUnavailable as exc:
+    except (DeviceUnavailable, RolloutUnavailable) as exc:
         raise Abort(f"run {cfg.run_id} refused at start: {exc}") from None
     if cfg.reward.kind == "sandbox" and not Path(str(cfg.reward.sandbox_path)).is_file():
         raise Abort(f"reward file {cfg.reward.sandbox_path} does not exist")

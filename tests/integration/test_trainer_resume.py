@@ -12,16 +12,18 @@ to step 25, no RunCompleted), copy it, damage the step-20 checkpoint one way, an
 from __future__ import annotations
 
 import shutil
+import subprocess
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 from events.catalog.checkpoint import ResumeCertified, ResumeRejected
-from events.catalog.lifecycle import RunCompleted, RunFailed
+from events.catalog.lifecycle import RunCompleted, RunFailed, RunSubmitted
 from events.catalog.trainer import WeightSyncCompleted
-from tests.trainer_runs import ROOT, resume_gate, train_killed
+from tests.trainer_runs import ROOT, cli, resume_gate, train_killed
 from trainer import checkpoint as ckpt
 from trainer.config import load_config
 from trainer.loop import Trainer, train
@@ -66,6 +68,39 @@ def test_kill9_resume_is_bitwise(tmp_path: Path) -> None:
     a, _ = ckpt.read_checkpoint(tmp_path / "runs" / "straight" / "checkpoints" / "step-00000060")
     b, _ = ckpt.read_checkpoint(tmp_path / "runs" / "killed" / "checkpoints" / "step-00000060")
     assert a.sentinels == b.sentinels  # weights, optimizer, RNG, sampler ... all identical
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this host has the GPU the run asks for")
+def test_a_gpu_run_on_a_host_without_one_is_refused_before_anything_is_published(
+    tmp_path: Path,
+) -> None:
+    """``runwatch train`` of a ``device: cuda`` config, and ``runwatch resume`` of a run
+    that trained on CUDA, on this CPU host: each exits 1 naming the device (they ended in
+    "a bug in runwatch" with torch's traceback), and nothing is written to the log."""
+    cfg = load_config(CONFIG, run_id="gpu-run", device="cuda")
+    config = tmp_path / "cuda.json"
+    config.write_text(cfg.model_dump_json())
+    log = tmp_path / "log"
+    out = subprocess.run(
+        cli("train", "--config", str(config), "--log", str(log)),
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert out.returncode == 1, out.stderr
+    assert "refused at start: device 'cuda'" in out.stderr and "Traceback" not in out.stderr
+    assert not log.exists()
+
+    emitter = make_emitter("gpu-run", cfg.tenant_id, log_dir=log)  # the run's own record
+    config_json = {"config_json": cfg.model_dump_json(), "run_dir": str(tmp_path / "run")}
+    emitter.emit(RunSubmitted, algorithm="grpo", config=config_json)
+    emitter.flush()
+    before = len(list(run_events(log, "gpu-run")))
+    out = subprocess.run(
+        cli("resume", "--run-id", "gpu-run", "--log", str(log)),
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert out.returncode == 1, out.stderr
+    assert "cannot resume here: device 'cuda'" in out.stderr and "Traceback" not in out.stderr
+    assert len(list(run_events(log, "gpu-run"))) == before
 
 
 # -- fault cases ---------------------------------------------------------------------------

@@ -107,6 +107,22 @@ def test_rng_streams_restore_the_gpus_a_host_has(monkeypatch: pytest.MonkeyPatch
     assert restored == [0]
 
 
+def test_a_device_this_host_lacks_is_refused_by_name(monkeypatch: pytest.MonkeyPatch) -> None:
+    from trainer.device import DeviceUnavailable, check_device
+
+    assert check_device("cpu") == torch.device("cpu")
+    for device, why in (("gpu", "not a torch device"), ("meta", "runs on 'cpu' or 'cuda'")):
+        with pytest.raises(DeviceUnavailable, match=why):
+            check_device(device)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    with pytest.raises(DeviceUnavailable, match="sees no CUDA device on this host"):
+        check_device("cuda")
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    assert check_device("cuda:0") == torch.device("cuda:0")
+    with pytest.raises(DeviceUnavailable, match="this host has 1 CUDA device"):
+        check_device("cuda:3")
+
+
 def test_on_policy_staleness_keeps_only_the_restored_version() -> None:
     buf = RolloutBuffer()
     for v in (3, 4, 5):
