@@ -10,15 +10,24 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from events.identity import Identifier
 
+#: an Adam beta: a decay rate in [0, 1)
+Beta = Annotated[float, Field(ge=0, lt=1)]
+
 
 class _Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    """Every config part: immutable, unknown keys refused, no NaN or infinity anywhere.
+
+    A config is a customer's input: each number is bounded here so that a value the trainer
+    cannot run (``eval_every: 0``, ``temperature: 0``, ``ppo_epochs: 0``...) is refused at
+    load, naming the field, instead of failing the run mid-way as a platform fault."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
 
 class TaskConfig(_Frozen):
@@ -57,9 +66,9 @@ class ModelConfig(_Frozen):
     layers: int = Field(2, ge=1, le=8)
     intermediate: int = Field(128, ge=8)
     max_positions: int = Field(32, ge=8, le=512)
-    warm_start_steps: int = 25
-    warm_start_lr: float = 3e-3
-    warm_start_batch: int = 64
+    warm_start_steps: int = Field(25, ge=0)
+    warm_start_lr: float = Field(3e-3, gt=0)
+    warm_start_batch: int = Field(64, ge=1)
 
     @property
     def head_dim(self) -> int:
@@ -73,19 +82,20 @@ class ModelConfig(_Frozen):
 
 
 class GrpoConfig(_Frozen):
-    prompts_per_step: int = 32
-    group_size: int = 8
-    lr: float = 1e-3
+    prompts_per_step: int = Field(32, ge=1)
+    #: completions per prompt; the advantage is relative to the group, so at least 2
+    group_size: int = Field(8, ge=2)
+    lr: float = Field(1e-3, gt=0)
     lr_schedule: Literal["cosine", "constant"] = "cosine"
-    warmup_steps: int = 5
-    min_lr_ratio: float = 0.1
-    kl_coef: float = 0.6
-    clip_eps: float = 0.2
-    ppo_epochs: int = 2
-    grad_clip: float = 1.0
-    temperature: float = 1.0
-    max_new_tokens: int = 0  # 0: answer length + 2
-    adam_betas: tuple[float, float] = (0.9, 0.99)
+    warmup_steps: int = Field(5, ge=0)
+    min_lr_ratio: float = Field(0.1, ge=0, le=1)
+    kl_coef: float = Field(0.6, ge=0)
+    clip_eps: float = Field(0.2, gt=0)
+    ppo_epochs: int = Field(2, ge=1)
+    grad_clip: float = Field(1.0, gt=0)
+    temperature: float = Field(1.0, gt=0)
+    max_new_tokens: int = Field(0, ge=0)  # 0: answer length + 2
+    adam_betas: tuple[Beta, Beta] = (0.9, 0.99)
 
 
 class RewardConfig(_Frozen):
@@ -104,7 +114,7 @@ class RewardConfig(_Frozen):
     sandbox_deadline_s: float = Field(10.0, gt=0, le=600)
     #: Batches the sandbox's failure policy may skip within one step before the run
     #: fails (each skip draws fresh prompts; nothing is trained on an unscored batch).
-    max_skips_per_step: int = 3
+    max_skips_per_step: int = Field(3, ge=0)
     #: Canary probes (seed 002): every sandbox batch carries one more GRPO group of
     #: known-wrong answers, scored by the tenant's code and never trained on; every this
     #: many batches the probes since the last verdict are judged, and the verdict's
@@ -134,11 +144,11 @@ class Faults(_Frozen):
     """
 
     constant_reward: float | None = None
-    lr_multiplier: float = 1.0
+    lr_multiplier: float = Field(1.0, gt=0)
     gameable_reward: bool = False
-    gameable_token: int = 7
+    gameable_token: int = Field(7, ge=0)
     gameable_bonus: float = 1.0
-    freeze_weight_sync_after: int | None = None
+    freeze_weight_sync_after: int | None = Field(None, ge=0)
 
 
 class EngineConfig(_Frozen):
@@ -163,8 +173,8 @@ class EngineConfig(_Frozen):
 
 
 class CheckpointConfig(_Frozen):
-    every: int = 10
-    keep: int = 5
+    every: int = Field(10, ge=1)
+    keep: int = Field(5, ge=1)
     #: Also checkpoint the starting state (step 0): a run can then be rolled back to its
     #: very start on resume (``rollback_to_step: 0``) without retraining its warm start.
     at_start: bool = False
@@ -182,10 +192,10 @@ class ResumeConfig(_Frozen):
     """
 
     tier: Literal["bitwise", "statistical"] = "bitwise"
-    band_k: float = 4.0
+    band_k: float = Field(4.0, gt=0)
     #: On-policy runs keep no rollouts older than the restored policy (0); an async run
     #: would allow a bounded lag.
-    max_staleness: int = 0
+    max_staleness: int = Field(0, ge=0)
 
 
 class TrainerConfig(_Frozen):
@@ -194,10 +204,10 @@ class TrainerConfig(_Frozen):
     run_id: Identifier = "run-1"
     tenant_id: Identifier = "tenant-a"
     seed: int = 0
-    steps: int = 100
-    eval_every: int = 10
-    eval_items: int = 200
-    threads: int = 1
+    steps: int = Field(100, ge=1)
+    eval_every: int = Field(10, ge=1)
+    eval_items: int = Field(200, ge=1)
+    threads: int = Field(1, ge=1)
     device: str = "cpu"
     #: ``auto``: vLLM wherever it imports, else the torch sampler (the run's resolved engine
     #: is pinned: a resume on another engine is refused).
@@ -244,5 +254,17 @@ def load_config(path: str | Path, **overrides: Any) -> TrainerConfig:
     raw.update({k: v for k, v in overrides.items() if v is not None})
     try:
         return TrainerConfig.model_validate(raw)
+    except ValidationError as exc:
+        raise ValueError(f"config {p} is invalid: {describe_errors(exc)}") from None
     except Exception as exc:
         raise ValueError(f"config {p} is invalid: {exc}") from None
+
+
+def describe_errors(exc: ValidationError) -> str:
+    """One ``field.path: message (got value)`` per problem, joined by ``; ``."""
+    parts = []
+    for err in exc.errors(include_url=False):
+        where = ".".join(str(x) for x in err["loc"]) or "config"
+        got = f" (got {err['input']!r})" if err["type"] != "missing" else ""
+        parts.append(f"{where}: {err['msg']}{got}"[:300])
+    return "; ".join(parts)

@@ -66,6 +66,35 @@ def test_train_bad_config_is_a_clear_error(
     assert "not_a_field" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    ("yaml_text", "field"),
+    [
+        ("eval_every: 0\n", "eval_every"),  # was a ZeroDivisionError at step 1
+        ("grpo: {ppo_epochs: 0}\n", "grpo.ppo_epochs"),  # a mean over no epochs
+        ("grpo: {temperature: 0}\n", "grpo.temperature"),  # logits / 0
+        ("grpo: {group_size: 1}\n", "grpo.group_size"),  # no advantage in a group of one
+        ("grpo: {lr: .nan}\n", "grpo.lr"),
+        ("grpo: {adam_betas: [0.9, 1.5]}\n", "grpo.adam_betas.1"),
+        ("checkpoint: {every: 0}\n", "checkpoint.every"),
+        ("threads: 0\n", "threads"),
+        ("steps: 0\n", "steps"),
+    ],
+)
+def test_a_config_the_trainer_cannot_run_is_refused_at_load(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], yaml_text: str, field: str
+) -> None:
+    """A run config is a customer's input: a value the trainer cannot run is refused at
+    load, naming the field and the value, before anything is published (``eval_every: 0``
+    started the run and failed it at step 1 as a platform fault, with a traceback)."""
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml_text)
+    log = tmp_path / "log"
+    assert main(["train", "--config", str(bad), "--log", str(log)]) == 1
+    err = capsys.readouterr().err
+    assert f"is invalid: {field}: " in err and "(got " in err and "Traceback" not in err
+    assert not log.exists()
+
+
 def test_resume_unknown_run_is_a_clear_error(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
