@@ -70,7 +70,7 @@ from events.catalog.trainer import (
     WeightSyncCompleted,
 )
 from events.catalog.usage import UsageRecorded
-from producers.commands import CommandFeed
+from producers.commands import RESUME_OVERRIDES, CommandFeed
 from producers.emitter import Emitter
 from trainer import checkpoint as ckpt
 from trainer.config import TrainerConfig
@@ -650,7 +650,8 @@ class Trainer:
                     return False
 
     def apply_overrides(self, overrides: dict[str, Any]) -> dict[str, Any]:
-        """Change what :data:`RESUME_OVERRIDES` allows before continuing; what changed.
+        """Change what :data:`producers.commands.RESUME_OVERRIDES` allows (within its
+        bounds) before continuing; what changed.
 
         ``rollback_to_step``: continue from the newest checkpoint at or before that step
         (applied first; the steps after it are trained again, under the new settings).
@@ -692,7 +693,8 @@ class Trainer:
             )
             changed["lr"] = lr
         kl_coef = overrides.get("kl_coef")
-        if isinstance(kl_coef, int | float) and not isinstance(kl_coef, bool) and kl_coef >= 0:
+        _, lo, hi = RESUME_OVERRIDES["kl_coef"]  # the bounds the API and the CLI enforce
+        if isinstance(kl_coef, int | float) and not isinstance(kl_coef, bool) and lo < kl_coef < hi:
             g = self.cfg.grpo.model_dump()
             self.cfg = self.cfg.with_overrides(grpo={**g, "kl_coef": float(kl_coef)})
             changed["kl_coef"] = float(kl_coef)
@@ -744,10 +746,6 @@ class Trainer:
             RunFailed, step=self.step, failure_class=cls, reason=f"{type(exc).__name__}: {exc}"
         )
         self._flush()
-
-
-#: Settings an ``UnpauseRequested`` may change (see :meth:`Trainer.apply_overrides`).
-RESUME_OVERRIDES: frozenset[str] = frozenset({"lr", "kl_coef", "rollback_to_step"})
 
 
 class RunBusy(RuntimeError):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -93,6 +94,17 @@ def test_a_config_the_trainer_cannot_run_is_refused_at_load(
     err = capsys.readouterr().err
     assert f"is invalid: {field}: " in err and "(got " in err and "Traceback" not in err
     assert not log.exists()
+
+
+def test_resume_settings_out_of_bounds_change_nothing(tmp_path: Path) -> None:
+    """A command written past the API (straight to the control topic) with a KL weight of
+    inf or NaN must not reach the trainer's config (it would now refuse it mid-run, and an
+    inf penalty trained NaN before): the trainer applies the bounds the API enforces."""
+    tr = Trainer(TrainerConfig.model_validate(TINY), tmp_path / "run")
+    for bad in (math.inf, math.nan, -1.0, 1e6):
+        assert tr.apply_overrides({"kl_coef": bad, "lr": bad}) == {}
+    assert tr.apply_overrides({"kl_coef": 2.0, "lr": 0.01}) == {"kl_coef": 2.0, "lr": 0.01}
+    assert tr.cfg.grpo.kl_coef == 2.0 and tr.cfg.grpo.lr == 0.01
 
 
 def test_resume_unknown_run_is_a_clear_error(
