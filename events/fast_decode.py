@@ -7,7 +7,8 @@ high-volume event types (1.03-1.29x the codec's decode over a replay's mix,
 
 - Each event class whose fields msgspec can check exactly as pydantic does (str, int,
   float, bool, ``None`` unions, ``Literal``, ``UUID``, tuples of those, and
-  :data:`~events.envelope.Attributes`; no validators of its own, no constraints) gets a
+  :data:`~events.envelope.Attributes`; numbers with bounds and finiteness; no validators
+  of its own, no other constraints) gets a
   msgspec ``Struct`` twin: the same fields in the same order, unknown fields forbidden,
   strict types (no coercion: msgspec refuses what pydantic's lax mode would convert).
 - A record names its type in ``"type":"..."``; that picks the twin, whose ``type`` field
@@ -29,11 +30,12 @@ valid and mutated (hypothesis).
 from __future__ import annotations
 
 import re
+import sys
 import types
 import typing
 import uuid
 from collections.abc import Callable, Iterable
-from typing import Any, Literal, Union
+from typing import Annotated, Any, Literal, Union
 
 import msgspec
 from pydantic import BaseModel
@@ -75,6 +77,32 @@ def _twin_type(annotation: Any) -> Any:
     raise _Unsupported(annotation)
 
 
+#: bounds pydantic checks that msgspec checks alike (``annotated_types`` name -> Meta key)
+_BOUNDS = {"Ge": "ge", "Gt": "gt", "Le": "le", "Lt": "lt"}
+_MAX_FLOAT = sys.float_info.max
+
+
+def _bounded(annotation: Any, metadata: list[Any]) -> Any:
+    """A number with bounds (``Field(ge=0, allow_inf_nan=False)``) as msgspec checks it.
+
+    JSON has no NaN, and msgspec refuses ``NaN``/``Infinity`` tokens (the codec decides
+    those); but it reads ``1e999`` as infinity, so a float that must be finite is bounded
+    by the largest finite float too."""
+    if annotation not in (int, float):
+        raise _Unsupported(annotation)
+    meta: dict[str, Any] = {}
+    for item in metadata:
+        name = type(item).__name__
+        if name in _BOUNDS:
+            meta[_BOUNDS[name]] = getattr(item, _BOUNDS[name])
+        elif name == "AllowInfNan" and not item.allow_inf_nan and annotation is float:
+            meta.setdefault("le", _MAX_FLOAT)
+            meta.setdefault("ge", -_MAX_FLOAT)
+        else:
+            raise _Unsupported(item)
+    return Annotated[annotation, msgspec.Meta(**meta)]
+
+
 def _is_attributes(field: Any) -> bool:
     return any(getattr(m, "func", None) is _to_pairs for m in field.metadata)
 
@@ -105,7 +133,7 @@ class _Twin:
                     raise _Unsupported(cls)
                 kind = _ENVELOPE_CHECKED[name]
             elif field.metadata:
-                raise _Unsupported(cls)
+                kind = _bounded(field.annotation, field.metadata)
             elif name == "schema_version":
                 # only the current version decodes here (an older one is upcast by the
                 # codec); a record without one is the field's default, if that is current

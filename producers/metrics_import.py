@@ -151,6 +151,18 @@ def read_rows(path: Path, report: MetricsImportReport) -> Iterator[tuple[int, di
                 yield n, {str(k): _scalar(v) for k, v in row.items() if k is not None}
 
 
+def check_gpus(gpus: float | None) -> float | None:
+    """``gpus`` (the GPUs a run's step time is billed on) if it is ``None`` or a finite
+    number above 0, else ``ValueError``: usage is never negative, NaN or infinite."""
+    if gpus is None:
+        return None
+    if isinstance(gpus, bool) or not isinstance(gpus, int | float):
+        raise ValueError(f"gpus must be a number, not {gpus!r}")
+    if not (math.isfinite(gpus) and gpus > 0):
+        raise ValueError(f"gpus must be a finite number above 0, not {gpus!r}")
+    return float(gpus)
+
+
 def _skip(report: MetricsImportReport, issue: str) -> None:
     report.skipped += 1
     report.issues.append(issue)
@@ -315,7 +327,13 @@ def emit_row(
     phases = {name: float(hit[1]) for name, keys in PHASE_KEYS.items() if (hit := _pick(row, keys))}
     if "wall_s" in phases:
         emit(StepPhaseTimed, step, ts, "phases", **phases)
-        if gpus:
+        billed = phases["wall_s"] * gpus if gpus else 0.0
+        if gpus and not (math.isfinite(billed) and billed >= 0):
+            report.issues.append(
+                f"step {step}: step time {phases['wall_s']!r} s x {gpus} GPUs is no usage; "
+                "not billed"
+            )
+        elif gpus:
             emit(
                 UsageRecorded,
                 step,
@@ -324,7 +342,7 @@ def emit_row(
                 pool="trainer",
                 phase="step",
                 device_kind="gpu",
-                device_seconds=phases["wall_s"] * gpus,
+                device_seconds=billed,
             )
     score = _eval_score(row)
     if score is not None:

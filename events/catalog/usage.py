@@ -8,11 +8,16 @@ Schema history:
 - v3 names what was billed: ``device_seconds`` on a ``device_kind`` ("cpu" | "gpu")
   replaces ``gpu_seconds`` (CPU-only hosts were billing CPU time as "GPU-seconds"). The
   v2->v3 upcaster maps ``gpu_seconds`` to ``device_seconds`` with ``device_kind`` "gpu".
+  Since 2026-11-27 (no version change: a narrowing, not a new shape) ``device_seconds`` is
+  finite and >= 0 and the token counts >= 0; an older record that broke this replays as a
+  dead letter.
 """
 
 from __future__ import annotations
 
 from typing import ClassVar, Literal
+
+from pydantic import Field
 
 from events.envelope import EventBase
 
@@ -35,6 +40,8 @@ class UsageRecorded(EventBase):
     pool: Pool
     phase: str
     device_kind: DeviceKind
-    device_seconds: float
-    tokens_generated: int = 0
-    tokens_trained: int = 0
+    #: what is billed: never negative, never NaN or infinite (a record that says so is a
+    #: dead letter, not a credit on the tenant's bill or a NaN spend)
+    device_seconds: float = Field(ge=0, allow_inf_nan=False)
+    tokens_generated: int = Field(0, ge=0)
+    tokens_trained: int = Field(0, ge=0)

@@ -65,7 +65,7 @@ from events.envelope import EventBase
 from events.identity import check_id
 from producers.hooks.mapping import normalized, row_events, scalar
 from producers.hooks.publisher import Publisher, Stats, Target
-from producers.metrics_import import MetricsImportReport
+from producers.metrics_import import MetricsImportReport, check_gpus
 
 log = logging.getLogger("runwatch.hooks")
 
@@ -112,7 +112,10 @@ class RunwatchHook:
         self.run_id = run_id
         self.tenant_id = tenant_id
         self.algorithm = algorithm
-        self.gpus = gpus
+        try:
+            self.gpus = check_gpus(gpus)
+        except ValueError as exc:
+            raise ValueError(f"RunwatchHook: {exc}") from None
         self.producer = producer or f"hook/{run_id}"
         self.checkpoint_digest = checkpoint_digest
         self.report = MetricsImportReport()

@@ -27,6 +27,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from runwatch.cli.counts import gpu_count
 from runwatch.cli.ids import identifier
 from runwatch.cli.terminal import Abort, Terminal
 
@@ -49,7 +50,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--algorithm", default="grpo", help="selects per-algorithm thresholds")
     parser.add_argument("--eval-file", help="held-out eval scores (step + score), CSV or JSONL")
-    parser.add_argument("--gpus", type=float, help="GPUs of the run: timing_s/step x GPUs")
+    parser.add_argument("--gpus", type=gpu_count, help="GPUs of the run: timing_s/step x GPUs")
     parser.add_argument("--catalog", help="detector threshold catalog (default: packaged)")
     parser.add_argument("--prices", help="prices YAML (default: packaged)")
 

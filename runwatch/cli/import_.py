@@ -20,6 +20,7 @@ import os
 from typing import Any
 
 from runwatch import settings
+from runwatch.cli.counts import gpu_count
 from runwatch.cli.ids import identifier
 from runwatch.cli.terminal import Abort, Terminal
 
@@ -39,7 +40,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     _common(me)
     me.add_argument("--algorithm", default="grpo", help="selects per-algorithm thresholds")
     me.add_argument("--eval-file", help="held-out eval scores (step + score), CSV or JSONL")
-    me.add_argument("--gpus", type=float, help="GPUs of the run: timing_s/step x GPUs = usage")
+    me.add_argument("--gpus", type=gpu_count, help="GPUs of the run: timing_s/step x GPUs = usage")
 
 
 def _common(p: argparse.ArgumentParser) -> None:
