@@ -124,8 +124,20 @@ def _scalar(value: Any) -> Any:
 
 
 def read_rows(path: Path, report: MetricsImportReport) -> Iterator[tuple[int, dict[str, Any]]]:
-    """(line number, row) of every good row; bad ones are reported and skipped."""
-    with open(path, newline="") as f:
+    """(line number, row) of every good row; bad ones are reported and skipped.
+
+    ``ValueError`` when the file is not UTF-8 text (a binary file, another encoding):
+    nothing of it is imported."""
+    try:
+        yield from _rows(path, report)
+    except UnicodeDecodeError as exc:
+        raise ValueError(
+            f"{path} is not UTF-8 text at byte {exc.start} (a metrics file is CSV or JSON lines)"
+        ) from None
+
+
+def _rows(path: Path, report: MetricsImportReport) -> Iterator[tuple[int, dict[str, Any]]]:
+    with open(path, newline="", encoding="utf-8") as f:
         head = f.read(4096)
         f.seek(0)
         if head.lstrip().startswith("{"):

@@ -14,10 +14,18 @@ from pathlib import Path
 DEFAULT_LOG_DIR = Path("runwatch-data") / "log"
 
 
+class NotALogDir(ValueError):
+    """The log directory named is an existing file (the CLI reports it, exit 1)."""
+
+
 def log_dir(explicit: str | os.PathLike[str] | None = None) -> Path:
-    if explicit:
-        return Path(explicit)
-    return Path(os.environ.get("RUNWATCH_LOG_DIR", DEFAULT_LOG_DIR))
+    """The embedded log's directory: ``explicit``, else ``$RUNWATCH_LOG_DIR``, else the
+    default. It may not exist yet (a writer creates it); an existing file is refused
+    (:class:`NotALogDir`) rather than failing later inside the log."""
+    path = Path(explicit) if explicit else Path(os.environ.get("RUNWATCH_LOG_DIR", DEFAULT_LOG_DIR))
+    if path.exists() and not path.is_dir():
+        raise NotALogDir(f"{path} is a file, not an embedded log directory")
+    return path
 
 
 def kafka_bootstrap(explicit: str | None = None) -> str | None:

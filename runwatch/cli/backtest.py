@@ -110,15 +110,18 @@ def _events(
     from producers.metrics_import import import_metrics
 
     events: list[Any] = []
-    report = import_metrics(
-        source,
-        run_id=args.run_id or source.stem,
-        tenant_id=args.tenant,
-        write=events.extend,
-        algorithm=args.algorithm,
-        eval_file=args.eval_file,
-        gpus=args.gpus,
-    )
+    try:
+        report = import_metrics(
+            source,
+            run_id=args.run_id or source.stem,
+            tenant_id=args.tenant,
+            write=events.extend,
+            algorithm=args.algorithm,
+            eval_file=args.eval_file,
+            gpus=args.gpus,
+        )
+    except ValueError as exc:  # not text, or a run id the file name cannot make
+        raise Abort(str(exc)) from None
     if report.rows == 0:
         raise Abort(f"{source}: no metric rows with a step ({report.skipped} skipped)")
     return events, f"{report.format} {source}"

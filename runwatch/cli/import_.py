@@ -125,6 +125,8 @@ def _metrics(args: argparse.Namespace, term: Terminal) -> int:
             eval_file=args.eval_file,
             gpus=args.gpus,
         )
+    except ValueError as exc:  # not UTF-8 text: nothing of it was written
+        raise Abort(str(exc)) from None
     finally:
         sink.close()
     target = f"kafka {args.kafka}" if args.kafka else str(settings.log_dir(args.to))

@@ -15,6 +15,7 @@ import traceback
 from collections.abc import Sequence
 
 from runwatch.cli.terminal import Abort, Terminal
+from runwatch.settings import NotALogDir
 
 #: command -> (module, one-line help). Modules are imported lazily, so a command's heavy
 #: dependencies (torch, faust) cost nothing to the others.
@@ -68,6 +69,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Abort as exc:
         term.error(str(exc))
         return exc.code
+    except NotALogDir as exc:  # --log / $RUNWATCH_LOG_DIR names a file
+        term.error(str(exc))
+        return 1
     except BrokenPipeError:  # e.g. `runwatch log cat DIR | head`: the reader left
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
