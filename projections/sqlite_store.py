@@ -43,15 +43,22 @@ class SqliteReadModel(ReadModel):
     """A SQLite file. One writer (the engine), any number of reader threads/processes."""
 
     def __init__(self, path: str | Path) -> None:
+        """Open (or create) the store at ``path``. ``ValueError`` naming the path when it
+        cannot be one: another kind of file, or a place that cannot be written."""
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
         self._local = threading.local()
-        con = self._con()
-        con.executescript(_SCHEMA)
-        con.execute(
-            "INSERT OR IGNORE INTO meta VALUES ('instance', ?)", (json.dumps(uuid.uuid4().hex),)
-        )
-        con.commit()
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            con = self._con()
+            con.executescript(_SCHEMA)
+            con.execute(
+                "INSERT OR IGNORE INTO meta VALUES ('instance', ?)",
+                (json.dumps(uuid.uuid4().hex),),
+            )
+            con.commit()
+        except (sqlite3.DatabaseError, OSError) as exc:
+            self._local = threading.local()  # no half-open connection kept
+            raise ValueError(f"{self.path} cannot be a projection store: {exc}") from None
 
     def instance_id(self) -> str:
         """A random id made when this store file was created: a follower derives its

@@ -70,7 +70,10 @@ def run(args: argparse.Namespace, term: Terminal) -> int:
         raise Abort(str(exc)) from None
     if args.workers < 1:
         raise Abort("--workers must be at least 1")
-    live = SqliteReadModel(store_path)
+    try:
+        live = SqliteReadModel(store_path)
+    except ValueError as exc:
+        raise Abort(str(exc)) from None
     tails: list[dict[str, object]] = []
     if args.kafka is not None:
         if args.workers > 1:

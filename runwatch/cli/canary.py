@@ -13,6 +13,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from runwatch.cli.counts import at_least_one
 from runwatch.cli.outdir import fresh_out_dir
 from runwatch.cli.terminal import Terminal
 
@@ -21,7 +22,7 @@ HELP = "inject the four canary faults; fail unless alerts fire"
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", help="keep the log and process logs here (default: temp)")
-    parser.add_argument("--parallel", type=int, default=2, help="trainers at once")
+    parser.add_argument("--parallel", type=at_least_one, default=2, help="trainers at once")
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
 
 

@@ -60,7 +60,11 @@ def run(args: argparse.Namespace, term: Terminal) -> int:
     except (CatalogError, ValueError) as exc:
         raise Abort(str(exc)) from None
     workers = args.workers
-    if workers > 1 and args.store and SqliteReadModel(args.store).positions():
+    try:
+        store = SqliteReadModel(args.store) if args.store else None
+    except ValueError as exc:
+        raise Abort(str(exc)) from None
+    if workers > 1 and store is not None and store.positions():
         workers = 1  # a store that already holds a projection resumes in one process
     try:
         result = replay_log(

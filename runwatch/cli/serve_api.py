@@ -115,7 +115,10 @@ def serve(args: argparse.Namespace, term: Terminal) -> int:
     except ValueError as exc:
         raise Abort(str(exc)) from None
     watch_keys(keys, term.progress, term.error)
-    store = SqliteReadModel(args.store)
+    try:
+        store = SqliteReadModel(args.store)
+    except ValueError as exc:
+        raise Abort(str(exc)) from None
     follower = None if args.no_follow else _follow(args, term, store, (policy, prices))
     try:
         if args.metrics_port is not None:

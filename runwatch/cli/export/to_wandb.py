@@ -53,7 +53,10 @@ def run(args: argparse.Namespace, term: Terminal) -> int:
     except ImportError:
         raise Abort("wandb is not installed: pip install 'runwatch[hooks]'") from None
     if args.dir:
-        os.makedirs(args.dir, exist_ok=True)
+        try:
+            os.makedirs(args.dir, exist_ok=True)
+        except OSError as exc:
+            raise Abort(f"--dir {args.dir}: {exc.strerror or exc}") from None
     wb = wandb.init(
         project=args.project,
         entity=args.entity,

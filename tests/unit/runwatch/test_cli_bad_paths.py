@@ -15,6 +15,7 @@ import pytest
 
 from runwatch.cli.main import main
 
+STORE = "cannot be a projection store"
 CONFIG = Path(__file__).resolve().parents[3] / "trainer" / "configs" / "test.yaml"
 
 
@@ -58,3 +59,37 @@ def test_a_metrics_file_that_is_not_text_is_a_clear_error(
     err = capsys.readouterr().err
     assert "is not UTF-8 text" in err and "bug in runwatch" not in err
     assert not any(p.is_file() and p.stat().st_size for p in log.rglob("*"))  # nothing written
+
+
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (["replay", "{log}", "--store", "{file}"], STORE),
+        (["audit", "verify", "--log", "{log}", "--store", "{file}"], STORE),
+        (["schema", "export", "--out", "{file}"], "is a file, not a directory"),
+    ],
+    ids=["replay-store", "audit-store", "schema-out"],
+)
+def test_an_output_or_store_path_that_cannot_be_one_is_a_clear_error(
+    a_file: Path,
+    tmp_path: Path,
+    argv: list[str],
+    said: str,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A store that is another kind of file (sqlite3.DatabaseError) or an --out that is a
+    file (NotADirectoryError) ended as "a bug in runwatch"; the file is left as it was."""
+    log = tmp_path / "log"
+    log.mkdir()
+    before = a_file.read_bytes()
+    argv = [a.replace("{file}", str(a_file)).replace("{log}", str(log)) for a in argv]
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    assert said in err and "bug in runwatch" not in err and a_file.read_bytes() == before
+
+
+def test_a_canary_with_no_trainers_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    """``--parallel 0`` waited forever for trainers that never started."""
+    with pytest.raises(SystemExit) as exit_:
+        main(["canary", "--parallel", "0"])
+    assert exit_.value.code == 2 and "0 is not at least 1" in capsys.readouterr().err
