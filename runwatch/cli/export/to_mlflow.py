@@ -58,12 +58,16 @@ def run(args: argparse.Namespace, term: Terminal) -> int:
         from mlflow.tracking import MlflowClient
     except ImportError:
         raise Abort("MLflow is not installed: pip install 'runwatch[hooks]'") from None
-    client = MlflowClient(tracking_uri=args.tracking_uri)
-    experiment = client.get_experiment_by_name(args.experiment)
-    experiment_id = (
-        experiment.experiment_id if experiment else client.create_experiment(args.experiment)
-    )
-    mlrun = client.create_run(experiment_id, run_name=history.run_id, tags=_tags(history))
+    try:  # the tracking store (a URI MLflow refuses, a server that is down): say why
+        client = MlflowClient(tracking_uri=args.tracking_uri)
+        experiment = client.get_experiment_by_name(args.experiment)
+        experiment_id = (
+            experiment.experiment_id if experiment else client.create_experiment(args.experiment)
+        )
+        mlrun = client.create_run(experiment_id, run_name=history.run_id, tags=_tags(history))
+    except Exception as exc:  # MlflowException and the store's own; nothing was written
+        where = args.tracking_uri or "MLflow's default tracking URI"
+        raise Abort(f"MLflow refused {where}: {str(exc)[:500]}") from None
     run_id = mlrun.info.run_id
     try:
         metrics = _write(client, run_id, history)

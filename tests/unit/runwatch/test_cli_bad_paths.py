@@ -93,3 +93,22 @@ def test_a_canary_with_no_trainers_is_refused(capsys: pytest.CaptureFixture[str]
     with pytest.raises(SystemExit) as exit_:
         main(["canary", "--parallel", "0"])
     assert exit_.value.code == 2 and "0 is not at least 1" in capsys.readouterr().err
+
+
+def test_a_tracking_store_mlflow_refuses_is_a_clear_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """MLflow 3 refuses a new file store unless told otherwise: that ended as "a bug in
+    runwatch" (its exception out of the client's first call); now the reason, exit 1."""
+    pytest.importorskip("mlflow")
+    monkeypatch.delenv("MLFLOW_ALLOW_FILE_STORE", raising=False)
+    rows = tmp_path / "metrics.csv"
+    rows.write_text("step,reward\n1,0.5\n2,0.6\n")
+    log = tmp_path / "log"
+    imported = ["import", "metrics", str(rows), "--to", str(log), "--run-id", "x", "--tenant", "t"]
+    assert main(imported) == 0
+    capsys.readouterr()
+    uri = f"file://{tmp_path / 'mlruns'}"
+    assert main(["export", "mlflow", "x", "--log", str(log), "--tracking-uri", uri]) == 1
+    err = capsys.readouterr().err
+    assert f"MLflow refused {uri}" in err and "bug in runwatch" not in err
