@@ -75,6 +75,7 @@ from projections.keys import Webhook, load_webhooks
 from runwatch.hosting.core import Slot, apply_event, dump_slot, load_slot, new_slot
 from runwatch.hosting.state_journal import FoldStateFile
 from runwatch.hosting.tenancy import foreign_owner
+from runwatch.webhook_guard import destination_refusal
 from stream_processors.notify import NotifierFold, NotifyPolicy, Pending, attempt_event, due
 from stream_processors.notify.payload import KINDS
 from stream_processors.notify.signing import (
@@ -118,6 +119,13 @@ class NotifierSettings:
     #: After a start, nothing is sent until the inputs were read to where they ended at
     #: the start (what a killed predecessor recorded is known first), or this long.
     catch_up_s: float = 30.0
+    #: POST to webhooks whose host resolves to a private, loopback or link-local address
+    #: (``runwatch/webhook_guard.py``); off: such an attempt fails without a connection.
+    allow_private: bool = False
+
+
+class _Refused(Exception):
+    """A webhook destination the guard refused (the attempt fails, no connection made)."""
 
 
 @dataclass
@@ -427,13 +435,18 @@ class Notifier:
         else:
             body = p.body.encode()
             headers = headers_for(p, attempt, hook.secret, body, self.clock())
+            refusal = "" if self.settings.allow_private else await destination_refusal(hook.url)
             try:
+                if refusal:
+                    raise _Refused(refusal)
                 async with self._client.stream(
                     "POST", hook.url, content=body, headers=headers
                 ) as resp:
                     status = resp.status_code
                     retry_after = retry_after_s(resp.headers.get("retry-after"))
                     await _drain_body(resp)
+            except _Refused as exc:
+                error = str(exc)
             except httpx.TimeoutException:
                 error = f"timeout after {self.settings.timeout_s:g} s"
             except Exception as exc:  # refused, reset, DNS, TLS...: a failed attempt

@@ -53,6 +53,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--per-tenant-in-flight", type=int, default=4, help="POSTs at once per tenant"
     )
+    parser.add_argument(
+        "--allow-private-webhooks",
+        action="store_true",
+        help="also POST to webhooks on private, loopback or link-local addresses",
+    )
     parser.add_argument("--json", action="store_true", help="print the summary as JSON")
 
 
@@ -104,6 +109,7 @@ def run(args: argparse.Namespace, term: Terminal) -> int:
         max_in_flight=args.max_in_flight,
         per_tenant_in_flight=args.per_tenant_in_flight,
         start=args.start,
+        allow_private=args.allow_private_webhooks,
     )
     from runwatch.hosting.state_journal import DamagedState
 

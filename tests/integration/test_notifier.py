@@ -33,6 +33,8 @@ from stream_processors.notify import render
 
 pytestmark = pytest.mark.timeout(120)
 
+#: the tests' receiver listens on loopback, which the notifier refuses by default
+LOOPBACK = ("--allow-private-webhooks",)
 ROOT = Path(__file__).resolve().parents[2]
 SECRETS = {"acme": b"acme-secret-0123456789", "globex": b"globex-secret-0123456789"}
 
@@ -90,7 +92,7 @@ def keys_file(tmp_path: Path, urls: dict[str, str]) -> Path:
 
 def start_notifier(log: Path, keys: Path, *extra: str) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        _cli("notify", "--log", str(log), "--keys", str(keys), "--json", *extra),
+        _cli("notify", "--log", str(log), "--keys", str(keys), "--json", *LOOPBACK, *extra),
         cwd=ROOT,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

@@ -44,10 +44,15 @@ def attempts(log: Path) -> list[NotificationAttempted]:
     return [e for e in notifications(log) if isinstance(e, NotificationAttempted)]
 
 
-def setup(tmp_path: Path, urls: dict[str, str], policy: NotifyPolicy = FAST) -> Notifier:
+def setup(
+    tmp_path: Path, urls: dict[str, str], policy: NotifyPolicy = FAST, allow_private: bool = True
+) -> Notifier:
+    """A notifier on ``tmp_path``; ``allow_private``: the receivers here are on loopback."""
     log = tmp_path / "log"
     keys = keys_file(tmp_path, urls)
-    settings = NotifierSettings(state_path=tmp_path / "state.json", reload_every_s=0.05)
+    settings = NotifierSettings(
+        state_path=tmp_path / "state.json", reload_every_s=0.05, allow_private=allow_private
+    )
     return Notifier(EmbeddedLog(log), WebhookBook(keys), policy=policy, settings=settings)
 
 
@@ -86,6 +91,33 @@ async def test_refused_connections_are_recorded_and_retried(tmp_path: Path) -> N
     tries = attempts(tmp_path / "log")
     assert [a.attempt for a in tries] == [1, 2, 3]
     assert all(a.status_code is None and "ConnectError" in a.error for a in tries)
+
+
+async def test_a_webhook_inside_the_platform_network_is_never_contacted(tmp_path: Path) -> None:
+    """A tenant's webhook on a loopback, private or link-local address (the cloud metadata
+    service, a service on the platform's network) gets no POST: each attempt fails with the
+    reason, no connection is made, and the notification is abandoned as usual. The same
+    receiver gets the POST once an operator allows private webhooks."""
+    with WebhookReceiver(secrets={"/hook": SECRETS["acme"]}) as rx:
+        urls = {
+            "acme": rx.url("/hook"),  # 127.0.0.1: a real receiver, listening
+            "globex": rx.url("/hook").replace("127.0.0.1", "localhost"),  # a name for it
+            "initech": "http://169.254.169.254/latest/meta-data/",
+        }
+        n = setup(tmp_path, urls, allow_private=False)
+        append(tmp_path, *(state_change(t, f"{t}-1") for t in urls))
+        await run_until(n, lambda: n.stats.abandoned == 3)
+        assert rx.received == []  # nothing reached the listening receiver
+        tries = attempts(tmp_path / "log")
+        assert len(tries) == 9 and all(a.status_code is None for a in tries)
+        assert all("non-public address" in a.error for a in tries)
+        assert all(a.duration_ms < 1000 for a in tries)  # refused, not timed out
+    (tmp_path / "allowed").mkdir()
+    with WebhookReceiver(secrets={"/hook": SECRETS["acme"]}) as rx:
+        n = setup(tmp_path / "allowed", {"acme": rx.url("/hook")}, allow_private=True)
+        append(tmp_path / "allowed", state_change("acme", "acme-1"))
+        await run_until(n, lambda: n.stats.delivered == 1)
+        assert [r.path for r in rx.received] == ["/hook"]
 
 
 async def test_an_edited_keys_file_applies_without_a_restart(tmp_path: Path) -> None:

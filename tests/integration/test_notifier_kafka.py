@@ -53,6 +53,7 @@ def test_notifier_on_kafka_survives_kill_9(kafka_bootstrap: str, tmp_path: Path)
         keys = keys_file(tmp_path, {acme: rx.url("/a"), globex: rx.url("/g")})
         cmd = _cli(
             "notify",
+            "--allow-private-webhooks",  # the receiver listens on loopback
             "--kafka",
             kafka_bootstrap,
             "--keys",
