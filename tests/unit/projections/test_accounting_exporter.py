@@ -69,31 +69,40 @@ def test_tenant_labels_are_bounded_and_sums_are_kept():
             assert "run_id" not in s.labels
 
 
+def _two_tenants() -> list:
+    return list(synth_run("r1", "acme", "success", steps=10)) + list(
+        synth_run("r2", "beta", "success", steps=10)
+    )
+
+
+def _spend(registry) -> dict[str, float]:  # type: ignore[no-untyped-def]
+    """tenant label -> spend, as one scrape reads it."""
+    return {
+        s.labels["tenant"]: s.value
+        for m in registry.collect()
+        if m.name == "runwatch_tenant_spend_usd"
+        for s in m.samples
+    }
+
+
+def _fold_more(store, events) -> None:  # type: ignore[no-untyped-def]
+    """Fold ``events`` into ``store`` as the read model host does."""
+    engine = read_model_host(store, prices=PRICES)
+    engine.process_events((type(e).TOPIC, 0, e) for e in events)
+    engine.release_held()
+    engine.checkpoint()
+
+
 def test_tenant_counters_never_move_between_labels_as_spend_changes():
     """A late big spender must not push an earlier tenant's total into ``other`` (a
     counter that goes down reads as a reset to ``rate()``)."""
-    early = list(synth_run("r1", "acme", "success", steps=10)) + list(
-        synth_run("r2", "beta", "success", steps=10)
-    )
     late = list(synth_run("r3", "zeta", "success", steps=200))
     late = [e.model_copy(update={"ts": e.ts + 1e6}) for e in late]
-    store = _store(early)
+    store = _store(_two_tenants())
     registry = make_registry(store, top_tenants=2)
-
-    def spend() -> dict[str, float]:
-        return {
-            s.labels["tenant"]: s.value
-            for m in registry.collect()
-            if m.name == "runwatch_tenant_spend_usd"
-            for s in m.samples
-        }
-
-    before = spend()
-    engine = read_model_host(store, prices=PRICES)
-    engine.process_events((type(e).TOPIC, 0, e) for e in late)
-    engine.release_held()
-    engine.checkpoint()
-    after = spend()
+    before = _spend(registry)
+    _fold_more(store, late)
+    after = _spend(registry)
     assert set(before) == {"acme", "beta"} and set(after) == {"acme", "beta", OTHER}
     assert all(after[t] >= v for t, v in before.items())  # no series went down
 
@@ -102,35 +111,19 @@ def test_a_backdated_newcomer_takes_no_name_from_a_named_tenant():
     """Ranked afresh at each scrape, a new tenant whose events claim an early ``ts`` (the
     producer's clock) would take ``beta``'s name, and ``beta``'s counters would fall into
     ``other``; names once given are kept."""
-    early = list(synth_run("r1", "acme", "success", steps=10)) + list(
-        synth_run("r2", "beta", "success", steps=10)
-    )
     backdated = [
         e.model_copy(update={"ts": e.ts - 1e6})
         for e in synth_run("r3", "mallory", "success", steps=10)
     ]
-    store = _store(early)
+    store = _store(_two_tenants())
     registry = make_registry(store, top_tenants=2)
-
-    def spend() -> dict[str, float]:
-        return {
-            s.labels["tenant"]: s.value
-            for m in registry.collect()
-            if m.name == "runwatch_tenant_spend_usd"
-            for s in m.samples
-        }
-
-    before = spend()
-    engine = read_model_host(store, prices=PRICES)
-    engine.process_events((type(e).TOPIC, 0, e) for e in backdated)
-    engine.release_held()
-    engine.checkpoint()
-    after = spend()
+    before = _spend(registry)
+    _fold_more(store, backdated)
+    after = _spend(registry)
     assert set(before) == {"acme", "beta"} and set(after) == {"acme", "beta", OTHER}
     assert after["beta"] == before["beta"] and after["acme"] == before["acme"]
     fresh = make_registry(store, top_tenants=2)  # a restarted exporter ranks afresh
-    names = {s.labels["tenant"] for m in fresh.collect() for s in m.samples if "tenant" in s.labels}
-    assert "mallory" in names
+    assert "mallory" in _spend(fresh)
 
 
 def test_exporter_never_raises_on_a_broken_read_model():
