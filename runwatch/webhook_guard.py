@@ -35,12 +35,13 @@ def refused_address(address: str) -> bool:
 async def destination_refusal(url: str) -> str:
     """Why the notifier may not POST to ``url`` ('' when it may): a host that resolves to
     a private, loopback, link-local or otherwise non-public address, or none."""
-    parts = urlsplit(url)
-    host = parts.hostname or ""
-    port = parts.port or (443 if parts.scheme == "https" else 80)
-    try:
+    host = ""
+    try:  # any failure to name an address is a refusal, never an exception out of here
+        parts = urlsplit(url)
+        host = parts.hostname or ""
+        port = parts.port or (443 if parts.scheme == "https" else 80)
         infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
-    except OSError as exc:
+    except (OSError, ValueError) as exc:  # DNS, a bad port, a name IDNA cannot encode
         return f"cannot resolve webhook host {host!r}: {exc}"[:300]
     addresses = sorted({str(info[4][0]) for info in infos})
     inside = [a for a in addresses if refused_address(a)]

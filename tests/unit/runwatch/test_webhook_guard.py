@@ -34,6 +34,7 @@ def test_public_addresses_are_not(address: str) -> None:
         ("http://169.254.169.254/latest/meta-data/", "non-public address (169.254.169.254)"),
         ("https://[::1]/hook", "non-public address (::1)"),
         ("http://no-such-host.invalid/hook", "cannot resolve webhook host"),
+        ("http://" + "a" * 300 + ".example/hook", "cannot resolve webhook host"),  # IDNA
     ],
 )
 def test_a_url_is_judged_by_every_address_its_host_resolves_to(url: str, said: str) -> None:
