@@ -75,7 +75,7 @@ from projections.keys import Webhook, load_webhooks
 from runwatch.hosting.core import Slot, apply_event, dump_slot, load_slot, new_slot
 from runwatch.hosting.state_journal import FoldStateFile
 from runwatch.hosting.tenancy import foreign_owner
-from runwatch.webhook_guard import destination_refusal
+from runwatch.webhook_guard import destination_refusal, public_only_transport
 from stream_processors.notify import NotifierFold, NotifyPolicy, Pending, attempt_event, due
 from stream_processors.notify.payload import KINDS
 from stream_processors.notify.signing import (
@@ -492,12 +492,16 @@ class Notifier:
                 topic = where.rsplit(":", 1)[0]
                 if topic in member:
                     member[topic] = max(member[topic], offset)
+        limits = httpx.Limits(max_connections=s.max_in_flight, max_keepalive_connections=16)
+        transport = self.transport
+        if transport is None and not s.allow_private:  # checked again at connect time
+            transport = public_only_transport(limits)
         client = httpx.AsyncClient(
             timeout=httpx.Timeout(s.timeout_s),
-            limits=httpx.Limits(max_connections=s.max_in_flight, max_keepalive_connections=16),
+            limits=limits,
             follow_redirects=False,
             trust_env=False,
-            transport=self.transport,
+            transport=transport,
         )
         self._client = client
         uncommitted = False

@@ -10,10 +10,14 @@ and not multicast); otherwise the attempt fails with the reason, no connection i
 the usual retries and abandonment follow. ``--allow-private-webhooks`` lifts the check (a
 receiver on the operator's own network, the tests' loopback receiver).
 
-Not defended: DNS rebinding between this check and httpx's own lookup (an attacker's
-name server answering a public address first and a private one a moment later); pinning
-the connection to the checked address is the remedy (not built). Redirects are never
-followed (``runwatch/notifier.py``), so a public URL cannot bounce the POST inside.
+The check runs twice: :func:`destination_refusal` before an attempt (the reason recorded,
+no connection), and :class:`PublicOnlyBackend` inside the HTTP client at connect time,
+which resolves the name itself and connects to the very address it checked — so a name
+server answering a public address to the first lookup and a private one to the next (DNS
+rebinding) gets no connection either. TLS still verifies the certificate against the
+URL's host name (httpcore takes the server name from the request, not from the address
+connected to). Redirects are never followed (``runwatch/notifier.py``), so a public URL
+cannot bounce the POST inside.
 """
 
 from __future__ import annotations
@@ -21,7 +25,12 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import socket
+from collections.abc import Iterable
+from typing import Any
 from urllib.parse import urlsplit
+
+import httpcore
+import httpx
 
 
 def refused_address(address: str) -> bool:
@@ -52,3 +61,71 @@ async def destination_refusal(url: str) -> str:
             "--allow-private-webhooks)"
         )
     return ""
+
+
+async def _public_addresses(host: str, port: int) -> list[str]:
+    """Every address ``host`` resolves to, if all are public; else ``httpcore.ConnectError``."""
+    try:
+        infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except (OSError, ValueError) as exc:
+        raise httpcore.ConnectError(f"cannot resolve webhook host {host!r}: {exc}") from None
+    addresses = list(dict.fromkeys(str(info[4][0]) for info in infos))
+    inside = [a for a in addresses if refused_address(a)]
+    if inside or not addresses:
+        raise httpcore.ConnectError(
+            f"webhook host {host!r} resolves to a non-public address ({', '.join(inside[:3])})"
+        )
+    return addresses
+
+
+class PublicOnlyBackend(httpcore.AsyncNetworkBackend):
+    """httpcore's network backend, connecting only to public addresses: it resolves the
+    host itself, refuses if any address is not public, and connects to a checked address
+    (one lookup, so no second answer can differ)."""
+
+    def __init__(self) -> None:
+        self._inner = httpcore.AnyIOBackend()
+
+    async def connect_tcp(
+        self,
+        host: str,
+        port: int,
+        timeout: float | None = None,
+        local_address: str | None = None,
+        socket_options: Iterable[Any] | None = None,
+    ) -> httpcore.AsyncNetworkStream:
+        error: Exception | None = None
+        for address in await _public_addresses(host, port):
+            try:
+                return await self._inner.connect_tcp(
+                    address, port, timeout, local_address, socket_options
+                )
+            except httpcore.ConnectError as exc:  # the next address, as a resolver would
+                error = exc
+        assert error is not None
+        raise error
+
+    async def connect_unix_socket(
+        self, path: str, timeout: float | None = None, socket_options: Iterable[Any] | None = None
+    ) -> httpcore.AsyncNetworkStream:
+        raise httpcore.ConnectError("a webhook is never a unix socket")
+
+    async def sleep(self, seconds: float) -> None:
+        await self._inner.sleep(seconds)
+
+
+def public_only_transport(limits: httpx.Limits) -> httpx.AsyncHTTPTransport:
+    """An httpx transport whose connections go through :class:`PublicOnlyBackend` (TLS
+    verified as httpx's default transport does).
+
+    Assumes httpx's transport keeps its connection pool in ``_pool`` (httpx 0.18 to 0.28;
+    ``tests/unit/runwatch/test_webhook_guard.py`` fails if that changes)."""
+    transport = httpx.AsyncHTTPTransport(limits=limits, trust_env=False)
+    transport._pool = httpcore.AsyncConnectionPool(
+        ssl_context=httpx.create_ssl_context(),
+        max_connections=limits.max_connections,
+        max_keepalive_connections=limits.max_keepalive_connections,
+        keepalive_expiry=limits.keepalive_expiry,
+        network_backend=PublicOnlyBackend(),
+    )
+    return transport

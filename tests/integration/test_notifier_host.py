@@ -9,13 +9,16 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import httpx
 import pytest
 import yaml
 
 from events import NotificationAttempted, NotificationDelivered
 from events.log.embedded import EmbeddedLog
+from runwatch import webhook_guard
 from runwatch.notifier import Notifier, NotifierSettings, WebhookBook
 from runwatch.notifier_receiver import Received, WebhookReceiver
+from runwatch.webhook_guard import public_only_transport
 from stream_processors.notify import NotifierFold, NotifyPolicy, attempt_event
 from tests.integration.test_notifier import SECRETS, keys_file, notifications, state_change
 
@@ -118,6 +121,41 @@ async def test_a_webhook_inside_the_platform_network_is_never_contacted(tmp_path
         append(tmp_path / "allowed", state_change("acme", "acme-1"))
         await run_until(n, lambda: n.stats.delivered == 1)
         assert [r.path for r in rx.received] == ["/hook"]
+
+
+async def test_the_client_connects_only_to_the_address_it_checked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """DNS rebinding: a name that resolves to a public address when the attempt is checked
+    and to a private one when the client connects. The notifier's own HTTP client resolves
+    at connect time and connects to the address it checked: refused, nothing received.
+    Control: with loopback counted as public, the same client delivers through the pinned
+    address (the request keeps its host name)."""
+    answers = iter(["8.8.8.8", "127.0.0.1"] * 10)  # check, connect, check, connect ...
+
+    async def rebinding(self, host, port, **kw):  # type: ignore[no-untyped-def]
+        return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", (next(answers), port))]
+
+    with WebhookReceiver(secrets={"/hook": SECRETS["acme"]}) as rx:
+        url = rx.url("/hook").replace("127.0.0.1", "rebind.example")
+        with monkeypatch.context() as m:
+            m.setattr(asyncio.BaseEventLoop, "getaddrinfo", rebinding)
+            n = setup(tmp_path, {"acme": url}, allow_private=False)
+            append(tmp_path, state_change("acme", "acme-1"))
+            await run_until(n, lambda: n.stats.abandoned == 1)
+        tries = attempts(tmp_path / "log")
+        assert len(tries) == 3 and rx.received == []
+        assert all("ConnectError" in a.error and "(127.0.0.1)" in a.error for a in tries)
+
+        m2 = pytest.MonkeyPatch()
+        m2.setattr(webhook_guard, "refused_address", lambda address: False)
+        try:
+            limits = httpx.Limits(max_connections=2)
+            async with httpx.AsyncClient(transport=public_only_transport(limits)) as client:
+                resp = await client.post(rx.url("/hook").replace("127.0.0.1", "localhost"))
+        finally:
+            m2.undo()
+        assert resp.status_code in (200, 400, 401) and [r.path for r in rx.received] == ["/hook"]
 
 
 async def test_an_edited_keys_file_applies_without_a_restart(tmp_path: Path) -> None:
