@@ -4,7 +4,12 @@ with Retry-After, redirects, refused connections and an edited keys file."""
 from __future__ import annotations
 
 import asyncio
+import http.server
+import shutil
 import socket
+import ssl
+import subprocess
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -156,6 +161,50 @@ async def test_the_client_connects_only_to_the_address_it_checked(
         finally:
             m2.undo()
         assert resp.status_code in (200, 400, 401) and [r.path for r in rx.received] == ["/hook"]
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="needs openssl for a test cert")
+async def test_the_pinned_client_still_verifies_tls_against_the_host_name(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Connecting to the checked address must not weaken TLS: a real HTTPS server with a
+    certificate for ``localhost`` is reached as ``https://localhost`` (the name verified,
+    the pinned address connected), and refused as ``https://127.0.0.1`` (not its name)."""
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key),
+         "-out", str(cert), "-days", "1", "-subj", "/CN=localhost",
+         "-addext", "subjectAltName=DNS:localhost"],
+        check=True, capture_output=True,
+    )  # fmt: skip
+
+    class Ok(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers.get("content-length", 0)))
+            self.send_response(200)
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Ok)
+    tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    tls.load_cert_chain(cert, key)
+    server.socket = tls.wrap_socket(server.socket, server_side=True)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    port = server.server_address[1]
+    monkeypatch.setattr(webhook_guard, "refused_address", lambda address: False)
+    trusting = ssl.create_default_context(cafile=str(cert))
+    monkeypatch.setattr(httpx, "create_ssl_context", lambda *a, **k: trusting)
+    try:
+        limits = httpx.Limits(max_connections=2)
+        async with httpx.AsyncClient(transport=public_only_transport(limits)) as client:
+            resp = await client.post(f"https://localhost:{port}/hook", content=b"{}")
+            assert resp.status_code == 200
+            with pytest.raises(httpx.ConnectError, match="CERTIFICATE_VERIFY_FAILED"):
+                await client.post(f"https://127.0.0.1:{port}/hook", content=b"{}")
+    finally:
+        server.shutdown()
 
 
 async def test_an_edited_keys_file_applies_without_a_restart(tmp_path: Path) -> None:
