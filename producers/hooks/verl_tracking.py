@@ -32,6 +32,7 @@ and publishes ``CheckpointWritten`` for a step it has not seen.
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Mapping
 from typing import Any
@@ -185,7 +186,10 @@ def _algorithm(config: Mapping[str, Any]) -> str:
 
 
 def _gpus(trainer: Any) -> float | None:
+    """``nnodes x n_gpus_per_node``; ``None`` when that is no positive number (a CPU-only
+    run bills no GPU time, and the hook refuses a GPU count that is not above 0)."""
     nodes, per_node = _get(trainer, "nnodes"), _get(trainer, "n_gpus_per_node")
     if isinstance(nodes, int | float) and isinstance(per_node, int | float):
-        return float(nodes * per_node)
+        total = float(nodes * per_node)
+        return total if math.isfinite(total) and total > 0 else None
     return None

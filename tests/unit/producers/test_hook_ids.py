@@ -44,3 +44,22 @@ def test_verl_tracking_starts_with_an_experiment_name_holding_a_slash(
     with pytest.raises(ValueError, match="bad run_id"):
         RunwatchTracking("proj", "e", {}, run_id="a/b", log=str(tmp_path / "log"))
     assert os.path.isdir(tmp_path / "log")
+
+
+@pytest.mark.parametrize(("nodes", "per_node"), [(1, 0), (0, 8)])
+def test_verl_tracking_of_a_run_without_gpus_starts_and_bills_none(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, nodes: int, per_node: int
+) -> None:
+    """verl's ``nnodes x n_gpus_per_node`` is 0 on a CPU-only run: no GPU time to bill, and
+    the hook (which refuses a GPU count not above 0) must still start, not fail the
+    training at its tracker's construction."""
+    monkeypatch.delenv("RUNWATCH_RUN_ID", raising=False)
+    monkeypatch.setenv("RUNWATCH_SPOOL_DIR", str(tmp_path / "spool"))
+    config = {"trainer": {"nnodes": nodes, "n_gpus_per_node": per_node}}
+    tracking = RunwatchTracking(
+        "proj", "cpu-run", config, log=str(tmp_path / "log"), install_exit_hooks=False
+    )
+    try:
+        assert tracking.hook.gpus is None
+    finally:
+        tracking.finish(0)
