@@ -38,6 +38,7 @@ from __future__ import annotations
 import atexit
 import hashlib
 import logging
+import math
 import os
 import re
 import sys
@@ -265,7 +266,9 @@ class RunwatchHook:
             self._timed_steps.discard(step)
             return []
         out = [self._event(StepPhaseTimed, step, ts, wall_s=wall_s, other_s=wall_s)]
-        if self.gpus:
+        # a step time given as negative or NaN is kept as timing, never billed (usage is
+        # finite and >= 0: the event would refuse it, and the step's timing with it)
+        if self.gpus and math.isfinite(wall_s) and wall_s >= 0:
             out.append(
                 self._event(
                     UsageRecorded,

@@ -105,3 +105,23 @@ def test_the_importer_and_the_hooks_bill_no_impossible_step_time() -> None:
         with pytest.raises(ValueError, match="gpus must be"):
             check_gpus(bad)  # type: ignore[arg-type]
     assert check_gpus(None) is None and check_gpus(8) == 8.0
+
+
+def test_a_hooks_impossible_step_time_is_kept_as_timing_and_not_billed(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A framework's step time of -1 s or NaN: the step's timing is still published, no
+    usage is (the event would refuse it and, built in one job, drop the timing with it)."""
+    from events import StepPhaseTimed
+    from producers.hooks import RunwatchHook
+    from trainer.publish import run_events
+
+    log = tmp_path / "log"
+    hook = RunwatchHook("r1", "acme", log=log, spool=tmp_path / "spool", gpus=8,
+                        install_exit_hooks=False)  # fmt: skip
+    hook.start({"bench": 1})
+    for step, wall in ((1, -1.0), (2, math.nan), (3, 2.0)):
+        hook.step_done(step, wall_s=wall)
+    stats = hook.close()
+    events = list(run_events(log, "r1"))
+    assert [e.step for e in events if isinstance(e, StepPhaseTimed)] == [1, 2, 3]
+    assert [e.device_seconds for e in events if isinstance(e, UsageRecorded)] == [16.0]
+    assert stats.failed_jobs == 0
