@@ -175,6 +175,16 @@ def check_gpus(gpus: float | None) -> float | None:
     return float(gpus)
 
 
+def billed_seconds(wall_s: float, gpus: float | None) -> float | None:
+    """GPU-seconds a step of ``wall_s`` seconds bills on ``gpus`` GPUs; ``None`` when there
+    is nothing to bill: no GPUs, or a step time that is negative or not finite (usage is
+    finite and >= 0; the step's timing is kept as it is)."""
+    if not gpus:
+        return None
+    billed = wall_s * gpus
+    return billed if math.isfinite(billed) and billed >= 0 else None
+
+
 def _skip(report: MetricsImportReport, issue: str) -> None:
     report.skipped += 1
     report.issues.append(issue)
@@ -339,13 +349,13 @@ def emit_row(
     phases = {name: float(hit[1]) for name, keys in PHASE_KEYS.items() if (hit := _pick(row, keys))}
     if "wall_s" in phases:
         emit(StepPhaseTimed, step, ts, "phases", **phases)
-        billed = phases["wall_s"] * gpus if gpus else 0.0
-        if gpus and not (math.isfinite(billed) and billed >= 0):
+        billed = billed_seconds(phases["wall_s"], gpus)
+        if gpus and billed is None:
             report.issues.append(
                 f"step {step}: step time {phases['wall_s']!r} s x {gpus} GPUs is no usage; "
                 "not billed"
             )
-        elif gpus:
+        elif billed is not None:
             emit(
                 UsageRecorded,
                 step,

@@ -43,23 +43,18 @@ def refused_address(address: str) -> bool:
 
 async def destination_refusal(url: str) -> str:
     """Why the notifier may not POST to ``url`` ('' when it may): a host that resolves to
-    a private, loopback, link-local or otherwise non-public address, or none."""
+    a private, loopback, link-local or otherwise non-public address, or none (the same
+    judgement as :class:`PublicOnlyBackend` at connect time)."""
     host = ""
     try:  # any failure to name an address is a refusal, never an exception out of here
         parts = urlsplit(url)
         host = parts.hostname or ""
         port = parts.port or (443 if parts.scheme == "https" else 80)
-        infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
-    except (OSError, ValueError) as exc:  # DNS, a bad port, a name IDNA cannot encode
+        await _public_addresses(host, port)
+    except ValueError as exc:  # a bad port
         return f"cannot resolve webhook host {host!r}: {exc}"[:300]
-    addresses = sorted({str(info[4][0]) for info in infos})
-    inside = [a for a in addresses if refused_address(a)]
-    if inside or not addresses:
-        return (
-            f"webhook host {host!r} resolves to a non-public address "
-            f"({', '.join(inside[:3]) or 'none'}): refused (an operator allows it with "
-            "--allow-private-webhooks)"
-        )
+    except httpcore.ConnectError as exc:
+        return f"{exc}: refused (an operator allows it with --allow-private-webhooks)"[:400]
     return ""
 
 
@@ -68,12 +63,14 @@ async def _public_addresses(host: str, port: int) -> list[str]:
     try:
         infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
     except (OSError, ValueError) as exc:
-        raise httpcore.ConnectError(f"cannot resolve webhook host {host!r}: {exc}") from None
+        msg = f"cannot resolve webhook host {host!r}: {exc}"[:300]
+        raise httpcore.ConnectError(msg) from None
     addresses = list(dict.fromkeys(str(info[4][0]) for info in infos))
-    inside = [a for a in addresses if refused_address(a)]
+    inside = sorted(a for a in addresses if refused_address(a))
     if inside or not addresses:
         raise httpcore.ConnectError(
-            f"webhook host {host!r} resolves to a non-public address ({', '.join(inside[:3])})"
+            f"webhook host {host!r} resolves to a non-public address "
+            f"({', '.join(inside[:3]) or 'none'})"
         )
     return addresses
 

@@ -38,7 +38,6 @@ from __future__ import annotations
 import atexit
 import hashlib
 import logging
-import math
 import os
 import re
 import sys
@@ -66,7 +65,7 @@ from events.envelope import EventBase
 from events.identity import check_id
 from producers.hooks.mapping import normalized, row_events, scalar
 from producers.hooks.publisher import Publisher, Stats, Target
-from producers.metrics_import import MetricsImportReport, check_gpus
+from producers.metrics_import import MetricsImportReport, billed_seconds, check_gpus
 
 log = logging.getLogger("runwatch.hooks")
 
@@ -268,7 +267,8 @@ class RunwatchHook:
         out = [self._event(StepPhaseTimed, step, ts, wall_s=wall_s, other_s=wall_s)]
         # a step time given as negative or NaN is kept as timing, never billed (usage is
         # finite and >= 0: the event would refuse it, and the step's timing with it)
-        if self.gpus and math.isfinite(wall_s) and wall_s >= 0:
+        billed = billed_seconds(wall_s, self.gpus)
+        if billed is not None:
             out.append(
                 self._event(
                     UsageRecorded,
@@ -277,7 +277,7 @@ class RunwatchHook:
                     pool="trainer",
                     phase="step",
                     device_kind="gpu",
-                    device_seconds=wall_s * self.gpus,
+                    device_seconds=billed,
                 )
             )
         return out
