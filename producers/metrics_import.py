@@ -238,7 +238,10 @@ def import_metrics(
     batch_size: int = 2000,
     report: MetricsImportReport | None = None,
 ) -> MetricsImportReport:
-    """Read ``path`` (and ``eval_file``) and ``write`` the events in batches."""
+    """Read ``path`` (and ``eval_file``) and ``write`` the events in batches.
+
+    ``ValueError``, nothing written, when ``path`` is not UTF-8 text or has no row with a
+    step (an empty file, a header only, every row skipped): no run without a step."""
     path = Path(path)
     report = report or MetricsImportReport()
     now = time.time()
@@ -289,6 +292,10 @@ def import_metrics(
         if pending_evals and pending_evals[0] == step:
             for i, score in enumerate(evals[pending_evals.pop(0)]):
                 emit(EvalGateScored, step, ts, f"eval-file/{i}", score=score)
+    if not report.rows:  # only the RunSubmitted is held (nothing was written): a run of nothing
+        raise ValueError(
+            f"{path}: no metric rows with a step ({report.skipped} skipped)"
+        )
     for s in pending_evals:
         for i, score in enumerate(evals[s]):
             emit(EvalGateScored, s, now, f"eval-file/{i}", score=score)

@@ -120,10 +120,8 @@ def _events(
             eval_file=args.eval_file,
             gpus=args.gpus,
         )
-    except ValueError as exc:  # not text, or a run id the file name cannot make
+    except ValueError as exc:  # not text, no row with a step, a run id the name cannot make
         raise Abort(str(exc)) from None
-    if report.rows == 0:
-        raise Abort(f"{source}: no metric rows with a step ({report.skipped} skipped)")
     return events, f"{report.format} {source}"
 
 

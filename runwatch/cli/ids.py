@@ -9,7 +9,10 @@ from events.identity import check_id
 
 
 def identifier(text: str) -> str:
-    """``text`` if it is a valid tenant or run id, else argparse's usage error."""
+    """``text`` if it is a valid tenant or run id, else argparse's usage error. An empty
+    one is refused here too (an event may carry it; nobody means it on a command line)."""
+    if not text:
+        raise argparse.ArgumentTypeError("an id cannot be empty")
     try:
         return check_id(text)
     except ValueError as exc:

@@ -125,7 +125,7 @@ def _metrics(args: argparse.Namespace, term: Terminal) -> int:
             eval_file=args.eval_file,
             gpus=args.gpus,
         )
-    except ValueError as exc:  # not UTF-8 text: nothing of it was written
+    except ValueError as exc:  # not UTF-8 text, or no row with a step: nothing written
         raise Abort(str(exc)) from None
     finally:
         sink.close()

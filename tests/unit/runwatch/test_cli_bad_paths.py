@@ -62,6 +62,49 @@ def test_a_metrics_file_that_is_not_text_is_a_clear_error(
 
 
 @pytest.mark.parametrize(
+    "text",
+    ["", "step,reward\n", "reward,loss\n0.5,0.1\n0.6,0.2\n", '{"reward": 0.5}\n'],
+    ids=["empty", "header-only", "no-step-column", "jsonl-no-step"],
+)
+def test_a_metrics_file_without_a_step_imports_nothing(
+    text: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """It wrote a run of one ``RunSubmitted`` and exited 0 (``backtest`` refused it)."""
+    metrics = tmp_path / "metrics.csv"
+    metrics.write_text(text)
+    evals = tmp_path / "evals.csv"
+    evals.write_text("step,score\n5,0.5\n")
+    log = tmp_path / "log"
+    argv = ["import", "metrics", str(metrics), "--to", str(log), "--run-id", "r1", "--tenant", "t"]
+    assert main([*argv, "--eval-file", str(evals)]) == 1
+    err = capsys.readouterr().err
+    assert "no metric rows with a step" in err and "bug in runwatch" not in err
+    assert not any(p.is_file() and p.stat().st_size for p in log.rglob("*"))  # nothing written
+    assert main(["backtest", str(metrics)]) == 1
+    assert "no metric rows with a step" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["run", "pause", ""],
+        ["resume", "--run-id", ""],
+        ["import", "metrics", "m.csv", "--to", "l", "--run-id", "", "--tenant", "t"],
+        ["backtest", "m.csv", "--tenant", ""],
+    ],
+    ids=["run", "resume", "import", "backtest"],
+)
+def test_an_empty_id_on_the_command_line_is_refused(
+    argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``run pause ''`` answered "cannot pause : no such run"."""
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == 2
+    assert "an id cannot be empty" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
     ("argv", "said"),
     [
         (["replay", "{log}", "--store", "{file}"], STORE),
