@@ -293,9 +293,7 @@ def import_metrics(
             for i, score in enumerate(evals[pending_evals.pop(0)]):
                 emit(EvalGateScored, step, ts, f"eval-file/{i}", score=score)
     if not report.rows:  # only the RunSubmitted is held (nothing was written): a run of nothing
-        raise ValueError(
-            f"{path}: no metric rows with a step ({report.skipped} skipped)"
-        )
+        raise ValueError(f"{path}: no metric rows with a step ({report.skipped} skipped)")
     for s in pending_evals:
         for i, score in enumerate(evals[s]):
             emit(EvalGateScored, s, now, f"eval-file/{i}", score=score)
