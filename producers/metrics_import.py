@@ -21,8 +21,24 @@ Besides the step event, a row yields:
   ``val/test_score/*``, TRL ``eval_reward``; several are averaged) and from ``eval_file``
   (same formats; score column ``score`` / ``eval`` / ``eval_score`` or those keys).
 
-One ``RunSubmitted`` (``algorithm``) opens the import. Ids are uuid5 of (run, step, kind),
-so importing a file twice yields the same events, which consumers deduplicate. ``ts`` is
+One ``RunSubmitted`` (``algorithm``) opens the import. Every fact is named by what it is,
+never by its place in this import, so importing a file again, or a longer copy of it (a
+history that grew), or its second half as a file of its own, bills nothing twice and
+nothing less (accounting drops a ``UsageRecorded`` whose ``seq`` is not beyond its
+producer's last one):
+
+- ids are uuid5 of (run, step, kind, lane) and ``seq`` is ``8 x step + the event's place
+  in its row + 1`` (``RunSubmitted`` is 0), under the producer ``metrics-import``;
+- a row whose step is not beyond the row before it (a run resumed from an earlier
+  checkpoint logs its steps again) opens a new *lane*: the producer
+  ``metrics-import/lane-<k>`` and ids of their own, so the repeated steps, which were
+  really run, are facts of their own (billed) and the lanes are the same on every import
+  of the file (a second file that starts again below the first's last step is lane 0 of
+  its own import: its repeated steps are taken as the first file's);
+- an ``eval_file``'s scores are the producer ``metrics-import/evals``, counted in that
+  file's order (an eval file added on a later import shifts nothing of the metrics).
+
+``ts`` is
 the row's ``timestamp``/``_timestamp``/``time`` when present, else the import's start time.
 Bad rows (not an object, no integer step, bad JSON) are reported with their line number
 and skipped; the import goes on.
@@ -47,6 +63,8 @@ from events.catalog.usage import UsageRecorded
 from events.envelope import EventBase, derived_id
 
 PRODUCER = "metrics-import"
+#: seqs per step in a lane: a row yields at most 5 events (rollout, step, phases, usage, eval)
+ROW_SEQS = 8
 STEP_KEYS = ("step", "global_step", "_step", "train/global_step")
 TS_KEYS = ("timestamp", "_timestamp", "time")
 
@@ -226,6 +244,23 @@ def _eval_score(row: dict[str, Any]) -> float | None:
     return sum(values) / len(values) if values else None
 
 
+@dataclass
+class _Place:
+    """Where an import's next event goes: its producer and id suffix (by lane), its seq."""
+
+    base: str
+    lane: int = 0
+    seq: int = 0
+
+    @property
+    def suffix(self) -> str:
+        return f"/lane-{self.lane}" if self.lane else ""
+
+    @property
+    def producer(self) -> str:
+        return self.base + self.suffix
+
+
 def import_metrics(
     path: str | Path,
     *,
@@ -257,46 +292,61 @@ def import_metrics(
         report.issues.extend(eval_report.issues)
         report.skipped += eval_report.skipped
     batch: list[EventBase] = []
+    rows = _Place(PRODUCER)  # the metrics file's events (RunSubmitted: seq 0)
+    scores = _Place(f"{PRODUCER}/evals")  # the eval file's, counted in its order
 
-    def emit(cls: type[EventBase], step: int | None, ts: float, kind: str, **payload: Any) -> None:
-        ev = cls(
-            event_id=derived_id(PRODUCER, tenant_id, run_id, kind, step),
-            tenant_id=tenant_id,
-            run_id=run_id,
-            step=step,
-            ts=ts,
-            producer=PRODUCER,
-            seq=len(batch) + sum(report.events.values()),
-            **payload,
-        )
-        report.count(ev)
-        batch.append(ev)
-        if len(batch) >= batch_size:
-            write(list(batch))
-            batch.clear()
+    def emitter(place: _Place) -> Callable[..., None]:
+        def emit(cls: type[EventBase], step: int | None, ts: float, kind: str, **payload: Any):
+            ev = cls(
+                event_id=derived_id(PRODUCER, tenant_id, run_id, kind + place.suffix, step),
+                tenant_id=tenant_id,
+                run_id=run_id,
+                step=step,
+                ts=ts,
+                producer=place.producer,
+                seq=place.seq,
+                **payload,
+            )
+            place.seq += 1
+            report.count(ev)
+            batch.append(ev)
+            if len(batch) >= batch_size:
+                write(list(batch))
+                batch.clear()
+
+        return emit
+
+    emit, emit_score = emitter(rows), emitter(scores)
+
+    def emit_evals(step: int, ts: float) -> None:
+        for i, score in enumerate(evals[step]):
+            emit_score(EvalGateScored, step, ts, f"eval-file/{i}", score=score)
 
     emit(RunSubmitted, None, now, "submitted", algorithm=algorithm, config={"source": path.name})
     pending_evals = sorted(evals)
+    last_step = None
     for n, row in read_rows(path, report):
         step = _step_of(row)
-        if step is None:
-            _skip(report, f"{path.name}:{n}: no integer 'step'")
+        if step is None or step < 0:
+            _skip(report, f"{path.name}:{n}: no integer 'step' of 0 or more")
             continue
         report.rows += 1
+        if last_step is not None and step <= last_step:  # the steps begin again: a new lane
+            rows.lane += 1
+        last_step = step
         ts = next((float(row[k]) for k in TS_KEYS if isinstance(row.get(k), int | float)), now)
         while pending_evals and pending_evals[0] < step:
-            s = pending_evals.pop(0)
-            for i, score in enumerate(evals[s]):
-                emit(EvalGateScored, s, ts, f"eval-file/{i}", score=score)
+            emit_evals(pending_evals.pop(0), ts)
+        rows.seq = ROW_SEQS * step + 1
         emit_row(emit, row, step, ts, algorithm, gpus, report)
+        if rows.seq > ROW_SEQS * (step + 1):  # emit_row grew: seqs would run into the next step
+            raise RuntimeError(f"a row yielded more than {ROW_SEQS - 1} events")
         if pending_evals and pending_evals[0] == step:
-            for i, score in enumerate(evals[pending_evals.pop(0)]):
-                emit(EvalGateScored, step, ts, f"eval-file/{i}", score=score)
+            emit_evals(pending_evals.pop(0), ts)
     if not report.rows:  # only the RunSubmitted is held (nothing was written): a run of nothing
         raise ValueError(f"{path}: no metric rows with a step ({report.skipped} skipped)")
     for s in pending_evals:
-        for i, score in enumerate(evals[s]):
-            emit(EvalGateScored, s, now, f"eval-file/{i}", score=score)
+        emit_evals(s, now)
     if batch:
         write(list(batch))
     return report

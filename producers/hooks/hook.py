@@ -9,7 +9,13 @@ what a plain Python loop uses directly::
     hook.close()
 
 Facts and the events they become (ids uuid4; ``seq`` dense per hook; ``ts`` the training
-thread's wall clock at the call):
+thread's wall clock at the call). Each hook is a producer of its own: ``hook/<run>/<12 hex>``
+(or ``<producer>/<12 hex>``), because the envelope's ``seq`` must only grow under one
+producer name and a restarted process (a TRL run resumed from its checkpoint, a verl job
+started again) counts from 0: under a shared name, accounting took the new process's usage
+for redeliveries of the old one's and billed none of it until its ``seq`` passed the old
+one's. A retry or a re-shipped spool carries the events as they were, name and ``seq``
+included, so those are still billed once.
 
 - :meth:`start` -> ``RunSubmitted`` (algorithm, config) + ``RunStarted``; a run started
   from a checkpoint (``resumed_from``) -> ``RunResumed`` instead; the first :meth:`log`
@@ -62,7 +68,7 @@ from events.catalog.lifecycle import (
 from events.catalog.trainer import StepPhaseTimed
 from events.catalog.usage import UsageRecorded
 from events.envelope import EventBase
-from events.identity import check_id
+from events.identity import check_id, check_name
 from producers.hooks.mapping import normalized, row_events, scalar
 from producers.hooks.publisher import Publisher, Stats, Target
 from producers.metrics_import import MetricsImportReport, billed_seconds, check_gpus
@@ -116,7 +122,10 @@ class RunwatchHook:
             self.gpus = check_gpus(gpus)
         except ValueError as exc:
             raise ValueError(f"RunwatchHook: {exc}") from None
-        self.producer = producer or f"hook/{run_id}"
+        try:  # one producer per hook (see the module docstring): a restart is a new one
+            self.producer = check_name(f"{producer or f'hook/{run_id}'}/{uuid.uuid4().hex[:12]}")
+        except ValueError as exc:
+            raise ValueError(f"RunwatchHook: bad producer {str(producer)[:80]!r}: {exc}") from None
         self.checkpoint_digest = checkpoint_digest
         self.report = MetricsImportReport()
         kafka = kafka or os.environ.get("RUNWATCH_KAFKA") or None
