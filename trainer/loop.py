@@ -41,6 +41,7 @@ import copy
 import json
 import math
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -221,6 +222,8 @@ class Trainer:
         self._carry_other = 0.0
         #: This run's commands (``runwatch.control``); None: the trainer follows none.
         self.commands: CommandFeed | None = None
+        #: commands polled and not acted on yet, oldest first (see :meth:`follow_commands`)
+        self.commands_due: deque[Any] = deque()
         self.poll_interval_s = 0.05
         self.cancelled = False
         self.paused_s = 0.0  # wall time spent paused (not billed, not a step's time)
@@ -595,59 +598,88 @@ class Trainer:
         in-memory state, which is bit-for-bit the pause checkpoint) or a cancel
         (``RunCancelled``). A command that does not apply (unpause of a running run, pause
         of a paused one) is ignored here; the API refuses it before it is written.
+
+        Every command polled is acted on, in order: a cancel wins over whatever came with
+        it or before it was acted on (a pause and a cancel in one poll cancel; a resume and
+        a cancel in one poll of a paused run cancel), and commands after a resume are
+        applied after it (a pause after the resume pauses again). Before, the trainer
+        acted on the first of a poll and the rest were lost: an accepted cancel with them.
         """
         if self.commands is None:
             return False
-        for cmd in self.commands.poll():
-            if isinstance(cmd, CancelRequested):
-                return self._cancel(cmd)
-            if isinstance(cmd, PauseRequested) and self._pause(cmd, saved):
+        queue = self.commands_due
+        queue.extend(self.commands.poll())
+        while queue:
+            if self._cancel_due(queue):
                 return True
+            cmd = queue.popleft()
+            if isinstance(cmd, PauseRequested):
+                who = f"{cmd.actor}{' ' + cmd.principal if cmd.principal else ''}"
+                here = str(saved.info.path) if saved else self.checkpoint_here()
+                if self.hold_paused(f"paused by {who}: {cmd.reason}", here, str(cmd.event_id)):
+                    return True
+                saved = None  # a resume may have rolled back: see checkpoint_here
         return False
 
-    def _pause(self, cmd: PauseRequested, saved: ckpt.SaveResult | None) -> bool:
+    def checkpoint_here(self) -> str:
+        """The path of this step's checkpoint, written now unless it is there: the state is
+        the one checkpointed at this step when one is (a pause's, a rollback's target, the
+        one a resumed run was certified from and re-paused at)."""
+        here = ckpt.checkpoint_dir(self.checkpoint_root, self.step)
+        return str(here) if (here / ckpt.META).exists() else str(self.save_checkpoint().info.path)
+
+    def _cancel_due(self, queue: deque[Any]) -> bool:
+        """Cancel (True) if a cancel is among the commands due."""
+        cancel = next((c for c in queue if isinstance(c, CancelRequested)), None)
+        if cancel is None:
+            return False
+        queue.clear()
+        return self._cancel(cancel)
+
+    def hold_paused(self, reason: str, checkpoint: str, request_id: str = "") -> bool:
+        """Publish ``RunPaused`` (at ``checkpoint``, the state it is paused in) and wait for
+        an unpause (False, ``RunResumed`` published) or a cancel (True); see
+        :meth:`follow_commands`. A pause of a paused run is ignored."""
         t0 = time.perf_counter()
-        res = saved or self.save_checkpoint()
-        checkpoint = str(res.info.path)
-        who = f"{cmd.actor}{' ' + cmd.principal if cmd.principal else ''}"
         self._emit(
-            RunPaused,
-            step=self.step,
-            reason=f"paused by {who}: {cmd.reason}",
-            checkpoint=checkpoint,
-            request_id=str(cmd.event_id),
+            RunPaused, step=self.step, reason=reason, checkpoint=checkpoint, request_id=request_id
         )
         self._flush()
-        self.say(f"paused at step {self.step} by {who}: {cmd.reason}")
+        self.say(f"at step {self.step} {reason}")
         assert self.commands is not None
+        queue = self.commands_due
         while True:
-            time.sleep(self.poll_interval_s)
-            for c in self.commands.poll():
-                if isinstance(c, CancelRequested):
-                    return self._cancel(c)
-                if isinstance(c, UnpauseRequested):
-                    changed = self.apply_overrides(dict(c.overrides))
-                    why = f"resumed by {c.actor}: {c.reason}".rstrip(": ")
-                    if changed:
-                        why += " (" + ", ".join(f"{k}={v}" for k, v in changed.items()) + ")"
-                    back = changed.get("rollback_to_step")
-                    if back is not None:
-                        checkpoint = str(ckpt.checkpoint_dir(self.checkpoint_root, back))
-                    self._emit(
-                        RunResumed,
-                        step=self.step,
-                        reason=why,
-                        checkpoint=checkpoint,
-                        request_id=str(c.event_id),
-                        rolled_back_to=back,
-                    )
-                    self._flush()
-                    self.say(f"resumed at step {self.step} by {c.actor}")
-                    # the pause is not the next step's time (nor its bill)
-                    self._last_cut = time.perf_counter()
-                    self._carry_other = 0.0
-                    self.paused_s += self._last_cut - t0
-                    return False
+            if not queue:
+                time.sleep(self.poll_interval_s)
+                queue.extend(self.commands.poll())
+                continue
+            if self._cancel_due(queue):
+                return True
+            c = queue.popleft()
+            if not isinstance(c, UnpauseRequested):
+                continue  # a pause of a paused run
+            changed = self.apply_overrides(dict(c.overrides))
+            why = f"resumed by {c.actor}: {c.reason}".rstrip(": ")
+            if changed:
+                why += " (" + ", ".join(f"{k}={v}" for k, v in changed.items()) + ")"
+            back = changed.get("rollback_to_step")
+            if back is not None:
+                checkpoint = str(ckpt.checkpoint_dir(self.checkpoint_root, back))
+            self._emit(
+                RunResumed,
+                step=self.step,
+                reason=why,
+                checkpoint=checkpoint,
+                request_id=str(c.event_id),
+                rolled_back_to=back,
+            )
+            self._flush()
+            self.say(f"resumed at step {self.step} by {c.actor}")
+            # the pause is not the next step's time (nor its bill)
+            self._last_cut = time.perf_counter()
+            self._carry_other = 0.0
+            self.paused_s += self._last_cut - t0
+            return False
 
     def apply_overrides(self, overrides: dict[str, Any]) -> dict[str, Any]:
         """Change what :data:`producers.commands.RESUME_OVERRIDES` allows (within its

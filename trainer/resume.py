@@ -42,6 +42,7 @@ from typing import Any
 import numpy as np
 
 from events.catalog.checkpoint import ResumeCertified, ResumeRejected, ResumeRequested
+from events.catalog.control import CancelRequested
 from events.catalog.lifecycle import (
     RunCancelled,
     RunCompleted,
@@ -373,8 +374,14 @@ def _finite(x: float) -> float | None:
     return x if math.isfinite(x) else None
 
 
-def continue_run(gate: GateResult, trainer: Trainer, max_staleness: int) -> None:
-    """Staleness rules, re-sync, RunResumed, then train to the configured end."""
+def continue_run(
+    gate: GateResult, trainer: Trainer, max_staleness: int, paused: str | None = None
+) -> None:
+    """Staleness rules, re-sync, then train to the configured end: ``RunResumed`` first, or,
+    for a run that was ``paused`` when its trainer died (the pause's reason), ``RunPaused``
+    again and a wait for an unpause or a cancel (only a person's command continues a paused
+    run, not a restart). Commands that came while the trainer was down (in
+    ``trainer.commands_due``) are acted on before the first step is trained."""
     dropped = trainer.buffer.discard_stale(trainer.step, max_staleness)
     t0 = time.perf_counter()
     frozen = trainer.cfg.faults.freeze_weight_sync_after
@@ -386,17 +393,21 @@ def continue_run(gate: GateResult, trainer: Trainer, max_staleness: int) -> None
             policy_version=trainer.engine.policy_version,  # read back from the engine
             duration_s=time.perf_counter() - t0,
         )
-    trainer._emit(
-        RunResumed,
-        step=trainer.step,
-        reason=(
-            f"certified from {gate.checkpoint} (window {gate.window[0]}..{gate.window[1]}, "
-            f"{gate.tier}, max deviation {gate.max_deviation:.3g}); "
-            f"{dropped} stale rollout batch(es) discarded"
-        ),
+    certified = (
+        f"certified from {gate.checkpoint} (window {gate.window[0]}..{gate.window[1]}, "
+        f"{gate.tier}, max deviation {gate.max_deviation:.3g}); "
+        f"{dropped} stale rollout batch(es) discarded"
     )
-    trainer._flush()
-    trainer._last_cut = time.perf_counter()
+    if paused is not None:
+        reason = f"still paused after its trainer restarted ({paused}); {certified}"
+        if trainer.hold_paused(reason, trainer.checkpoint_here()):
+            return  # cancelled: RunCancelled is the run's last lifecycle fact
+    else:
+        trainer._emit(RunResumed, step=trainer.step, reason=certified)
+        trainer._flush()
+        trainer._last_cut = time.perf_counter()
+    if trainer.follow_commands():
+        return
     done = trainer.step >= trainer.cfg.steps
     if (
         done
@@ -451,6 +462,29 @@ def _resume_locked(
     emitter = make_emitter(
         run_id, cfg.tenant_id, log_dir=log_dir, sink=sink, first_seq=max(seqs, default=-1) + 1
     )
+    # the commands this run already answered are not applied twice after a restart; the
+    # others came while it was down: a cancel is answered now, the rest by the trainer
+    answered = {
+        e.request_id
+        for e in events
+        if isinstance(e, RunPaused | RunResumed | RunCancelled) and e.request_id
+    }
+    feed = CommandFeed(emitter.sink, run_id, answered=answered, tenant_id=cfg.tenant_id)
+    due = feed.poll()
+    cancel = next((c for c in due if isinstance(c, CancelRequested)), None)
+    if cancel is not None:
+        emitter.emit(
+            RunCancelled,
+            step=max(recorded_steps(events), default=0),
+            reason=f"cancelled by {cancel.actor} while its trainer was down: {cancel.reason}"
+            .rstrip(": "),
+            request_id=str(cancel.event_id),
+        )  # fmt: skip
+        emitter.flush()
+        raise ResumeError(
+            f"run {run_id!r} was cancelled by {cancel.actor} while its trainer was down; "
+            "the cancel is answered (RunCancelled), nothing to resume"
+        )
     gate = ResumeGate(cfg, run_dir, events, emitter, progress)
     result, trainer = gate.run()
     if not result.certified or trainer is None:
@@ -463,15 +497,10 @@ def _resume_locked(
         )
         emitter.flush()
         return result, None
-    # the commands this run already answered are not applied twice after a restart
-    answered = {
-        e.request_id
-        for e in events
-        if isinstance(e, RunPaused | RunResumed | RunCancelled) and e.request_id
-    }
-    trainer.commands = CommandFeed(emitter.sink, run_id, answered=answered, tenant_id=cfg.tenant_id)
+    trainer.commands = feed
+    trainer.commands_due.extend(due)
     try:
-        continue_run(result, trainer, cfg.resume.max_staleness)
+        continue_run(result, trainer, cfg.resume.max_staleness, paused_reason(events))
     except BaseException as exc:
         if not isinstance(exc, KeyboardInterrupt):
             trainer.fail(exc)
@@ -479,6 +508,17 @@ def _resume_locked(
     finally:
         trainer.reward.close()
     return result, trainer
+
+
+def paused_reason(events: Sequence[EventBase]) -> str | None:
+    """The reason of the run's pause if its last ``RunPaused`` has no ``RunResumed`` after
+    it (paused by a gate, a person or its reward's failure policy when its trainer died),
+    else None."""
+    last = None
+    for e in events:
+        if isinstance(e, RunPaused | RunResumed):
+            last = e
+    return last.reason if isinstance(last, RunPaused) else None
 
 
 def describe(result: GateResult) -> dict[str, Any]:

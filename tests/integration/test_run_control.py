@@ -211,3 +211,96 @@ def test_a_paging_alert_pauses_the_run_through_the_controller(tmp_path: Path) ->
         trainer.kill()
         processor.terminate()
         processor.wait(timeout=30)
+
+
+class Resume:
+    """``runwatch resume`` of a killed trainer, its progress read on a thread."""
+
+    def __init__(self, log: Path, run_id: str) -> None:
+        self.proc = subprocess.Popen(
+            _cli("resume", "--run-id", run_id, "--log", str(log), "--json"),
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+
+
+def _kinds(log: Path, run_id: str, *kinds: type) -> list[EventBase]:
+    return [e for e in _events(log, run_id) if isinstance(e, kinds)]
+
+
+def test_a_run_killed_while_paused_comes_back_paused(tmp_path: Path) -> None:
+    """Found by review: the restarted trainer skipped the answered pause and trained on
+    (and billed) with nobody having resumed it. It now certifies, says ``RunPaused`` again
+    and waits; only a person's resume continues it."""
+    log = tmp_path / "log"
+    trainer = Trainer(log, "dead-paused", steps=200)
+    resumed: Resume | None = None
+    try:
+        trainer.wait_step(3)
+        out = command(log, "pause", "dead-paused", "--reason", "gate", "--wait", "60")
+        assert out.returncode == 0, out.stderr
+        paused_at = json.loads(out.stdout)["step"]
+        trainer.kill()  # the node dies while the run is paused
+        resumed = Resume(log, "dead-paused")
+        end = time.monotonic() + 120
+        while len(_kinds(log, "dead-paused", RunPaused)) < 2:
+            assert resumed.proc.poll() is None, resumed.proc.communicate()
+            assert time.monotonic() < end, "the restarted trainer did not pause"
+            time.sleep(0.1)
+        again = _kinds(log, "dead-paused", RunPaused)[-1]
+        assert again.step == paused_at and "still paused after its trainer restarted" in (
+            again.reason
+        )
+        time.sleep(1.5)  # waiting, not training: no step, no usage after the pause
+        steps = _kinds(log, "dead-paused", TrainerStepCompleted, UsageRecorded)
+        assert max(e.step for e in steps) == paused_at
+        assert not _kinds(log, "dead-paused", RunResumed)
+
+        out = command(log, "resume", "dead-paused", "--reason", "looked", "--wait", "60")
+        assert out.returncode == 0, out.stderr
+        assert json.loads(out.stdout)["answered"] == "RunResumed"
+        end = time.monotonic() + 60
+        while max(e.step for e in _kinds(log, "dead-paused", TrainerStepCompleted)) < paused_at + 2:
+            assert time.monotonic() < end, "not training after the resume"
+            time.sleep(0.1)
+        out = command(log, "cancel", "dead-paused", "--wait", "60")
+        assert out.returncode == 0 and json.loads(out.stdout)["answered"] == "RunCancelled"
+        resumed.proc.communicate(timeout=60)
+        assert resumed.proc.returncode == 0
+    finally:
+        trainer.kill()
+        if resumed is not None and resumed.proc.poll() is None:
+            resumed.proc.kill()
+    steps = [e.step for e in _kinds(log, "dead-paused", TrainerStepCompleted)]
+    assert steps == sorted(set(steps))  # no step published twice across the restart
+
+
+def test_a_cancel_sent_while_the_trainer_was_down_is_answered_before_any_step(
+    tmp_path: Path,
+) -> None:
+    """Found by review: the restarted trainer replayed, resumed and trained (and billed) a
+    step before it looked at its commands. The cancel is now answered at once."""
+    log = tmp_path / "log"
+    trainer = Trainer(log, "dead-cancel", steps=200)
+    try:
+        trainer.wait_step(3)
+    finally:
+        trainer.kill()
+    last = max(e.step for e in _kinds(log, "dead-cancel", TrainerStepCompleted))
+    out = command(log, "cancel", "dead-cancel", "--reason", "no longer needed")
+    assert out.returncode == 0, out.stderr
+    cancel_id = json.loads(out.stdout)["command_id"]
+    again = subprocess.run(
+        _cli("resume", "--run-id", "dead-cancel", "--log", str(log)),
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert again.returncode == 1 and "cancelled by operator while its trainer was down" in (
+        again.stderr
+    )
+    cancelled = _kinds(log, "dead-cancel", RunCancelled)
+    assert len(cancelled) == 1 and cancelled[0].request_id == cancel_id
+    assert cancelled[0].step == last
+    after = _kinds(log, "dead-cancel", TrainerStepCompleted, UsageRecorded, RunResumed)
+    assert max(e.step or 0 for e in after) == last and not _kinds(log, "dead-cancel", RunResumed)
