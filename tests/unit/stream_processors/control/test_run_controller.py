@@ -10,6 +10,7 @@ import pytest
 
 from events import (
     AlertFired,
+    AlertResolved,
     PauseRequested,
     RunCompleted,
     RunPaused,
@@ -141,3 +142,60 @@ def test_policy_file_versioned_by_content_and_bad_keys_refused(tmp_path: Path) -
     with pytest.raises(ValueError, match="pause_when"):
         ControlPolicy.load(bad)
     assert ControlPolicy.load().pause_on == ("page",)
+
+
+def _resolved(alert_id: str) -> EventBase:
+    return ev(
+        AlertResolved, alert_id=alert_id, detector="kl_blowup", reason="ok", config_version="v"
+    )
+
+
+def test_an_alert_under_a_persons_pause_pauses_the_run_once_it_is_live_again() -> None:
+    """Found by review: it was dropped, and a maintenance pause and resume let the run
+    train on past a page (the detector never re-fires an open episode)."""
+    f = RunControllerFold(ControlPolicy(version="p1"))
+    person = ev(PauseRequested, actor="operator", principal="ops@x", reason="maintenance")
+    resumed = ev(RunResumed)
+    events = [person, alert(alert_id="b1"), ev(RunPaused), resumed]
+    state, out = fold(f, events)
+    assert len(out) == 1 and isinstance(out[0], PauseRequested)
+    req = out[0]
+    assert (req.actor, req.alert_id, req.step, req.ts) == ("controller", "b1", 5, resumed.ts)
+    assert "while a person had the run paused" in req.reason and "kl_blowup" in req.reason
+    assert state.phase == "pausing" and "b1" in state.acted and state.owed == ()
+    # once: the same episode again, or a replay, asks nothing more / the same request
+    _, again = fold(f, [*events, ev(RunPaused), ev(RunResumed), alert(alert_id="b1")])
+    assert [o.event_id for o in again] == [req.event_id]
+    # an unpause before the trainer paused makes it live too: the owed pause is asked then
+    _, out = fold(f, [person, alert(alert_id="b1"), ev(UnpauseRequested, actor="operator")])
+    assert [o.alert_id for o in out] == ["b1"]
+
+
+def test_an_alert_under_the_gates_own_pause_is_covered_by_the_resume() -> None:
+    f = RunControllerFold(ControlPolicy())
+    events = [alert(alert_id="a1"), alert(alert_id="a2"), ev(RunPaused), alert(alert_id="a3")]
+    _, out = fold(f, [*events, ev(RunResumed)])
+    assert [o.alert_id for o in out] == ["a1"]
+
+
+def test_an_owed_alert_that_resolved_is_not_owed() -> None:
+    f = RunControllerFold(ControlPolicy())
+    person = ev(PauseRequested, actor="customer", principal="acme", reason="look")
+    _, out = fold(f, [person, alert(alert_id="b1"), ev(RunPaused), _resolved("b1"), ev(RunResumed)])
+    assert out == []
+
+
+def test_an_alert_under_the_rewards_own_pause_is_owed() -> None:
+    """The reward's failure policy pauses the run itself (RunPaused, nobody's request)."""
+    f = RunControllerFold(ControlPolicy())
+    _, out = fold(f, [ev(RunPaused), alert(alert_id="b1"), ev(RunResumed)])
+    assert [o.alert_id for o in out] == ["b1"]
+
+
+def test_owed_alerts_round_trip_and_an_older_state_loads() -> None:
+    f = RunControllerFold(ControlPolicy())
+    person = ev(PauseRequested, actor="operator", principal="ops@x", reason="maintenance")
+    state, _ = fold(f, [person, alert(alert_id="b1")])
+    assert state.owed and f.load_state(f.dump_state(state)) == state
+    old = f.load_state(b'["grpo", "paused", ["a1"]]')  # stored before owed alerts
+    assert (old.phase, old.paused_by, old.owed, old.acted) == ("paused", "controller", (), ("a1",))
