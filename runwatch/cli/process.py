@@ -31,6 +31,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     target.add_argument("--log", metavar="DIR", help="embedded log directory")
     parser.add_argument("--once", action="store_true", help="embedded: drain, then exit")
     parser.add_argument("--catalog", help="detector threshold catalog (default: packaged)")
+    parser.add_argument(
+        "--prices",
+        help="price list the bills (and the dead-run alert's money) are priced with "
+        "(default: the packaged stream_processors/accounting/prices.yaml; give the one "
+        "`serve api --prices` is given, so bills and views agree)",
+    )
     control = parser.add_mutually_exclusive_group()
     control.add_argument(
         "--control",
@@ -68,7 +74,7 @@ def run(args: argparse.Namespace, term: Terminal) -> int:
     from stream_processors.detectors import CatalogError
 
     try:
-        folds = processor_folds(args.catalog, control=args.control)
+        folds = processor_folds(args.catalog, control=args.control, prices=args.prices)
     except (CatalogError, ValueError) as exc:
         raise Abort(str(exc)) from None
     if args.kafka:
