@@ -9,7 +9,8 @@ options, apply only the shard's runs (``owns``), hold it at the terminal barrier
 :class:`projections.materializer.Materializer`: a foreign tenant's claim stops it there);
 then every fold of its topic folds it (:class:`~runwatch.hosting.core.HostedFold`; with
 ``dedupe``, once per event id, and only if the run is the event's tenant's: the first
-event of a run this host folds, on any topic, pins it for every fold; another tenant's
+event of a run this host folds pins it for every fold of its co-partitioned group, as on
+faust (:func:`~runwatch.hosting.tenancy.group_pins`); another tenant's
 claim on the run id is refused and dead-lettered) and what it derives goes to the view and
 out.
 :meth:`Host.checkpoint` commits fold states, positions, held records and the view's batch
@@ -31,7 +32,7 @@ from events.log.base import Record
 from runwatch.hosting.barrier import TerminalBarrier
 from runwatch.hosting.core import FoldSet, HostedFold, RecentIds, Slot
 from runwatch.hosting.ports import DIRECT, Commit, Position, StateStore, View
-from runwatch.hosting.tenancy import foreign_letter, slot_pins
+from runwatch.hosting.tenancy import foreign_letter, group_pins
 
 
 class Host:
@@ -70,7 +71,11 @@ class Host:
         self.refused = 0
         #: the runs' tenants, for hosts of deduplicating folds (the processors; the read
         #: model's view pins its own): :mod:`runwatch.hosting.tenancy`
-        self.pins = slot_pins(self.folds) if any(hf.dedupe for hf in self.folds) else None
+        self.pins_by_topic = group_pins(self.folds)
+        #: the pins of the run's own topics (None: no deduplicating fold reads them)
+        self.pins = self.pins_by_topic.get("runwatch.lifecycle") or next(
+            iter(self.pins_by_topic.values()), None
+        )
         #: the record being applied (where a refused one is located)
         self._at: Record | None = None
         #: when a list: a tag per derived event out, ``(fold index, source, rank)`` —
@@ -224,8 +229,8 @@ class Host:
             target = view.admit(topic, ev)
             if target is None:
                 return  # a run id claimed by another tenant: never merged
-        pins = self.pins
-        if pins is not None:  # the run's tenant, for every fold (one dict lookup)
+        pins = self.pins_by_topic.get(topic) if self.pins_by_topic else None
+        if pins is not None:  # the run's tenant, for every fold of its group (one lookup)
             owner = pins.by_run.get(ev.run_id) or pins.owner_of(ev, topic)
             if owner != ev.tenant_id:
                 self._refuse(topic, ev, owner)

@@ -7,8 +7,9 @@ it folds, on any topic, for all its folds, and refuses another tenant's events o
 never folded, dead-lettered as ``foreign_tenant`` with both tenants in the reason and the
 record's bytes (docs/threat-model.md, "Producers on the data plane").
 
-- :class:`RunPins`: run id -> tenant for one host's folds (the embedded host and the
-  replay: :func:`slot_pins`; a faust agent: ``faust_agent.agent_pins``). The pins persist
+- :class:`RunPins`: run id -> tenant for a host's folds that claim runs together (the
+  embedded host and the replay: :func:`group_pins`, one per co-partitioned group, as
+  faust; a faust agent: ``faust_agent.agent_pins``). The pins persist
   in the folds' slots (``Slot.tenant``, :mod:`runwatch.hosting.core`): after a restart
   ``lookup`` finds them there. Commands (:data:`UNPINNING`) never pin a run: anyone may
   ask about any run id (a customer's refused command is written under the customer's
@@ -65,9 +66,43 @@ class RunPins:
         return owner
 
 
+def group_pins(folds: Iterable[Any]) -> dict[str, RunPins]:
+    """The run pins of a host's hosted folds (:class:`~runwatch.hosting.core.HostedFold`),
+    by topic: one :class:`RunPins` per group of deduplicating folds whose inputs have the
+    same partition counts — the groups the faust topology makes one agent (and one set of
+    pins) each (:func:`runwatch.hosting.faust_topology.build_topology`), so the embedded
+    host and faust claim a run alike.
+
+    For the processors that is the run's own topics (lifecycle, telemetry, alerts, rewards,
+    checkpoints, control) together, which are what the read model reads too, and the
+    rollout traces (profiling) apart: a tenant whose traces name a run id first claims it
+    for profiling only. (Before 2026-11-27 the embedded host pinned on traces too: another
+    tenant's traces imported first took a run's bills and gates from it — every usage fact
+    and step refused — while the read model, which reads no traces, showed its spend.)"""
+    groups: dict[frozenset[int | None], list[Any]] = {}
+    for hf in folds:
+        if hf.dedupe:
+            counts = frozenset(_partitions(t) for t in hf.fold.inputs)
+            groups.setdefault(counts, []).append(hf)
+    out: dict[str, RunPins] = {}
+    for members in groups.values():
+        pins = slot_pins(members)
+        for hf in members:
+            for topic in hf.fold.inputs:
+                out[topic] = pins
+    return out
+
+
+def _partitions(topic: str) -> int | None:
+    from events.topics import TOPICS
+
+    known = TOPICS.get(topic)
+    return known.partitions if known is not None else None
+
+
 def slot_pins(folds: Iterable[Any]) -> RunPins:
-    """The run pins of a host's hosted folds (:class:`~runwatch.hosting.core.HostedFold`):
-    a stored pin is the tenant of any deduplicating fold's slot of the run."""
+    """The run pins of hosted folds (:class:`~runwatch.hosting.core.HostedFold`) that claim
+    runs together: a stored pin is the tenant of any deduplicating fold's slot of the run."""
     hosted = [hf for hf in folds if hf.dedupe]
 
     def pinned(run: str) -> str | None:

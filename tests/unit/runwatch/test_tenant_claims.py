@@ -307,3 +307,50 @@ def test_a_faust_agent_lets_no_command_claim_a_run() -> None:
     alerts = [AlertFired.model_validate_json(v) for t, _, v in sent if t == "runwatch.alerts"]
     assert any(a.routing == "page" for a in alerts)  # the run's own steps were folded
     assert pins.by_run[RUN] == "victim"
+
+
+def test_another_tenants_traces_first_claim_a_run_for_profiling_only(tmp_path: Path) -> None:
+    """Found by review: the embedded processors pinned a run on any topic, rollout traces
+    included, which the read model does not read: tenant B's traces imported first under
+    A's run id took A's bills (every usage fact refused, no bill published) while the API
+    showed A's spend. Pins are per co-partitioned group now, as on faust."""
+    from events import RolloutTraceRecorded, RunSubmitted, UsageRecorded
+    from events.log.embedded import EmbeddedLog
+    from runwatch.hosting.embedded import EmbeddedHost
+    from runwatch.hosting.replay import rebuild_from_log
+
+    def env(tenant: str, producer: str, seq: int, step: int | None = None) -> dict[str, object]:
+        return {"event_id": uuid.uuid4(), "tenant_id": tenant, "run_id": "exp-1", "step": step,
+                "ts": 1000.0 + seq, "producer": producer, "seq": seq}  # fmt: skip
+
+    def trace(tenant: str, seq: int) -> EventBase:
+        return RolloutTraceRecorded(
+            **env(tenant, f"traces/{tenant}", seq, 1), worker="w0", event_name="generate",
+            duration_s=1.0,
+        )  # fmt: skip
+
+    log = EmbeddedLog(tmp_path / "log")
+    log.open_sync()
+    log.append_events_sync([trace("tenant-b", 0)])
+    events: list[EventBase] = [RunSubmitted(**env("tenant-a", "trainer/a", 0), algorithm="grpo")]
+    for s in range(1, 6):
+        events += [
+            TrainerStepCompleted(**env("tenant-a", "trainer/a", 2 * s - 1, s), algorithm="grpo"),
+            UsageRecorded(**env("tenant-a", "trainer/a", 2 * s, s), pool="trainer",
+                          phase="optim", device_kind="gpu", device_seconds=100.0),
+        ]  # fmt: skip
+    log.append_events_sync([*events, trace("tenant-a", 1)])
+    host = EmbeddedHost(log, processor_folds())
+    host.run_once()
+    assert host.host.pins is not None and host.host.pins.by_run["exp-1"] == "tenant-a"
+    # the traces' group is the first tracer's: A's own trace is refused there, only there
+    reader = EmbeddedLog(tmp_path / "log", readonly=True)
+    reader.open_sync()
+    dead = [
+        DeadLetter.model_validate_json(r.value) for r in reader.read_sync("runwatch.dead-letters")
+    ]
+    assert host.host.refused == 1 and [d.event_type for d in dead] == ["RolloutTraceRecorded"]
+    bills = [e for e in reader.iter_events(["runwatch.tenant-usage"]) if isinstance(e, EventBase)]
+    assert len(bills) == 5 and {b.tenant_id for b in bills} == {"tenant-a"}
+    view = rebuild_from_log(tmp_path / "log").host.view.views["exp-1"]  # type: ignore[union-attr]
+    assert view.tenant_id == "tenant-a"
