@@ -63,5 +63,5 @@ def projection_folds(policy: Any = None, prices: Any = None) -> list[HostedFold]
 
     return [
         HostedFold(RunStateFold(policy), dedupe=False),
-        HostedFold(AccountingFold(prices), dedupe=False, emit=False),
+        HostedFold(AccountingFold(prices, settle=False), dedupe=False, emit=False),
     ]

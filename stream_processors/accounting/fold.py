@@ -1,7 +1,8 @@
 """Tenant accounting as a pure fold: what one run has cost so far (seed 000 step 4).
 
-Input: the ``runwatch.telemetry`` topic only, so a run's metering facts are totally
-ordered on one partition and the output cannot depend on topic interleaving.
+Input: the ``runwatch.telemetry`` topic, where a run's metering facts are totally ordered
+on one partition, and the run's pauses and ends on ``runwatch.lifecycle`` (when a bill must
+be complete; the totals never depend on the two topics' interleaving).
 
 - Device-seconds come from :class:`~events.UsageRecorded` (v3: ``device_kind`` "cpu" or
   "gpu" and ``device_seconds``; older records upcast as GPU-seconds), totalled per device
@@ -22,8 +23,15 @@ ordered on one partition and the output cannot depend on topic interleaving.
   continues its sequence).
 
 On every committed step the fold emits :class:`~events.TenantUsageUpdated` with the
-running totals (id: uuid5 of the step event). Per-tenant aggregates are sums over runs,
-computed by the read model.
+running totals (id: uuid5 of the step event). The trainer meters a step after reporting
+it, so that bill leaves the step's own usage for the next one; a run that pauses or ends
+has no next one, so its pause and its end (``RunPaused``, ``RunCompleted``,
+``RunFailed``, ``RunCancelled``) are billed too, and while it is paused or over every
+usage fact is (usage metered after the pause or the end reached the fold, or arrived
+after it on the other topic): the latest bill of a paused or ended run is all its usage.
+(Before 2026-11-27 the final bill on the compacted ``runwatch.tenant-usage`` left out the
+last step's usage, and any steps recomputed after a rollback.) Per-tenant aggregates are
+sums over runs, computed by the read model.
 """
 
 from __future__ import annotations
@@ -32,7 +40,16 @@ import json
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
-from events import TenantUsageUpdated, TrainerStepCompleted, UsageRecorded
+from events import (
+    RunCancelled,
+    RunCompleted,
+    RunFailed,
+    RunPaused,
+    RunResumed,
+    TenantUsageUpdated,
+    TrainerStepCompleted,
+    UsageRecorded,
+)
 from events.envelope import EventBase, derived_id
 from stream_processors.accounting.prices import Prices
 
@@ -59,6 +76,8 @@ class RunUsage(NamedTuple):
     billed_seq: tuple[tuple[str, int], ...] = ()
     #: device-seconds per "kind/pool" (e.g. "cpu/trainer"), every device kind: what is priced
     device_seconds: tuple[tuple[str, float], ...] = ()
+    #: paused or over: every usage fact is billed at once (see the module docstring)
+    settling: bool = False
 
     def by_kind(self) -> tuple[tuple[str, float], ...]:
         """Device-seconds per device kind (every pool)."""
@@ -107,6 +126,9 @@ def _bill(
     return tuple(sorted((*billed, (producer, seq))))
 
 
+#: The lifecycle facts after which a run's bill must be complete: it is paused or over.
+SETTLING = frozenset({RunPaused, RunCompleted, RunFailed, RunCancelled})
+
 #: ``_record(RunUsage, (fields...))``: a RunUsage without the Python frame of its
 #: ``__new__`` (the same record, about twice as fast: one per usage fact)
 _record = tuple.__new__
@@ -135,10 +157,15 @@ class AccountingFold:
     """:class:`events.fold.Fold` of one run's usage and spend, keyed by ``run_id``."""
 
     name = "accounting"
-    inputs = ("runwatch.telemetry",)
+    inputs = ("runwatch.telemetry", "runwatch.lifecycle")
 
-    def __init__(self, prices: Prices | None = None) -> None:
+    def __init__(self, prices: Prices | None = None, *, settle: bool = True) -> None:
+        """``settle``: bill a run's pauses and ends and the usage after them (the module
+        docstring); off for a host that keeps only the per-step spend series (the read
+        model's view: its series must not depend on how lifecycle and telemetry records
+        interleave, and its totals come from the state, to the last metered second)."""
         self.prices = prices or Prices.load()
+        self.settle = settle
 
     def initial(self) -> RunUsage:
         return RunUsage()
@@ -150,7 +177,7 @@ class AccountingFold:
         t = type(event)
         if t is UsageRecorded:
             (_, _, fleet_s, trainer_s, phases, generated, trained, steps, last_step,
-             billed, devices) = state  # fmt: skip
+             billed, devices, settling) = state  # fmt: skip
             billed_seq = _bill(billed, event.producer, event.seq)
             if billed_seq is None:
                 return state, ()  # a redelivered or replayed usage fact: billed already
@@ -158,7 +185,7 @@ class AccountingFold:
             seconds = event.device_seconds
             kind = event.device_kind
             gpu = seconds if kind == "gpu" else 0.0
-            return _record(RunUsage, (
+            state = _record(RunUsage, (
                 event.tenant_id,
                 event.run_id,
                 fleet_s + (gpu if fleet else 0.0),
@@ -170,18 +197,26 @@ class AccountingFold:
                 last_step,
                 billed_seq,
                 _add_phase(devices, f"{kind}/{event.pool}", seconds),
-            )), ()  # fmt: skip
-        if t is not TrainerStepCompleted:
-            return state, ()
-        step = event.step
-        if step is None or step <= state.last_committed_step:
-            return state, ()
-        (_, _, fleet_s, trainer_s, phases, generated, trained, steps, _, billed, devices) = state
-        state = _record(RunUsage, (
-            event.tenant_id, event.run_id, fleet_s, trainer_s, phases, generated, trained,
-            steps + 1, step, billed, devices,
-        ))  # fmt: skip
-        return state, (self.update_event(state, event),)
+                settling,
+            ))  # fmt: skip
+            return state, ((self.update_event(state, event),) if settling else ())
+        if t is TrainerStepCompleted:
+            step = event.step
+            if step is None or step <= state.last_committed_step:
+                return state, ()
+            (_, _, fleet_s, trainer_s, phases, generated, trained, steps, _, billed, devices,
+             settling) = state  # fmt: skip
+            state = _record(RunUsage, (
+                event.tenant_id, event.run_id, fleet_s, trainer_s, phases, generated, trained,
+                steps + 1, step, billed, devices, settling,
+            ))  # fmt: skip
+            return state, (self.update_event(state, event),)
+        if t in SETTLING and self.settle:  # paused or over: this bill and every usage after
+            state = state._replace(settling=True)
+            return state, ((self.update_event(state, event),) if state.tenant_id else ())
+        if t is RunResumed:
+            return state._replace(settling=False), ()
+        return state, ()
 
     def update_event(self, state: RunUsage, cause: EventBase) -> TenantUsageUpdated:
         spend = state.spend_usd(self.prices)

@@ -199,3 +199,55 @@ def test_cpu_time_shows_in_the_views_by_device_kind() -> None:
     assert view.usage["gpu_seconds_by_pool"] == {"rollout_fleet": 0.0, "trainer": 0.0}
     assert view.usage["spend_usd"] > 0
     assert tenant_totals([view])[0]["device_seconds_by_kind"] == {"cpu": 6.0}
+
+
+def test_a_paused_or_ended_runs_latest_bill_is_all_its_usage() -> None:
+    """Found by review: a bill came only with a new committed step and the trainer meters
+    a step after reporting it, so the final bill on the compacted topic left out the last
+    step's usage (and steps recomputed after a rollback): 90 of 140 GPU-seconds."""
+    from events import RunCancelled, RunPaused, RunResumed
+
+    fold = AccountingFold(PRICES)
+    f = RunFactory()
+    state, bills = fold.initial(), []
+
+    def feed(*events: object) -> None:
+        nonlocal state
+        for ev in events:
+            state, out = fold.apply(state, ev)  # type: ignore[arg-type]
+            bills.extend(out)
+
+    def step(s: int) -> None:
+        usage = f.ev(UsageRecorded, s, pool="trainer", phase="optim", device_kind="gpu",
+                     device_seconds=10.0)  # fmt: skip
+        feed(f.ev(TrainerStepCompleted, s), usage)
+
+    for s in range(1, 4):
+        step(s)
+    assert dict(bills[-1].gpu_seconds_by_pool)["trainer"] == 20.0  # step 3's usage comes later
+    feed(f.ev(RunPaused, 3, reason="gate"))
+    assert dict(bills[-1].gpu_seconds_by_pool)["trainer"] == 30.0  # the pause's bill: all of it
+    late = f.ev(UsageRecorded, 3, pool="trainer", phase="optim", device_kind="gpu",
+                device_seconds=1.0)  # metered after the pause (or read after it)  # fmt: skip
+    feed(late)
+    assert dict(bills[-1].gpu_seconds_by_pool)["trainer"] == 31.0
+    feed(f.ev(RunResumed, 3))
+    n = len(bills)
+    for s in range(4, 11):
+        step(s)
+    assert len(bills) == n + 7  # running again: one bill per committed step, as before
+    for s in range(6, 10):  # rolled back to 5, steps 6-9 recomputed, then cancelled
+        step(s)
+    feed(f.ev(RunCancelled, 9))
+    assert dict(bills[-1].gpu_seconds_by_pool)["trainer"] == 141.0
+    assert bills[-1].spend_usd == pytest.approx(141.0 * 0.002)
+    assert len({b.event_id for b in bills}) == len(bills)
+    assert fold.load_state(fold.dump_state(state)) == state and state.settling
+
+
+def test_a_run_that_metered_nothing_gets_no_bill_at_its_end() -> None:
+    from events import RunCompleted
+
+    fold = AccountingFold(PRICES)
+    _, out = fold.apply(fold.initial(), RunFactory().ev(RunCompleted, None))
+    assert out == ()
