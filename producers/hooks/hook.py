@@ -70,6 +70,7 @@ from events.catalog.usage import UsageRecorded
 from events.envelope import EventBase
 from events.identity import check_id, check_name
 from producers.hooks.mapping import normalized, row_events, scalar
+from producers.hooks.obey import CommandFollower
 from producers.hooks.publisher import Publisher, Stats, Target
 from producers.metrics_import import MetricsImportReport, billed_seconds, check_gpus
 
@@ -109,6 +110,8 @@ class RunwatchHook:
         connect_timeout_s: float = 30.0,
         retry_s: float = 1.0,
         install_exit_hooks: bool = True,
+        follow_commands: bool = True,
+        command_poll_s: float = 0.5,
     ) -> None:
         for what, value in (("run_id", run_id), ("tenant_id", tenant_id)):
             try:
@@ -129,10 +132,20 @@ class RunwatchHook:
         self.checkpoint_digest = checkpoint_digest
         self.report = MetricsImportReport()
         kafka = kafka or os.environ.get("RUNWATCH_KAFKA") or None
-        if kafka:
-            target = Target.kafka(kafka, write_timeout_s)
-        else:
-            target = Target.embedded(Path(log) if log else default_log_dir())
+        log_dir = Path(log) if log else default_log_dir()
+        target = Target.kafka(kafka, write_timeout_s) if kafka else Target.embedded(log_dir)
+        #: the run's commands, acted on at :meth:`obey` (None: ``follow_commands=False``)
+        self.follower: CommandFollower | None = None
+        if follow_commands:
+            self.follower = CommandFollower(
+                run_id,
+                tenant_id,
+                kafka=kafka,
+                log_dir=log_dir,
+                publish=self._publish_now,
+                flush=lambda: self.flush(write_timeout_s),
+                poll_s=command_poll_s,
+            )
         self.publisher = Publisher(
             target,
             Path(spool) if spool else default_spool(run_id),
@@ -195,6 +208,24 @@ class RunwatchHook:
         if wall_s is not None:
             self._submit(self._step_timing, int(step), float(wall_s), time.time())
 
+    def obey(self, step: int | None) -> bool:
+        """Act on the run's commands at a step boundary (training thread, after the step
+        was reported): a pause blocks here until an unpause or a cancel; True once the run
+        is cancelled — stop training (:mod:`producers.hooks.obey`)."""
+        follower = self.follower
+        if follower is None or self._closed or (self._finished and not follower.cancelled):
+            return False
+        paused = follower.paused_s
+        stop = follower.obey(step)
+        if follower.cancelled:
+            self._finished = True  # RunCancelled is the run's last lifecycle fact
+        if follower.paused_s != paused:
+            self._last_step_end = time.perf_counter()  # the pause is no step's time
+        return stop
+
+    def _publish_now(self, cls: type[EventBase], step: int | None, **payload: Any) -> None:
+        self._submit(self._one, cls, step, time.time(), **payload)
+
     def checkpoint(self, path: str | os.PathLike[str], step: int) -> None:
         """A checkpoint was written (complete) at ``path``; digested off-thread."""
         self._submit(self._checkpoint, str(path), int(step), time.time())
@@ -218,6 +249,8 @@ class RunwatchHook:
         """Deliver everything (shipping the spool if the log is back, until ``timeout_s``)
         and stop the worker. Does not publish ``RunCompleted``: call :meth:`finish`."""
         self._closed = True
+        if self.follower is not None:
+            self.follower.close()
         return self.publisher.close(timeout_s)
 
     def stats(self) -> dict[str, Any]:

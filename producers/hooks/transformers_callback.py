@@ -11,7 +11,10 @@ What each callback publishes (through a :class:`~producers.hooks.hook.RunwatchHo
   -> ``grpo``; a few config values) + ``RunStarted``, or ``RunResumed`` when training
   starts past step 0 (``resume_from_checkpoint``);
 - ``on_step_end``: ``StepPhaseTimed`` (the step's wall time; ``UsageRecorded`` too with
-  ``gpus``);
+  ``gpus``); then the run's commands (:mod:`producers.hooks.obey`): a pause blocks the
+  step's end until an unpause or a cancel, a cancel sets ``control.should_training_stop``
+  (``RunCancelled``; ``on_train_end`` then publishes no ``RunCompleted``). A run of
+  several processes does not obey (blocking process zero alone would hang the others);
 - ``on_log``: what ``runwatch import metrics`` writes for the row — ``reward``, ``kl``,
   ``entropy``, ``completions/*``, ``frac_reward_zero_std`` ... (set ``logging_steps=1``
   for a step event per optimizer step: detectors count steps by their number, a sparser
@@ -108,6 +111,10 @@ class RunwatchCallback(TrainerCallback):
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self._hook is not None and state.is_world_process_zero:
             self._hook.step_done(state.global_step)
+            # the run's commands: a pause blocks here, a cancel stops training (one
+            # process only: ranks left waiting at a collective would hang; see obey.py)
+            if getattr(args, "world_size", 1) == 1 and self._hook.obey(state.global_step):
+                control.should_training_stop = True
 
     def on_log(
         self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kw: Any

@@ -25,6 +25,10 @@ Settings: the ``trainer.runwatch`` section of verl's config when present (``run_
 the GPUs to ``trainer.nnodes x trainer.n_gpus_per_node``, the algorithm to
 ``algorithm.adv_estimator`` (``gae`` -> ``ppo``).
 
+Commands: a pause (a gate's, a person's) blocks verl's driver in ``log`` until an unpause
+or a cancel; a cancel raises :class:`~producers.hooks.obey.RunCancelledByRunwatch` out of
+``log``, which stops verl's driver (``RunCancelled`` is published first).
+
 Checkpoints: verl writes ``<default_local_dir>/global_step_<N>/`` and then
 ``latest_checkpointed_iteration.txt``; each ``log`` call stats that file (one ``stat``)
 and publishes ``CheckpointWritten`` for a step it has not seen.
@@ -39,6 +43,7 @@ from typing import Any
 
 from producers.hooks.hook import RunwatchHook
 from producers.hooks.ids import id_from_name
+from producers.hooks.obey import RunCancelledByRunwatch
 
 BACKEND = "runwatch"
 TRACKER_FILE = "latest_checkpointed_iteration.txt"
@@ -100,9 +105,14 @@ class RunwatchTracking:
         self.hook.start(start_config)
 
     def log(self, data: Mapping[str, Any], step: int) -> None:
+        """One step's metrics; then the run's commands (:mod:`producers.hooks.obey`): a
+        pause blocks verl's driver here, a cancel raises :class:`RunCancelledByRunwatch`
+        out of the driver's loop (verl has no stop flag a logger can set)."""
         self.hook.log(data, step=step)
         if self.checkpoint_root:
             self._check_checkpoint()
+        if self.hook.obey(step):  # RunCancelled is flushed; the exit hooks close the hook
+            raise RunCancelledByRunwatch(f"run {self.hook.run_id} was cancelled (runwatch)")
 
     def finish(self, exit_code: int = 0) -> None:
         if exit_code == 0:

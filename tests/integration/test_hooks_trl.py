@@ -236,3 +236,61 @@ def test_broker_outage_during_training_loses_nothing(
         f"{len(events) - len(unique)} duplicates on Kafka, 0 lost; slowest callback "
         f"{max(Timed.calls) * 1000:.2f} ms"
     )
+
+
+def test_a_gate_pauses_and_a_cancel_stops_a_real_grpo_trainer(
+    model_dir: Path, tmp_path: Path
+) -> None:
+    """The gates act on a customer's framework: the controller's pause blocks TRL at the
+    step's end (nothing trained, nothing billed while paused), a resume continues it and a
+    cancel stops it (``RunCancelled``, no ``RunCompleted``). Found by review: the hooks
+    never read the control topic."""
+    from producers.commands import issue
+    from producers.hooks import RunwatchCallback
+
+    log_dir = tmp_path / "log"
+    cb = RunwatchCallback(
+        run_id="trl-gated", tenant_id="acme", log=log_dir, spool=tmp_path / "spool", gpus=1,
+        install_exit_hooks=False, command_poll_s=0.05,
+    )  # fmt: skip
+    trainer = grpo_trainer(model_dir, tmp_path / "out", steps=400, callbacks=[cb], save_steps=1000)
+
+    def events() -> list:
+        return embedded_events(log_dir, "trl-gated") if log_dir.is_dir() else []
+
+    def steps() -> list[int]:
+        return [e.step for e in events() if e.type == "StepPhaseTimed"]
+
+    def answers() -> list[str]:
+        kinds = ("RunPaused", "RunResumed", "RunCancelled", "RunCompleted")
+        return [e.type for e in events() if e.type in kinds]
+
+    def wait(cond, timeout_s: float = 120.0) -> None:  # type: ignore[no-untyped-def]
+        deadline = time.monotonic() + timeout_s
+        while not cond():
+            assert time.monotonic() < deadline, (steps(), answers())
+            time.sleep(0.05)
+
+    def operate() -> None:
+        wait(lambda: len(steps()) >= 2)
+        issue(log_dir, "trl-gated", "pause", actor="controller", principal="run_controller",
+              reason="kl_blowup (page)")  # fmt: skip
+        wait(lambda: answers() == ["RunPaused"])
+        held = steps()
+        time.sleep(1.0)
+        seen.append((held, steps()))
+        issue(log_dir, "trl-gated", "resume", actor="customer", principal="acme")
+        wait(lambda: len(steps()) >= len(held) + 2)
+        issue(log_dir, "trl-gated", "cancel", actor="customer", principal="acme")
+
+    seen: list[tuple[list[int], list[int]]] = []
+    operator = threading.Thread(target=operate)
+    operator.start()
+    trainer.train()
+    operator.join(60)
+    held, after = seen[0]
+    assert held == after  # paused: no step while it was held
+    assert answers() == ["RunPaused", "RunResumed", "RunCancelled"]
+    assert trainer.state.global_step < 400  # stopped by the cancel, not by max_steps
+    usage = [e for e in embedded_events(log_dir, "trl-gated") if e.type == "UsageRecorded"]
+    assert usage and max(e.device_seconds for e in usage) < 1.0  # the pause billed to no step

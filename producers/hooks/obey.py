@@ -1,0 +1,225 @@
+"""A hooked run obeys its commands: the gates act on a customer's own framework too.
+
+The run controller turns a paging alert into a ``PauseRequested`` on ``runwatch.control``;
+customers and operators write ``UnpauseRequested`` / ``CancelRequested`` there. runwatch's
+own trainer follows them (``trainer.loop.Trainer.follow_commands``); a TRL or verl run
+follows them through its hook: :meth:`CommandFollower.obey`, called by the framework
+adapter on the training thread at every step boundary, after the step was reported.
+
+- Commands are looked for at most every ``poll_s`` (0.5 s; a step boundary in between
+  costs a clock read), so a pause lands within a step plus ``poll_s``.
+- **Pause**: ``RunPaused`` is published (and flushed) and ``obey`` blocks, looking for
+  commands every ``poll_s``, until an unpause (``RunResumed``; the time paused is no
+  step's time, so it is never billed) or a cancel. The framework's own state stays in
+  memory; nothing is generated or trained meanwhile, so the run's spend stays flat.
+  A hooked trainer takes no settings from a resume (``overrides``: said in
+  ``RunResumed``'s reason, not applied).
+- **Cancel**: ``RunCancelled`` is published (the run's last lifecycle fact: the hook's
+  ``finish`` then publishes nothing) and ``obey`` answers True; the adapter stops training
+  (TRL: ``control.should_training_stop``; verl: :class:`RunCancelledByRunwatch` raised
+  out of its logger).
+- Commands that come together are acted on in order, a cancel first (as the trainer). A
+  command this run answered before (a restarted process: its ``RunPaused`` /
+  ``RunResumed`` / ``RunCancelled`` name the request) is not acted on again; one written
+  while no process followed (a cancel sent while it was down) is acted on at the first
+  step boundary.
+- Commands are read with a reader of the follower's own, on the hook's target: the
+  embedded log (read-only) or Kafka (a client of its own, made at the first look). A
+  reader that cannot be made or read is said once in the log and taken as no command:
+  training never fails on it. Only the run's own tenant's commands count.
+
+Assumption: one training process (a TRL run on one device, verl's single driver). In a
+multi-process TRL run only process zero has a hook, and blocking or stopping it alone
+would hang the others at their next collective: the callback does not obey there (the
+commands are recorded, the run state says so, the launcher stops the job).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections import deque
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from events.catalog.control import CancelRequested, PauseRequested, UnpauseRequested
+from events.catalog.lifecycle import RunCancelled, RunPaused, RunResumed
+from events.envelope import EventBase
+from producers.commands import CommandFeed
+
+log = logging.getLogger("runwatch.hooks")
+
+LIFECYCLE = "runwatch.lifecycle"
+#: ``publish(event class, step, **payload)``: the hook's way to publish a lifecycle fact
+Publish = Callable[..., None]
+
+
+class RunCancelledByRunwatch(Exception):
+    """Raised out of a framework's logger (verl) when the run was cancelled: stop training."""
+
+
+class CommandFollower:
+    """The commands of one hooked run, acted on at step boundaries (module docstring)."""
+
+    def __init__(
+        self,
+        run_id: str,
+        tenant_id: str,
+        *,
+        kafka: str | None,
+        log_dir: Path,
+        publish: Publish,
+        flush: Callable[[], Any],
+        poll_s: float = 0.5,
+    ) -> None:
+        self.run_id = run_id
+        self.tenant_id = tenant_id
+        self.kafka = kafka
+        self.log_dir = log_dir
+        self.publish = publish
+        self.flush = flush
+        self.poll_s = poll_s
+        self.cancelled = False
+        #: seconds spent paused so far (the adapter's step timing leaves them out)
+        self.paused_s = 0.0
+        self._feed: CommandFeed | None = None
+        self._sink: Any = None
+        self._said: set[str] = set()
+        self._looked = -float("inf")  # when obey last read the commands (monotonic)
+
+    def obey(self, step: int | None) -> bool:
+        """Act on the run's new commands; True once it is cancelled (stop training). Looks
+        at most every ``poll_s`` (a step boundary in between costs a clock read)."""
+        if self.cancelled:
+            return True
+        now = time.monotonic()
+        if now - self._looked < self.poll_s:
+            return False
+        self._looked = now
+        queue: deque[Any] = deque(self._poll())
+        while queue:
+            if self._cancel_due(queue, step):
+                return True
+            cmd = queue.popleft()
+            if isinstance(cmd, PauseRequested) and self._hold(cmd, step, queue):
+                return True
+        return False
+
+    def close(self) -> None:
+        sink, self._sink, self._feed = self._sink, None, None
+        if sink is not None:
+            with contextlib.suppress(Exception):  # closing a reader never fails the run
+                sink.close()
+
+    # -- acting ------------------------------------------------------------------------
+    def _cancel_due(self, queue: deque[Any], step: int | None) -> bool:
+        cancel = next((c for c in queue if isinstance(c, CancelRequested)), None)
+        if cancel is None:
+            return False
+        queue.clear()
+        reason = f"cancelled by {cancel.actor}: {cancel.reason}".rstrip(": ")
+        self.publish(RunCancelled, step, reason=reason, request_id=str(cancel.event_id))
+        self.flush()
+        self.cancelled = True
+        return True
+
+    def _hold(self, cmd: PauseRequested, step: int | None, queue: deque[Any]) -> bool:
+        """Paused until an unpause (False) or a cancel (True)."""
+        t0 = time.perf_counter()
+        who = f"{cmd.actor}{' ' + cmd.principal if cmd.principal else ''}"
+        reason = f"paused by {who}: {cmd.reason}"
+        self.publish(RunPaused, step, reason=reason, request_id=str(cmd.event_id))
+        self.flush()
+        log.warning("runwatch: run %s paused at step %s: %s", self.run_id, step, reason)
+        while True:
+            if not queue:
+                time.sleep(self.poll_s)
+                queue.extend(self._poll())
+                continue
+            if self._cancel_due(queue, step):
+                return True
+            c = queue.popleft()
+            if not isinstance(c, UnpauseRequested):
+                continue  # a pause of a paused run
+            why = f"resumed by {c.actor}: {c.reason}".rstrip(": ")
+            if c.overrides:
+                kept = ", ".join(f"{k}={v}" for k, v in dict(c.overrides).items())
+                why += f" (not applied: a hooked trainer takes no settings: {kept})"
+            self.publish(RunResumed, step, reason=why, request_id=str(c.event_id))
+            self.flush()
+            self.paused_s += time.perf_counter() - t0
+            log.warning("runwatch: run %s resumed at step %s by %s", self.run_id, step, c.actor)
+            return False
+
+    # -- reading -----------------------------------------------------------------------
+    def _poll(self) -> list[Any]:
+        feed = self._feed or self._open()
+        if feed is None:
+            return []
+        try:
+            return feed.poll()
+        except Exception as exc:  # the target is away: no command this time
+            self._say("poll", f"runwatch: cannot read run {self.run_id}'s commands: {exc}")
+            return []
+
+    def _open(self) -> CommandFeed | None:
+        from producers.sinks import EmbeddedSink, KafkaSink
+
+        try:
+            if self.kafka:
+                self._sink = KafkaSink(self.kafka)
+            else:
+                if not self.log_dir.is_dir():
+                    return None  # nothing written yet: no command either
+                from events.log.embedded import EmbeddedLog
+
+                reader = EmbeddedLog(self.log_dir, readonly=True)
+                reader.open_sync()
+                self._sink = EmbeddedSink(reader)
+            answered = _answered(self._sink, self.run_id, self.tenant_id)
+        except Exception as exc:
+            self.close()
+            self._say("open", f"runwatch: cannot follow run {self.run_id}'s commands: {exc}")
+            return None
+        self._feed = CommandFeed(
+            self._sink, self.run_id, answered=answered, tenant_id=self.tenant_id
+        )
+        return self._feed
+
+    def _say(self, key: str, message: str) -> None:
+        if key not in self._said:
+            self._said.add(key)
+            log.warning(message)
+
+
+def _answered(sink: Any, run_id: str, tenant_id: str) -> set[str]:
+    """The requests this run's lifecycle facts answered already (a restarted process)."""
+    from events.codec import decode
+    from producers.sinks import EmbeddedSink
+
+    if isinstance(sink, EmbeddedSink):
+        names = sink.log.topic_names()
+        facts = sink.log.iter_events([LIFECYCLE]) if LIFECYCLE in names else iter(())
+    else:
+        facts = (decode(r.value) for r in sink._call(_read_all(sink.backend, LIFECYCLE)))
+    return {
+        e.request_id
+        for e in facts
+        if isinstance(e, RunPaused | RunResumed | RunCancelled)
+        and isinstance(e, EventBase)
+        and e.run_id == run_id
+        and e.tenant_id == tenant_id
+        and e.request_id
+    }
+
+
+async def _read_all(backend: Any, topic: str) -> list[Any]:
+    out: list[Any] = []
+    for partition in await backend.partitions(topic):
+        if await backend.end_offset(topic, partition) <= 0:
+            continue
+        async for rec in backend.read(topic, partition, 0, until_end=True):
+            out.append(rec)
+    return out

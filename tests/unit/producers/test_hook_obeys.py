@@ -1,0 +1,134 @@
+"""A hooked run obeys its commands (a real hook on a real embedded log, commands written by
+the same ``issue`` the CLI and the API use).
+
+Found by review: the TRL / verl hooks never read ``runwatch.control``, so for a customer's
+own framework a gate paged and degraded the run but never stopped it or its spend.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+from events.envelope import EventBase
+from events.log.embedded import EmbeddedLog
+from producers.commands import issue
+from producers.hooks import RunwatchHook
+
+RUN = "hooked"
+ANSWERS = ("RunPaused", "RunResumed", "RunCancelled", "RunCompleted")
+
+
+def _hook(tmp_path: Path, spool: str = "spool") -> RunwatchHook:
+    return RunwatchHook(
+        RUN, "acme", log=tmp_path / "log", spool=tmp_path / spool, gpus=1,
+        install_exit_hooks=False, command_poll_s=0.02,
+    )  # fmt: skip
+
+
+def _answers(tmp_path: Path) -> list[EventBase]:
+    reader = EmbeddedLog(tmp_path / "log", readonly=True)
+    reader.open_sync()
+    return [
+        e
+        for e in reader.iter_events(["runwatch.lifecycle"])
+        if isinstance(e, EventBase) and e.type in ANSWERS
+    ]
+
+
+def _issue(tmp_path: Path, action: str, actor: str = "operator") -> str:
+    got = issue(tmp_path / "log", RUN, action, actor=actor, principal=actor)  # type: ignore[arg-type]
+    assert not got.refused, got.refused
+    return str(got.command.event_id)
+
+
+def _wait(cond, timeout_s: float = 30.0) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)
+
+
+def _started(tmp_path: Path) -> RunwatchHook:
+    hook = _hook(tmp_path)
+    hook.start({})
+    hook.log({"reward": 0.1}, step=1)
+    hook.step_done(1, wall_s=1.0)
+    assert hook.flush(10)
+    return hook
+
+
+def test_a_pause_blocks_the_step_boundary_until_a_resume_then_a_cancel_stops(
+    tmp_path: Path,
+) -> None:
+    hook = _started(tmp_path)
+    pause = _issue(tmp_path, "pause", "controller")
+    answered: list[bool] = []
+    waiting = threading.Thread(target=lambda: answered.append(hook.obey(1)))
+    waiting.start()
+    _wait(lambda: [e.type for e in _answers(tmp_path)] == ["RunPaused"])
+    time.sleep(0.3)
+    assert waiting.is_alive()  # blocked at the step boundary: the framework trains nothing
+    paused = _answers(tmp_path)[0]
+    assert paused.request_id == pause and paused.step == 1  # type: ignore[attr-defined]
+    resume = _issue(tmp_path, "resume", "customer")
+    waiting.join(30)
+    assert answered == [False]
+    resumed = _answers(tmp_path)[-1]
+    assert resumed.type == "RunResumed" and resumed.request_id == resume  # type: ignore[attr-defined]
+    assert hook.follower is not None and hook.follower.paused_s >= 0.3
+
+    hook.step_done(2)  # measured from the resume: the pause is no step's time
+    cancel = _issue(tmp_path, "cancel", "customer")
+    time.sleep(0.05)
+    assert hook.obey(2) is True
+    hook.finish()  # the framework's end: nothing after RunCancelled
+    hook.close()
+    answers = _answers(tmp_path)
+    assert [e.type for e in answers] == ["RunPaused", "RunResumed", "RunCancelled"]
+    assert answers[-1].request_id == cancel  # type: ignore[attr-defined]
+    reader = EmbeddedLog(tmp_path / "log", readonly=True)
+    reader.open_sync()
+    timed = [e for e in reader.iter_events(["runwatch.telemetry"]) if e.type == "StepPhaseTimed"]
+    assert timed[-1].step == 2 and timed[-1].wall_s < 0.3  # type: ignore[attr-defined]
+
+
+def test_a_pause_and_a_cancel_together_cancel(tmp_path: Path) -> None:
+    hook = _started(tmp_path)
+    _issue(tmp_path, "pause", "controller")
+    _issue(tmp_path, "cancel", "customer")
+    assert hook.obey(1) is True
+    hook.close()
+    assert [e.type for e in _answers(tmp_path)] == ["RunCancelled"]
+
+
+def test_a_restarted_hook_does_not_answer_a_command_twice(tmp_path: Path) -> None:
+    hook = _started(tmp_path)
+    _issue(tmp_path, "pause", "controller")
+    waiting = threading.Thread(target=lambda: hook.obey(1))
+    waiting.start()
+    _wait(lambda: len(_answers(tmp_path)) == 1)
+    _issue(tmp_path, "resume", "customer")
+    waiting.join(30)
+    hook.close()
+    again = _hook(tmp_path, "spool2")  # the process restarted from its checkpoint
+    again.start({}, resumed_from="out/checkpoint-1", resumed_step=1)
+    assert again.obey(2) is False
+    again.finish()
+    again.close()
+    answers = _answers(tmp_path)  # the restart's own RunResumed answers no request
+    assert [e.type for e in answers] == ["RunPaused", "RunResumed", "RunResumed", "RunCompleted"]
+    assert answers[2].request_id == ""  # type: ignore[attr-defined]
+
+
+def test_a_hook_told_not_to_follow_commands_does_not_look(tmp_path: Path) -> None:
+    hook = RunwatchHook(
+        RUN, "acme", log=tmp_path / "log", spool=tmp_path / "spool",
+        install_exit_hooks=False, follow_commands=False,
+    )  # fmt: skip
+    hook.start({})
+    assert hook.flush(10)
+    _issue(tmp_path, "cancel", "customer")
+    assert hook.obey(1) is False and hook.follower is None
+    hook.close()
