@@ -25,6 +25,12 @@ Rules:
     open (one request, naming them; derived from the event that made the run live). An
     owed alert that resolves first is not owed any more. (Before 2026-11-27 such an alert
     was dropped: a maintenance pause and resume let the run train on past a page.)
+
+  Whose pause is in effect is whose request the trainer's ``RunPaused`` answered (its
+  ``request_id``; none: nobody's gate). A request of the controller's that the trainer
+  ignored (a person's pause was ahead of it) leaves its alerts owed too. (A person's
+  unpause while the pause is in flight can make the controller ask twice for one owed
+  alert: the trainer ignores the second, a pause of a paused run.)
 - A pause request by anyone makes the run "pausing" until the trainer answers
   ``RunPaused``; ``RunResumed`` makes it live again; ``RunCompleted``, ``RunFailed`` and
   ``RunCancelled`` end it (later alerts do nothing).
@@ -75,6 +81,12 @@ class ControlState(NamedTuple):
     paused_by: str = ""
     #: pausing alerts that fired under a person's pause, oldest first
     owed: tuple[Owed, ...] = ()
+    #: recent pause requests as (request id, "controller" | "person"): who a ``RunPaused``
+    #: answered (its ``request_id``) decides whose pause is in effect
+    asked: tuple[tuple[str, str], ...] = ()
+    #: the alerts of this controller's pause request not answered yet: owed if the trainer
+    #: answers a person's pause instead (it ignores a pause of a paused run)
+    pending: tuple[Owed, ...] = ()
 
 
 class RunControllerFold:
@@ -105,12 +117,22 @@ class RunControllerFold:
             return state._replace(owed=tuple(o for o in state.owed if o.alert_id != gone)), ()
         if t is RunSubmitted:
             return state._replace(algorithm=event.algorithm), ()  # type: ignore[attr-defined]
-        if t is PauseRequested and state.phase == "live":
+        if t is PauseRequested:
             by = "controller" if event.actor == "controller" else "person"  # type: ignore[attr-defined]
-            return state._replace(phase="pausing", paused_by=by), ()
+            asked = _remember(state.asked, str(event.event_id), by)
+            if state.phase == "live":
+                return state._replace(phase="pausing", paused_by=by, asked=asked), ()
+            return state._replace(asked=asked), ()
         if t is RunPaused:
-            # a pause nobody asked for here (the reward's failure policy) is nobody's gate
-            return state._replace(phase="paused", paused_by=state.paused_by or "person"), ()
+            # whose request the trainer answered (none: the reward's failure policy, a
+            # restarted trainer still paused: nobody's gate)
+            rid = event.request_id  # type: ignore[attr-defined]
+            kept = state.paused_by if state.phase == "paused" else ""  # re-said after a restart
+            by = (dict(state.asked).get(rid, "") if rid else kept) or "person"
+            owed = state.owed
+            if by == "person" and state.pending:  # our request came after it: ignored
+                owed = (*owed, *(p for p in state.pending if p not in owed))[-MAX_ACTED:]
+            return state._replace(phase="paused", paused_by=by, owed=owed, pending=()), ()
         if t is RunResumed or (t is UnpauseRequested and state.phase == "pausing"):
             return self._live(state._replace(phase="live", paused_by=""), event)
         if t in (RunCompleted, RunFailed, RunCancelled):
@@ -134,9 +156,11 @@ class RunControllerFold:
             policy_version=self.policy.version,
         )
         acted = (*state.acted, *(o.alert_id for o in owed))[-MAX_ACTED:]
-        return state._replace(phase="pausing", paused_by="controller", acted=acted, owed=()), (
-            request,
+        asked = _remember(state.asked, str(request.event_id), "controller")
+        state = state._replace(
+            phase="pausing", paused_by="controller", acted=acted, owed=(), asked=asked, pending=owed
         )
+        return state, (request,)
 
     def _alert(
         self, state: ControlState, ev: AlertFired
@@ -162,12 +186,21 @@ class RunControllerFold:
             policy_version=self.policy.version,
         )
         acted = (*state.acted, ev.alert_id)[-MAX_ACTED:]
-        return state._replace(phase="pausing", paused_by="controller", acted=acted), (request,)
+        state = state._replace(
+            phase="pausing",
+            paused_by="controller",
+            acted=acted,
+            asked=_remember(state.asked, str(request.event_id), "controller"),
+            pending=(Owed(ev.alert_id, ev.detector, ev.routing, ev.reason),),
+        )
+        return state, (request,)
 
     def dump_state(self, state: ControlState) -> bytes:
         owed = [list(o) for o in state.owed]
+        asked = [list(a) for a in state.asked]
+        pending = [list(o) for o in state.pending]
         return json.dumps(
-            [state.algorithm, state.phase, list(state.acted), state.paused_by, owed]
+            [state.algorithm, state.phase, list(state.acted), state.paused_by, owed, asked, pending]
         ).encode()
 
     def load_state(self, raw: bytes) -> ControlState:
@@ -175,7 +208,25 @@ class RunControllerFold:
         pause in effect taken as a gate's (what it was treated as then)."""
         algorithm, phase, acted, *rest = json.loads(raw)
         gate = "controller" if phase in ("pausing", "paused") else ""
-        paused_by, owed = rest if rest else (gate, [])
+        paused_by, owed, asked, pending = (*rest, [], [])[:4] if rest else (gate, [], [], [])
         return ControlState(
-            algorithm, phase, tuple(acted), paused_by, tuple(Owed(*o) for o in owed)
+            algorithm,
+            phase,
+            tuple(acted),
+            paused_by,
+            tuple(Owed(*o) for o in owed),
+            tuple((str(a[0]), str(a[1])) for a in asked),
+            tuple(Owed(*o) for o in pending),
         )
+
+
+#: How many pause requests a run remembers (who asked each).
+MAX_ASKED = 16
+
+
+def _remember(
+    asked: tuple[tuple[str, str], ...], request_id: str, by: str
+) -> tuple[tuple[str, str], ...]:
+    if any(rid == request_id for rid, _ in asked):
+        return asked
+    return (*asked, (request_id, by))[-MAX_ASKED:]

@@ -56,10 +56,19 @@ def alert(routing: str = "page", detector: str = "kl_blowup", alert_id: str = "a
 
 
 def fold(f: RunControllerFold, events: list[EventBase]) -> tuple[ControlState, list[EventBase]]:
+    """Fold ``events``; a ``RunPaused`` without a request id answers the oldest pause
+    request not answered yet, as the trainer does (none: the reward's own pause)."""
     state, out = f.initial(), []
+    waiting: list[str] = []
     for e in events:
+        if isinstance(e, PauseRequested):
+            waiting.append(str(e.event_id))
+        if isinstance(e, RunPaused) and not e.request_id and waiting:
+            e = e.model_copy(update={"request_id": waiting.pop(0)})
+            waiting.clear()  # the trainer ignores a pause of a paused run
         state, derived = f.apply(state, e)
         out.extend(derived)
+        waiting.extend(str(d.event_id) for d in derived if isinstance(d, PauseRequested))
     return state, out
 
 
@@ -199,3 +208,42 @@ def test_owed_alerts_round_trip_and_an_older_state_loads() -> None:
     assert state.owed and f.load_state(f.dump_state(state)) == state
     old = f.load_state(b'["grpo", "paused", ["a1"]]')  # stored before owed alerts
     assert (old.phase, old.paused_by, old.owed, old.acted) == ("paused", "controller", (), ("a1",))
+
+
+def test_a_pause_of_ours_after_a_persons_is_ignored_by_the_trainer_so_its_alert_is_owed() -> None:
+    """Found by review: the controller asked (a1) while a person's pause was already ahead
+    of it; the trainer answered the person's and ignored ours, and the fold, taking the
+    pause for the gate's, dropped both a1 and b1 (an alert under the maintenance pause)."""
+    f = RunControllerFold(ControlPolicy())
+    state, out = fold(f, [alert(alert_id="a1")])
+    person = ev(PauseRequested, actor="operator", principal="ops@x", reason="maintenance")
+    answered = ev(RunPaused, request_id=str(person.event_id))
+    for e in (person, answered, alert(alert_id="b1"), ev(RunResumed)):
+        state, derived = f.apply(state, e)
+        out.extend(derived)
+    assert [o.alert_id for o in out] == ["a1", "a1"]  # the first ask, then the owed one
+    assert "kl_blowup" in out[1].reason and state.phase == "pausing"
+    assert {o.alert_id for o in state.pending} == {"a1", "b1"}  # both in the new request
+
+
+def test_an_alert_under_a_gates_pause_after_a_person_unpaused_in_flight_is_covered() -> None:
+    """Found by review: a person paused (P), a1 fired (owed), the person unpaused before the
+    trainer paused, the controller asked (C); the trainer answered P, then U, then C. The
+    fold took C's pause for a person's and owed b1, fired under the gate's own pause."""
+    f = RunControllerFold(ControlPolicy())
+    person = ev(PauseRequested, actor="operator", principal="ops@x", reason="maintenance")
+    unpause = ev(UnpauseRequested, actor="operator")
+    state, out = fold(f, [person, alert(alert_id="a1"), unpause])
+    assert [o.alert_id for o in out] == ["a1"]
+    ours = out[0]
+    for e in (
+        ev(RunPaused, request_id=str(person.event_id)),
+        ev(RunResumed, request_id=str(unpause.event_id)),
+        ev(RunPaused, request_id=str(ours.event_id)),
+        alert(alert_id="b1"),
+    ):
+        state, derived = f.apply(state, e)
+        out.extend(derived)
+    assert state.paused_by == "controller" and state.owed == ()
+    state, derived = f.apply(state, ev(RunResumed))
+    assert derived == ()  # b1 fired under the gate's pause: the resume covered it
