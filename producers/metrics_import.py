@@ -29,8 +29,9 @@ producer's last one):
 
 - ids are uuid5 of (run, step, kind, lane) and ``seq`` is ``8 x step + the event's place
   in its row + 1`` (``RunSubmitted`` is 0), under the producer ``metrics-import``;
-- a row whose step is not beyond the row before it (a run resumed from an earlier
-  checkpoint logs its steps again) opens a new *lane*: the producer
+- a step row (not an eval or summary row: :func:`row_kind`) whose step is not beyond the
+  step row before it (a run resumed from an earlier checkpoint logs its steps again) opens
+  a new *lane*: the producer
   ``metrics-import/lane-<k>`` and ids of their own, so the repeated steps, which were
   really run, are facts of their own (billed) and the lanes are the same on every import
   of the file (a second file that starts again below the first's last step is lane 0 of
@@ -50,7 +51,7 @@ import csv
 import json
 import math
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -65,8 +66,35 @@ from events.envelope import EventBase, derived_id
 PRODUCER = "metrics-import"
 #: seqs per step in a lane: a row yields at most 5 events (rollout, step, phases, usage, eval)
 ROW_SEQS = 8
+
 STEP_KEYS = ("step", "global_step", "_step", "train/global_step")
 TS_KEYS = ("timestamp", "_timestamp", "time")
+
+#: Key prefixes of held-out evaluation, as TRL and verl log them.
+EVAL_PREFIXES = ("eval_", "val-core/", "val-aux/", "val/", "test_")
+#: Keys only transformers' end-of-training summary carries.
+SUMMARY_KEYS = frozenset({"train_runtime", "train_samples_per_second", "train_steps_per_second"})
+#: Keys that are bookkeeping, not a metric of the step (they never alone make a step).
+BOOKKEEPING_KEYS = frozenset({"epoch", "total_flos", *STEP_KEYS, *TS_KEYS})
+
+
+def is_eval_key(key: str) -> bool:
+    return key.startswith(EVAL_PREFIXES)
+
+
+def row_kind(row: Mapping[str, Any]) -> str:
+    """``"summary"``, ``"eval"`` (held-out keys only), ``"empty"`` or ``"step"``: only a
+    ``"step"`` row is an optimizer step (TRL logs its evals and its end-of-training summary
+    as rows of their own, at the step of the training row before them)."""
+    if SUMMARY_KEYS & row.keys():
+        return "summary"
+    keys = [k for k in row if k not in BOOKKEEPING_KEYS]
+    if not keys:
+        return "empty"
+    if all(is_eval_key(k) for k in keys):
+        return "eval"
+    return "step"
+
 
 #: TrainerStepCompleted field -> source keys, verl first, then TRL.
 FIELD_KEYS: dict[str, tuple[str, ...]] = {
@@ -331,9 +359,10 @@ def import_metrics(
             _skip(report, f"{path.name}:{n}: no integer 'step' of 0 or more")
             continue
         report.rows += 1
-        if last_step is not None and step <= last_step:  # the steps begin again: a new lane
-            rows.lane += 1
-        last_step = step
+        if row_kind(row) == "step":  # (an eval or summary row repeats its step's number)
+            if last_step is not None and step <= last_step:  # steps begin again: a new lane
+                rows.lane += 1
+            last_step = step
         ts = next((float(row[k]) for k in TS_KEYS if isinstance(row.get(k), int | float)), now)
         while pending_evals and pending_evals[0] < step:
             emit_evals(pending_evals.pop(0), ts)

@@ -23,14 +23,15 @@ from collections.abc import Mapping
 from typing import Any
 
 from events.envelope import EventBase
-from producers.metrics_import import STEP_KEYS, TS_KEYS, MetricsImportReport, emit_row
-
-#: Key prefixes of held-out evaluation, as TRL and verl log them.
-EVAL_PREFIXES = ("eval_", "val-core/", "val-aux/", "val/", "test_")
-#: Keys only transformers' end-of-training summary carries.
-SUMMARY_KEYS = frozenset({"train_runtime", "train_samples_per_second", "train_steps_per_second"})
-#: Keys that are bookkeeping, not a metric of the step (they never alone make a step).
-BOOKKEEPING_KEYS = frozenset({"epoch", "total_flos", *STEP_KEYS, *TS_KEYS})
+from producers.metrics_import import (  # noqa: F401 (the row kinds are re-exported)
+    BOOKKEEPING_KEYS,
+    EVAL_PREFIXES,
+    SUMMARY_KEYS,
+    MetricsImportReport,
+    emit_row,
+    is_eval_key,
+    row_kind,
+)
 
 #: (event class, step, ts, kind, payload) -- what :func:`row_events` returns per event.
 Planned = tuple[type[EventBase], int | None, float, str, dict[str, Any]]
@@ -57,22 +58,6 @@ def scalar(value: Any) -> Any:
 def normalized(metrics: Mapping[str, Any]) -> dict[str, Any]:
     """``metrics`` with string keys and scalar values."""
     return {str(k): scalar(v) for k, v in metrics.items()}
-
-
-def is_eval_key(key: str) -> bool:
-    return key.startswith(EVAL_PREFIXES)
-
-
-def row_kind(row: Mapping[str, Any]) -> str:
-    """``"summary"``, ``"eval"`` (held-out keys only), ``"empty"`` or ``"step"``."""
-    if SUMMARY_KEYS & row.keys():
-        return "summary"
-    keys = [k for k in row if k not in BOOKKEEPING_KEYS]
-    if not keys:
-        return "empty"
-    if all(is_eval_key(k) for k in keys):
-        return "eval"
-    return "step"
 
 
 def row_events(

@@ -139,3 +139,23 @@ def test_a_restarted_hook_is_billed_for_every_step(tmp_path: Path, restarts: int
     producers = {e.producer for e in events}
     assert len(producers) == restarts + 1 and all(p.startswith("hook/r/") for p in producers)
     assert _billed(events) == step * STEP_S
+
+
+def test_eval_and_summary_rows_at_their_steps_number_open_no_lane(tmp_path: Path) -> None:
+    """Review of f8500a8: TRL logs its evals and its end-of-training summary as rows of
+    their own at the step of the training row before them; they opened lanes (6 step
+    events for a 4-step history, every later row under new ids)."""
+    rows = [
+        {"loss": 0.5, "reward": 0.1, "step": 1},
+        {"loss": 0.4, "reward": 0.2, "step": 2},
+        {"eval_loss": 0.3, "eval_reward": 0.25, "step": 2},
+        {"loss": 0.3, "reward": 0.3, "step": 3},
+        {"loss": 0.2, "reward": 0.4, "step": 4},
+        {"train_runtime": 12.0, "train_loss": 0.35, "step": 4},
+    ]
+    path = tmp_path / "trl.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    events = _import(path)
+    assert {e.producer for e in events} == {"metrics-import"}
+    steps = {e.event_id: e.step for e in events if e.type == "TrainerStepCompleted"}
+    assert sorted(steps.values()) == [1, 2, 3, 4]
