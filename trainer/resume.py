@@ -374,6 +374,10 @@ def _finite(x: float) -> float | None:
     return x if math.isfinite(x) else None
 
 
+#: how a restarted trainer's RunPaused begins (the pause's own reason follows)
+STILL_PAUSED = "still paused after its trainer restarted: "
+
+
 def continue_run(
     gate: GateResult, trainer: Trainer, max_staleness: int, paused: str | None = None
 ) -> None:
@@ -398,9 +402,9 @@ def continue_run(
         f"{gate.tier}, max deviation {gate.max_deviation:.3g}); "
         f"{dropped} stale rollout batch(es) discarded"
     )
-    if paused is not None:
-        reason = f"still paused after its trainer restarted ({paused}); {certified}"
-        if trainer.hold_paused(reason, trainer.checkpoint_here()):
+    if paused is not None:  # (the gate's outcome is on ResumeCertified; once said is enough)
+        original = paused.removeprefix(STILL_PAUSED)  # a second restart says it once
+        if trainer.hold_paused(STILL_PAUSED + original, trainer.checkpoint_here()):
             return  # cancelled: RunCancelled is the run's last lifecycle fact
     else:
         trainer._emit(RunResumed, step=trainer.step, reason=certified)
