@@ -145,6 +145,7 @@ class RunwatchHook:
                 publish=self._publish_now,
                 flush=lambda: self.flush(write_timeout_s),
                 poll_s=command_poll_s,
+                producer=self.producer,
             )
         self.publisher = Publisher(
             target,

@@ -18,6 +18,10 @@ adapter on the training thread at every step boundary, after the step was report
   ``finish`` then publishes nothing) and ``obey`` answers True; the adapter stops training
   (TRL: ``control.should_training_stop``; verl: :class:`RunCancelledByRunwatch` raised
   out of its logger).
+- **A restart is not a resume** (as the trainer): a process started while its run is
+  paused (its last ``RunPaused`` has no answered resume or end after it; a scheduler
+  requeued a job killed while it waited) publishes ``RunPaused`` again at its first look
+  (TRL: ``on_train_begin``, before a step; verl: when its logger is made) and waits.
 - Commands that come together are acted on in order, a cancel first (as the trainer). A
   command this run answered before (a restarted process: its ``RunPaused`` /
   ``RunResumed`` / ``RunCancelled`` name the request) is not acted on again; one written
@@ -45,13 +49,15 @@ from pathlib import Path
 from typing import Any
 
 from events.catalog.control import CancelRequested, PauseRequested, UnpauseRequested
-from events.catalog.lifecycle import RunCancelled, RunPaused, RunResumed
+from events.catalog.lifecycle import RunCancelled, RunCompleted, RunFailed, RunPaused, RunResumed
 from events.envelope import EventBase
 from producers.commands import CommandFeed
 
 log = logging.getLogger("runwatch.hooks")
 
 LIFECYCLE = "runwatch.lifecycle"
+#: how the ``RunPaused`` of a process started while its run was paused begins
+STILL_PAUSED = "still paused when its training process started: "
 #: ``publish(event class, step, **payload)``: the hook's way to publish a lifecycle fact
 Publish = Callable[..., None]
 
@@ -73,7 +79,10 @@ class CommandFollower:
         publish: Publish,
         flush: Callable[[], Any],
         poll_s: float = 0.5,
+        producer: str = "",
     ) -> None:
+        """``producer``: the hook's own producer name (its facts are this process's)."""
+        self.producer = producer
         self.run_id = run_id
         self.tenant_id = tenant_id
         self.kafka = kafka
@@ -87,6 +96,8 @@ class CommandFollower:
         self._feed: CommandFeed | None = None
         self._sink: Any = None
         self._said: set[str] = set()
+        #: the reason of the run's pause when this process started (read at the first look)
+        self.still_paused: str | None = None
         self._looked = -float("inf")  # when obey last read the commands (monotonic)
 
     def obey(self, step: int | None) -> bool:
@@ -99,12 +110,18 @@ class CommandFollower:
             return False
         self._looked = now
         queue: deque[Any] = deque(self._poll())
+        if self.still_paused is not None:  # the run was paused when this process started
+            reason, self.still_paused = STILL_PAUSED + self.still_paused, None
+            if self._hold(reason, "", step, queue):
+                return True
         while queue:
             if self._cancel_due(queue, step):
                 return True
             cmd = queue.popleft()
-            if isinstance(cmd, PauseRequested) and self._hold(cmd, step, queue):
-                return True
+            if isinstance(cmd, PauseRequested):
+                who = f"{cmd.actor}{' ' + cmd.principal if cmd.principal else ''}"
+                if self._hold(f"paused by {who}: {cmd.reason}", str(cmd.event_id), step, queue):
+                    return True
         return False
 
     def close(self) -> None:
@@ -125,12 +142,10 @@ class CommandFollower:
         self.cancelled = True
         return True
 
-    def _hold(self, cmd: PauseRequested, step: int | None, queue: deque[Any]) -> bool:
+    def _hold(self, reason: str, request_id: str, step: int | None, queue: deque[Any]) -> bool:
         """Paused until an unpause (False) or a cancel (True)."""
         t0 = time.perf_counter()
-        who = f"{cmd.actor}{' ' + cmd.principal if cmd.principal else ''}"
-        reason = f"paused by {who}: {cmd.reason}"
-        self.publish(RunPaused, step, reason=reason, request_id=str(cmd.event_id))
+        self.publish(RunPaused, step, reason=reason, request_id=request_id)
         self.flush()
         log.warning("runwatch: run %s paused at step %s: %s", self.run_id, step, reason)
         while True:
@@ -178,11 +193,13 @@ class CommandFollower:
                 reader = EmbeddedLog(self.log_dir, readonly=True)
                 reader.open_sync()
                 self._sink = EmbeddedSink(reader)
-            answered = _answered(self._sink, self.run_id, self.tenant_id)
+            facts = _lifecycle(self._sink, self.run_id, self.tenant_id, self.producer)
         except Exception as exc:
             self.close()
             self._say("open", f"runwatch: cannot follow run {self.run_id}'s commands: {exc}")
             return None
+        answered = {e.request_id for e in facts if e.request_id}  # type: ignore[attr-defined]
+        self.still_paused = _paused(facts)
         self._feed = CommandFeed(
             self._sink, self.run_id, answered=answered, tenant_id=self.tenant_id
         )
@@ -194,8 +211,9 @@ class CommandFollower:
             log.warning(message)
 
 
-def _answered(sink: Any, run_id: str, tenant_id: str) -> set[str]:
-    """The requests this run's lifecycle facts answered already (a restarted process)."""
+def _lifecycle(sink: Any, run_id: str, tenant_id: str, producer: str) -> list[EventBase]:
+    """The run's pauses, resumes and ends written before this process (not by its own
+    hook: ``producer``), in order."""
     from events.codec import decode
     from producers.sinks import EmbeddedSink
 
@@ -204,15 +222,27 @@ def _answered(sink: Any, run_id: str, tenant_id: str) -> set[str]:
         facts = sink.log.iter_events([LIFECYCLE]) if LIFECYCLE in names else iter(())
     else:
         facts = (decode(r.value) for r in sink._call(_read_all(sink.backend, LIFECYCLE)))
-    return {
-        e.request_id
+    return [
+        e
         for e in facts
-        if isinstance(e, RunPaused | RunResumed | RunCancelled)
-        and isinstance(e, EventBase)
+        if isinstance(e, RunPaused | RunResumed | RunCancelled | RunCompleted | RunFailed)
         and e.run_id == run_id
         and e.tenant_id == tenant_id
-        and e.request_id
-    }
+        and e.producer != producer
+    ]
+
+
+def _paused(facts: list[EventBase]) -> str | None:
+    """The reason of the run's pause if it was paused when this process started: its last
+    ``RunPaused`` with no end and no answered resume after it (a ``RunResumed`` a restart
+    wrote, answering no request, ends no pause). ``STILL_PAUSED`` is not repeated."""
+    reason = None
+    for e in facts:
+        if isinstance(e, RunPaused):
+            reason = e.reason.removeprefix(STILL_PAUSED)
+        elif not isinstance(e, RunResumed) or e.request_id:
+            reason = None
+    return reason
 
 
 async def _read_all(backend: Any, topic: str) -> list[Any]:

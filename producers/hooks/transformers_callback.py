@@ -107,6 +107,9 @@ class RunwatchCallback(TrainerCallback):
             hook.start(config, resumed_from=path, resumed_step=state.global_step)
         else:
             hook.start(config)
+        # a run paused when this process started stays paused (before its first step)
+        if getattr(args, "world_size", 1) == 1 and hook.obey(state.global_step):
+            control.should_training_stop = True
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self._hook is not None and state.is_world_process_zero:

@@ -103,6 +103,8 @@ class RunwatchTracking:
         start_config = {p: v for p in CONFIG_PATHS if (v := _path(config, p)) is not None}
         start_config.update(source="verl-tracking", project=project_name)
         self.hook.start(start_config)
+        if self.hook.obey(None):  # a run paused when this process started stays paused
+            raise RunCancelledByRunwatch(f"run {self.hook.run_id} was cancelled (runwatch)")
 
     def log(self, data: Mapping[str, Any], step: int) -> None:
         """One step's metrics; then the run's commands (:mod:`producers.hooks.obey`): a

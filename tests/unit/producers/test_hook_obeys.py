@@ -132,3 +132,32 @@ def test_a_hook_told_not_to_follow_commands_does_not_look(tmp_path: Path) -> Non
     _issue(tmp_path, "cancel", "customer")
     assert hook.obey(1) is False and hook.follower is None
     hook.close()
+
+
+def test_a_process_started_while_its_run_is_paused_waits(tmp_path: Path) -> None:
+    """Review of 49d54bd: a hooked job killed while paused and started again (a scheduler's
+    requeue) skipped the answered pause and trained on, billing, while shown paused."""
+    hook = _started(tmp_path)
+    _issue(tmp_path, "pause", "controller")
+    held = threading.Thread(target=lambda: hook.obey(1), daemon=True)
+    held.start()
+    _wait(lambda: len(_answers(tmp_path)) == 1)
+    hook.publisher.close(5)  # the process is killed while paused (the thread never returns)
+    again = _hook(tmp_path, "spool2")
+    again.start({}, resumed_from="out/checkpoint-1", resumed_step=1)
+    answered: list[bool] = []
+    waiting = threading.Thread(target=lambda: answered.append(again.obey(1)))
+    waiting.start()
+    _wait(lambda: [e.type for e in _answers(tmp_path)].count("RunPaused") == 2)
+    time.sleep(0.3)
+    assert waiting.is_alive()  # still paused: it trains nothing until someone resumes it
+    repaused = _answers(tmp_path)[-1]
+    assert repaused.reason.startswith("still paused when its training process started: ")  # type: ignore[attr-defined]
+    assert "paused by controller" in repaused.reason  # type: ignore[attr-defined]
+    _issue(tmp_path, "resume", "customer")
+    waiting.join(30)
+    assert answered == [False]
+    again.finish()
+    again.close()
+    kinds = [e.type for e in _answers(tmp_path)]
+    assert kinds == ["RunPaused", "RunResumed", "RunPaused", "RunResumed", "RunCompleted"]
