@@ -3,7 +3,8 @@
 A customer's producer names its run id and tenant (the hooks), so another tenant can name a
 run id that is already taken — by accident (two customers' ``exp-1``) or to page and
 pause someone else's run. A host pins each run to the tenant of the first event of it that
-it folds, on any topic, for all its folds, and refuses another tenant's events on the id:
+it folds, for all its folds that claim runs together (:func:`group_pins`: the run's own
+topics, and the traces apart), and refuses another tenant's events on the id:
 never folded, dead-lettered as ``foreign_tenant`` with both tenants in the reason and the
 record's bytes (docs/threat-model.md, "Producers on the data plane").
 

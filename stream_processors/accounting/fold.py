@@ -214,7 +214,7 @@ class AccountingFold:
         if t in SETTLING and self.settle:  # paused or over: this bill and every usage after
             state = state._replace(settling=True)
             return state, ((self.update_event(state, event),) if state.tenant_id else ())
-        if t is RunResumed:
+        if t is RunResumed and state.settling:
             return state._replace(settling=False), ()
         return state, ()
 
