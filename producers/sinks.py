@@ -75,15 +75,23 @@ class BackendSink:
     """A sync facade over any async :class:`LogBackend` (Kafka): its own event loop runs
     on a daemon thread; ``write`` blocks until the backend acknowledged every record."""
 
-    def __init__(self, backend: LogBackend) -> None:
+    def __init__(self, backend: LogBackend, *, timeout_s: float | None = None) -> None:
+        """``timeout_s``: the longest any call waits (``TimeoutError``; None: no limit). A
+        backend that cannot start stops the loop's thread before the error is raised."""
         self.backend = backend
+        self.timeout_s = timeout_s
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
         self._thread.start()
-        self._call(backend.start())
+        try:
+            self._call(backend.start())
+        except BaseException:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(timeout=5)
+            raise
 
     def _call(self, coro):  # type: ignore[no-untyped-def]
-        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(self.timeout_s)
 
     def write(self, events: Sequence[EventBase]) -> None:
         by_topic = records_by_topic(events)
@@ -110,7 +118,7 @@ class BackendSink:
 class KafkaSink(BackendSink):
     """A sink appending to Kafka at ``bootstrap`` (idempotent producer, acks=all)."""
 
-    def __init__(self, bootstrap: str) -> None:
+    def __init__(self, bootstrap: str, *, timeout_s: float | None = None) -> None:
         from events.log.kafka import KafkaLog  # imported lazily: aiokafka only when used
 
-        super().__init__(KafkaLog(bootstrap))
+        super().__init__(KafkaLog(bootstrap), timeout_s=timeout_s)

@@ -179,6 +179,9 @@ class RunwatchHook:
         self._last_step_end = time.perf_counter()
         ts = time.time()
         if resumed_from is not None:
+            follower = self.follower
+            if follower is not None and (follower.run_is_paused() or follower.cancelled):
+                return  # paused: the first obey() says RunPaused again; cancelled: it stops
             self._submit(
                 self._one,
                 RunResumed,

@@ -28,9 +28,12 @@ adapter on the training thread at every step boundary, after the step was report
   while no process followed (a cancel sent while it was down) is acted on at the first
   step boundary.
 - Commands are read with a reader of the follower's own, on the hook's target: the
-  embedded log (read-only) or Kafka (a client of its own, made at the first look). A
-  reader that cannot be made or read is said once in the log and taken as no command:
+  embedded log (read-only) or Kafka (a client of its own, made at the first look; no call
+  holds the training thread more than ``KAFKA_WAIT_S``). A reader that cannot be made or
+  read is said once in the log and taken as no command (made again after ``RETRY_S``):
   training never fails on it. Only the run's own tenant's commands count.
+- A process started for a run cancelled before stops at its first look (nothing more is
+  published).
 
 Assumption: one training process (a TRL run on one device, verl's single driver). In a
 multi-process TRL run only process zero has a hook, and blocking or stopping it alone
@@ -56,6 +59,10 @@ from producers.commands import CommandFeed
 log = logging.getLogger("runwatch.hooks")
 
 LIFECYCLE = "runwatch.lifecycle"
+#: seconds before a reader that could not be made is tried again
+RETRY_S = 30.0
+#: the longest a Kafka call of the follower may hold the training thread
+KAFKA_WAIT_S = 5.0
 #: how the ``RunPaused`` of a process started while its run was paused begins
 STILL_PAUSED = "still paused when its training process started: "
 #: ``publish(event class, step, **payload)``: the hook's way to publish a lifecycle fact
@@ -99,6 +106,7 @@ class CommandFollower:
         #: the reason of the run's pause when this process started (read at the first look)
         self.still_paused: str | None = None
         self._looked = -float("inf")  # when obey last read the commands (monotonic)
+        self._retry_at = -float("inf")  # no reader before then (the last try failed)
 
     def obey(self, step: int | None) -> bool:
         """Act on the run's new commands; True once it is cancelled (stop training). Looks
@@ -110,6 +118,8 @@ class CommandFollower:
             return False
         self._looked = now
         queue: deque[Any] = deque(self._poll())
+        if self.cancelled:  # the run was cancelled before this process started
+            return True
         if self.still_paused is not None:  # the run was paused when this process started
             reason, self.still_paused = STILL_PAUSED + self.still_paused, None
             if self._hold(reason, "", step, queue):
@@ -123,6 +133,12 @@ class CommandFollower:
                 if self._hold(f"paused by {who}: {cmd.reason}", str(cmd.event_id), step, queue):
                     return True
         return False
+
+    def run_is_paused(self) -> bool:
+        """Was the run paused when this process started? (Looks now if it has not yet.)"""
+        if self._feed is None:
+            self._open()
+        return self.still_paused is not None
 
     def close(self) -> None:
         sink, self._sink, self._feed = self._sink, None, None
@@ -180,11 +196,15 @@ class CommandFollower:
             return []
 
     def _open(self) -> CommandFeed | None:
+        """The feed, made at the first look that can make it (an unreachable target is
+        tried again after ``RETRY_S``; no call waits on Kafka more than ``KAFKA_WAIT_S``)."""
         from producers.sinks import EmbeddedSink, KafkaSink
 
+        if time.monotonic() < self._retry_at:
+            return None
         try:
             if self.kafka:
-                self._sink = KafkaSink(self.kafka)
+                self._sink = KafkaSink(self.kafka, timeout_s=KAFKA_WAIT_S)
             else:
                 if not self.log_dir.is_dir():
                     return None  # nothing written yet: no command either
@@ -194,15 +214,18 @@ class CommandFollower:
                 reader.open_sync()
                 self._sink = EmbeddedSink(reader)
             facts = _lifecycle(self._sink, self.run_id, self.tenant_id, self.producer)
+            answered = {getattr(e, "request_id", "") for e in facts} - {""}
+            self.still_paused = _paused(facts)
+            # a process started for a run cancelled before: it stops at once
+            self.cancelled = bool(facts) and isinstance(facts[-1], RunCancelled)
+            self._feed = CommandFeed(
+                self._sink, self.run_id, answered=answered, tenant_id=self.tenant_id
+            )
         except Exception as exc:
             self.close()
+            self._retry_at = time.monotonic() + RETRY_S
             self._say("open", f"runwatch: cannot follow run {self.run_id}'s commands: {exc}")
             return None
-        answered = {e.request_id for e in facts if e.request_id}  # type: ignore[attr-defined]
-        self.still_paused = _paused(facts)
-        self._feed = CommandFeed(
-            self._sink, self.run_id, answered=answered, tenant_id=self.tenant_id
-        )
         return self._feed
 
     def _say(self, key: str, message: str) -> None:

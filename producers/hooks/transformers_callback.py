@@ -36,6 +36,7 @@ from typing import Any
 from transformers import TrainerCallback
 
 from producers.hooks.hook import RunwatchHook
+from producers.hooks.obey import RunCancelledByRunwatch
 
 #: TrainingArguments fields copied onto RunSubmitted.config when present.
 CONFIG_FIELDS = (
@@ -107,9 +108,10 @@ class RunwatchCallback(TrainerCallback):
             hook.start(config, resumed_from=path, resumed_step=state.global_step)
         else:
             hook.start(config)
-        # a run paused when this process started stays paused (before its first step)
+        # a run paused when this process started stays paused (before its first step); a
+        # cancel here raises: transformers looks at should_training_stop only after a step
         if getattr(args, "world_size", 1) == 1 and hook.obey(state.global_step):
-            control.should_training_stop = True
+            raise RunCancelledByRunwatch(f"run {hook.run_id} was cancelled (runwatch)")
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self._hook is not None and state.is_world_process_zero:

@@ -28,9 +28,10 @@ Rules:
 
   Whose pause is in effect is whose request the trainer's ``RunPaused`` answered (its
   ``request_id``; none: nobody's gate). A request of the controller's that the trainer
-  ignored (a person's pause was ahead of it) leaves its alerts owed too. (A person's
-  unpause while the pause is in flight can make the controller ask twice for one owed
-  alert: the trainer ignores the second, a pause of a paused run.)
+  ignored (a person's pause was ahead of it) leaves its alerts owed too, and those that
+  fired while it was unanswered. (A person's unpause while the pause is in flight can
+  make the controller ask twice for one owed alert: the trainer ignores the second, a
+  pause of a paused run.)
 - A pause request by anyone makes the run "pausing" until the trainer answers
   ``RunPaused``; ``RunResumed`` makes it live again; ``RunCompleted``, ``RunFailed`` and
   ``RunCancelled`` end it (later alerts do nothing).
@@ -112,14 +113,20 @@ class RunControllerFold:
             return self._alert(state, event)  # type: ignore[arg-type]
         if state.phase == "over":
             return state, ()
-        if t is AlertResolved and state.owed:  # an owed episode that ended is not owed
+        if t is AlertResolved and (state.owed or state.pending):  # ended: not owed any more
             gone = event.alert_id  # type: ignore[attr-defined]
-            return state._replace(owed=tuple(o for o in state.owed if o.alert_id != gone)), ()
+            return state._replace(
+                owed=tuple(o for o in state.owed if o.alert_id != gone),
+                pending=tuple(o for o in state.pending if o.alert_id != gone),
+            ), ()
         if t is RunSubmitted:
             return state._replace(algorithm=event.algorithm), ()  # type: ignore[attr-defined]
         if t is PauseRequested:
+            rid = str(event.event_id)
+            if any(r == rid for r, _ in state.asked):  # ours coming back, or answered already
+                return state, ()  # (its RunPaused read first: another topic)
             by = "controller" if event.actor == "controller" else "person"  # type: ignore[attr-defined]
-            asked = _remember(state.asked, str(event.event_id), by)
+            asked = _remember(state.asked, rid, by)
             if state.phase == "live":
                 return state._replace(phase="pausing", paused_by=by, asked=asked), ()
             return state._replace(asked=asked), ()
@@ -132,7 +139,9 @@ class RunControllerFold:
             owed = state.owed
             if by == "person" and state.pending:  # our request came after it: ignored
                 owed = (*owed, *(p for p in state.pending if p not in owed))[-MAX_ACTED:]
-            return state._replace(phase="paused", paused_by=by, owed=owed, pending=()), ()
+            asked = _remember(state.asked, rid, by) if rid else state.asked
+            state = state._replace(phase="paused", paused_by=by, owed=owed, pending=())
+            return state._replace(asked=asked), ()
         if t is RunResumed or (t is UnpauseRequested and state.phase == "pausing"):
             return self._live(state._replace(phase="live", paused_by=""), event)
         if t in (RunCompleted, RunFailed, RunCancelled):
@@ -172,11 +181,14 @@ class RunControllerFold:
         ):
             return state, ()
         if state.phase != "live":  # pausing or paused: the gate's own, or owed (docstring)
-            known = any(o.alert_id == ev.alert_id for o in state.owed)
-            if state.paused_by == "controller" or known:
+            this = Owed(ev.alert_id, ev.detector, ev.routing, ev.reason)
+            if any(o.alert_id == ev.alert_id for o in (*state.owed, *state.pending)):
                 return state, ()
-            owed = Owed(ev.alert_id, ev.detector, ev.routing, ev.reason)
-            return state._replace(owed=(*state.owed, owed)[-MAX_ACTED:]), ()
+            if state.paused_by == "controller":
+                if state.phase == "pausing" and state.pending:  # our request not answered
+                    return state._replace(pending=(*state.pending, this)[-MAX_ACTED:]), ()
+                return state, ()  # under the gate's own pause: the resume covers it
+            return state._replace(owed=(*state.owed, this)[-MAX_ACTED:]), ()
         request = PauseRequested(
             **derive_envelope(ev, PRODUCER, "pause"),
             actor="controller",

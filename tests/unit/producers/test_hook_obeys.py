@@ -159,5 +159,30 @@ def test_a_process_started_while_its_run_is_paused_waits(tmp_path: Path) -> None
     assert answered == [False]
     again.finish()
     again.close()
-    kinds = [e.type for e in _answers(tmp_path)]
-    assert kinds == ["RunPaused", "RunResumed", "RunPaused", "RunResumed", "RunCompleted"]
+    kinds = [e.type for e in _answers(tmp_path)]  # no RunResumed of the restart itself
+    assert kinds == ["RunPaused", "RunPaused", "RunResumed", "RunCompleted"]
+
+
+def test_a_restart_after_a_failure_runs_and_one_after_a_cancel_stops(tmp_path: Path) -> None:
+    """Review: a restart after a RunFailed raised AttributeError into training (an end
+    carries no request id); one after a cancel trained and billed on."""
+    hook = _started(tmp_path)
+    hook.finish(ok=False, reason="OOM")
+    hook.close()
+    again = _hook(tmp_path, "spool2")
+    again.start({}, resumed_from="out/checkpoint-1", resumed_step=1)
+    assert again.obey(1) is False  # it failed before: it may train again
+    again.close()
+
+    other = tmp_path / "other"
+    other.mkdir()
+    first = _started(other)
+    _issue(other, "cancel", "customer")
+    assert first.obey(1) is True
+    first.close()
+    restarted = _hook(other, "spool2")  # started again after the cancel: it stops at once
+    restarted.start({}, resumed_from="out/checkpoint-1", resumed_step=1)
+    assert restarted.obey(2) is True
+    restarted.close()
+    kinds = [e.type for e in _answers(other)]
+    assert kinds.count("RunCancelled") == 1 and kinds[-1] == "RunCancelled"

@@ -247,3 +247,19 @@ def test_an_alert_under_a_gates_pause_after_a_person_unpaused_in_flight_is_cover
     assert state.paused_by == "controller" and state.owed == ()
     state, derived = f.apply(state, ev(RunResumed))
     assert derived == ()  # b1 fired under the gate's pause: the resume covered it
+
+
+def test_alerts_while_our_request_is_unanswered_follow_it() -> None:
+    """Second review: b1, fired while the controller's request waited behind a person's
+    pause, was dropped; and a1, resolved meanwhile, was still owed."""
+    f = RunControllerFold(ControlPolicy())
+    state, out = fold(f, [alert(alert_id="a1")])
+    person = ev(PauseRequested, actor="operator", principal="ops@x", reason="maintenance")
+    for e in (person, alert(alert_id="b1"), _resolved("a1")):
+        state, derived = f.apply(state, e)
+        out.extend(derived)
+    assert [o.alert_id for o in state.pending] == ["b1"]
+    for e in (ev(RunPaused, request_id=str(person.event_id)), ev(RunResumed)):
+        state, derived = f.apply(state, e)
+        out.extend(derived)
+    assert [o.alert_id for o in out] == ["a1", "b1"]  # b1 owed and asked for; a1 ended
