@@ -186,3 +186,24 @@ def test_a_restart_after_a_failure_runs_and_one_after_a_cancel_stops(tmp_path: P
     restarted.close()
     kinds = [e.type for e in _answers(other)]
     assert kinds.count("RunCancelled") == 1 and kinds[-1] == "RunCancelled"
+
+
+def test_an_unreachable_kafka_costs_a_step_nothing_and_leaks_no_thread(tmp_path: Path) -> None:
+    """Second review: every look made a Kafka client whose loop thread outlived its failed
+    start (threads 1 -> 6 over five looks)."""
+    import pytest
+
+    from producers.sinks import KafkaSink
+
+    before = threading.active_count()
+    with pytest.raises(Exception):  # noqa: B017 (aiokafka's own connection error)
+        KafkaSink("127.0.0.1:1", timeout_s=5.0)
+    assert threading.active_count() == before
+    hook = RunwatchHook(
+        RUN, "acme", kafka="127.0.0.1:1", spool=tmp_path / "spool", install_exit_hooks=False,
+        command_poll_s=0.0, write_timeout_s=1.0, connect_timeout_s=1.0,
+    )  # fmt: skip
+    started = time.monotonic()
+    assert [hook.obey(s) for s in range(5)] == [False] * 5
+    assert time.monotonic() - started < 10.0  # one failed try, then none for RETRY_S
+    hook.close(2.0)
