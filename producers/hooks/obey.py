@@ -6,8 +6,10 @@ own trainer follows them (``trainer.loop.Trainer.follow_commands``); a TRL or ve
 follows them through its hook: :meth:`CommandFollower.obey`, called by the framework
 adapter on the training thread at every step boundary, after the step was reported.
 
-- Commands are looked for at most every ``poll_s`` (0.5 s; a step boundary in between
-  costs a clock read), so a pause lands within a step plus ``poll_s``.
+- A reader thread of the follower's own reads the commands every ``poll_s`` (0.5 s);
+  ``obey`` only takes what it found (no I/O on the training thread, whatever the target
+  does: a broker outage costs a step boundary nothing), so a pause lands within a step
+  plus ``poll_s``.
 - **Pause**: ``RunPaused`` is published (and flushed) and ``obey`` blocks, looking for
   commands every ``poll_s``, until an unpause (``RunResumed``; the time paused is no
   step's time, so it is never billed) or a cancel. The framework's own state stays in
@@ -21,17 +23,19 @@ adapter on the training thread at every step boundary, after the step was report
 - **A restart is not a resume** (as the trainer): a process started while its run is
   paused (its last ``RunPaused`` has no answered resume or end after it; a scheduler
   requeued a job killed while it waited) publishes ``RunPaused`` again at its first look
-  (TRL: ``on_train_begin``, before a step; verl: when its logger is made) and waits.
+  (TRL: ``on_train_begin``, before a step; verl: when its logger is made) and waits. The
+  hook's start waits up to ``START_WAIT_S`` for the reader's first answer, to publish no
+  ``RunResumed`` of its own for a run still paused (a reader slower than that: the
+  restart's ``RunResumed`` goes out and ``RunPaused`` follows at the first look).
 - Commands that come together are acted on in order, a cancel first (as the trainer). A
   command this run answered before (a restarted process: its ``RunPaused`` /
   ``RunResumed`` / ``RunCancelled`` name the request) is not acted on again; one written
   while no process followed (a cancel sent while it was down) is acted on at the first
   step boundary.
-- Commands are read with a reader of the follower's own, on the hook's target: the
-  embedded log (read-only) or Kafka (a client of its own, made at the first look; no call
-  holds the training thread more than ``KAFKA_WAIT_S``). A reader that cannot be made or
-  read is said once in the log and taken as no command (made again after ``RETRY_S``):
-  training never fails on it. Only the run's own tenant's commands count.
+- The reader reads the hook's target: the embedded log (read-only) or Kafka (a client of
+  its own; no call waits more than ``KAFKA_WAIT_S``). A reader that cannot be made or read
+  is said once in the log and taken as no command (made again after ``RETRY_S``): training
+  never fails on it. Only the run's own tenant's commands count.
 - A process started for a run cancelled before stops at its first look (nothing more is
   published).
 
@@ -45,10 +49,12 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import threading
 import time
 from collections import deque
 from collections.abc import Callable
 from pathlib import Path
+from queue import Empty, Queue
 from typing import Any
 
 from events.catalog.control import CancelRequested, PauseRequested, UnpauseRequested
@@ -61,8 +67,10 @@ log = logging.getLogger("runwatch.hooks")
 LIFECYCLE = "runwatch.lifecycle"
 #: seconds before a reader that could not be made is tried again
 RETRY_S = 30.0
-#: the longest a Kafka call of the follower may hold the training thread
+#: the longest one Kafka call of the reader may take
 KAFKA_WAIT_S = 5.0
+#: the longest the hook's start waits for the reader's first answer
+START_WAIT_S = 0.2
 #: how the ``RunPaused`` of a process started while its run was paused begins
 STILL_PAUSED = "still paused when its training process started: "
 #: ``publish(event class, step, **payload)``: the hook's way to publish a lifecycle fact
@@ -105,21 +113,19 @@ class CommandFollower:
         self._said: set[str] = set()
         #: the reason of the run's pause when this process started (read at the first look)
         self.still_paused: str | None = None
-        self._looked = -float("inf")  # when obey last read the commands (monotonic)
         self._retry_at = -float("inf")  # no reader before then (the last try failed)
+        self._inbox: Queue[Any] = Queue()  # commands the reader found, oldest first
+        self._reader: threading.Thread | None = None
+        self._stop = threading.Event()
+        self._ready = threading.Event()  # the reader's first answer (paused? cancelled?)
 
     def obey(self, step: int | None) -> bool:
-        """Act on the run's new commands; True once it is cancelled (stop training). Looks
-        at most every ``poll_s`` (a step boundary in between costs a clock read)."""
+        """Act on the run's new commands; True once it is cancelled (stop training). Takes
+        what the reader found (no I/O here unless it pauses)."""
+        self._start_reader()
         if self.cancelled:
             return True
-        now = time.monotonic()
-        if now - self._looked < self.poll_s:
-            return False
-        self._looked = now
-        queue: deque[Any] = deque(self._poll())
-        if self.cancelled:  # the run was cancelled before this process started
-            return True
+        queue: deque[Any] = deque(self._take())
         if self.still_paused is not None:  # the run was paused when this process started
             reason, self.still_paused = STILL_PAUSED + self.still_paused, None
             if self._hold(reason, "", step, queue):
@@ -135,12 +141,17 @@ class CommandFollower:
         return False
 
     def run_is_paused(self) -> bool:
-        """Was the run paused when this process started? (Looks now if it has not yet.)"""
-        if self._feed is None:
-            self._open()
-        return self.still_paused is not None
+        """Was the run paused (or cancelled) when this process started? Waits for the
+        reader's first answer up to ``START_WAIT_S`` (none by then: taken as no)."""
+        self._start_reader()
+        self._ready.wait(START_WAIT_S)
+        return self.still_paused is not None or self.cancelled
 
     def close(self) -> None:
+        self._stop.set()
+        reader = self._reader
+        if reader is not None and reader is not threading.current_thread():
+            reader.join(timeout=KAFKA_WAIT_S + 1)
         sink, self._sink, self._feed = self._sink, None, None
         if sink is not None:
             with contextlib.suppress(Exception):  # closing a reader never fails the run
@@ -166,8 +177,9 @@ class CommandFollower:
         log.warning("runwatch: run %s paused at step %s: %s", self.run_id, step, reason)
         while True:
             if not queue:
-                time.sleep(self.poll_s)
-                queue.extend(self._poll())
+                with contextlib.suppress(Empty):
+                    queue.append(self._inbox.get(timeout=self.poll_s))
+                queue.extend(self._take())
                 continue
             if self._cancel_due(queue, step):
                 return True
@@ -184,16 +196,32 @@ class CommandFollower:
             log.warning("runwatch: run %s resumed at step %s by %s", self.run_id, step, c.actor)
             return False
 
-    # -- reading -----------------------------------------------------------------------
-    def _poll(self) -> list[Any]:
-        feed = self._feed or self._open()
-        if feed is None:
-            return []
-        try:
-            return feed.poll()
-        except Exception as exc:  # the target is away: no command this time
-            self._say("poll", f"runwatch: cannot read run {self.run_id}'s commands: {exc}")
-            return []
+    # -- reading (the reader thread) --------------------------------------------------
+    def _start_reader(self) -> None:
+        if self._reader is None:
+            self._reader = threading.Thread(
+                target=self._read, name=f"runwatch-commands-{self.run_id}", daemon=True
+            )
+            self._reader.start()
+
+    def _take(self) -> list[Any]:
+        """What the reader found since the last take (never blocks)."""
+        out = []
+        with contextlib.suppress(Empty):
+            while True:
+                out.append(self._inbox.get_nowait())
+        return out
+
+    def _read(self) -> None:
+        while not self._stop.is_set():
+            feed = self._feed or self._open()
+            if feed is not None:
+                try:
+                    for cmd in feed.poll():
+                        self._inbox.put(cmd)
+                except Exception as exc:  # the target is away: no command this time
+                    self._say("poll", f"runwatch: cannot read run {self.run_id}'s commands: {exc}")
+            self._stop.wait(self.poll_s)
 
     def _open(self) -> CommandFeed | None:
         """The feed, made at the first look that can make it (an unreachable target is
@@ -202,12 +230,15 @@ class CommandFollower:
 
         if time.monotonic() < self._retry_at:
             return None
+        if self._stop.is_set():
+            return None
         try:
             if self.kafka:
                 self._sink = KafkaSink(self.kafka, timeout_s=KAFKA_WAIT_S)
             else:
                 if not self.log_dir.is_dir():
-                    return None  # nothing written yet: no command either
+                    self._ready.set()  # nothing written yet: not paused, no command either
+                    return None
                 from events.log.embedded import EmbeddedLog
 
                 reader = EmbeddedLog(self.log_dir, readonly=True)
@@ -221,6 +252,7 @@ class CommandFollower:
             self._feed = CommandFeed(
                 self._sink, self.run_id, answered=answered, tenant_id=self.tenant_id
             )
+            self._ready.set()
         except Exception as exc:
             self.close()
             self._retry_at = time.monotonic() + RETRY_S

@@ -50,6 +50,19 @@ def _wait(cond, timeout_s: float = 30.0) -> None:  # type: ignore[no-untyped-def
         time.sleep(0.02)
 
 
+def _boundary(hook: RunwatchHook, step: int, timeout_s: float = 30.0) -> bool:
+    """Step boundaries every 10 ms (a training loop) until the hook acts: True once
+    cancelled; False after a pause it held was resumed."""
+    assert hook.follower is not None
+    before = hook.follower.paused_s
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if hook.obey(step) or hook.follower.paused_s != before:
+            return hook.follower.cancelled
+        assert time.monotonic() < deadline, "the hook never acted"
+        time.sleep(0.01)
+
+
 def _started(tmp_path: Path) -> RunwatchHook:
     hook = _hook(tmp_path)
     hook.start({})
@@ -65,7 +78,7 @@ def test_a_pause_blocks_the_step_boundary_until_a_resume_then_a_cancel_stops(
     hook = _started(tmp_path)
     pause = _issue(tmp_path, "pause", "controller")
     answered: list[bool] = []
-    waiting = threading.Thread(target=lambda: answered.append(hook.obey(1)))
+    waiting = threading.Thread(target=lambda: answered.append(_boundary(hook, 1)))
     waiting.start()
     _wait(lambda: [e.type for e in _answers(tmp_path)] == ["RunPaused"])
     time.sleep(0.3)
@@ -81,8 +94,7 @@ def test_a_pause_blocks_the_step_boundary_until_a_resume_then_a_cancel_stops(
 
     hook.step_done(2)  # measured from the resume: the pause is no step's time
     cancel = _issue(tmp_path, "cancel", "customer")
-    time.sleep(0.05)
-    assert hook.obey(2) is True
+    assert _boundary(hook, 2) is True
     hook.finish()  # the framework's end: nothing after RunCancelled
     hook.close()
     answers = _answers(tmp_path)
@@ -98,7 +110,7 @@ def test_a_pause_and_a_cancel_together_cancel(tmp_path: Path) -> None:
     hook = _started(tmp_path)
     _issue(tmp_path, "pause", "controller")
     _issue(tmp_path, "cancel", "customer")
-    assert hook.obey(1) is True
+    assert _boundary(hook, 1) is True
     hook.close()
     assert [e.type for e in _answers(tmp_path)] == ["RunCancelled"]
 
@@ -106,7 +118,7 @@ def test_a_pause_and_a_cancel_together_cancel(tmp_path: Path) -> None:
 def test_a_restarted_hook_does_not_answer_a_command_twice(tmp_path: Path) -> None:
     hook = _started(tmp_path)
     _issue(tmp_path, "pause", "controller")
-    waiting = threading.Thread(target=lambda: hook.obey(1))
+    waiting = threading.Thread(target=lambda: _boundary(hook, 1))
     waiting.start()
     _wait(lambda: len(_answers(tmp_path)) == 1)
     _issue(tmp_path, "resume", "customer")
@@ -139,14 +151,14 @@ def test_a_process_started_while_its_run_is_paused_waits(tmp_path: Path) -> None
     requeue) skipped the answered pause and trained on, billing, while shown paused."""
     hook = _started(tmp_path)
     _issue(tmp_path, "pause", "controller")
-    held = threading.Thread(target=lambda: hook.obey(1), daemon=True)
+    held = threading.Thread(target=lambda: _boundary(hook, 1), daemon=True)
     held.start()
     _wait(lambda: len(_answers(tmp_path)) == 1)
     hook.publisher.close(5)  # the process is killed while paused (the thread never returns)
     again = _hook(tmp_path, "spool2")
     again.start({}, resumed_from="out/checkpoint-1", resumed_step=1)
     answered: list[bool] = []
-    waiting = threading.Thread(target=lambda: answered.append(again.obey(1)))
+    waiting = threading.Thread(target=lambda: answered.append(_boundary(again, 1)))
     waiting.start()
     _wait(lambda: [e.type for e in _answers(tmp_path)].count("RunPaused") == 2)
     time.sleep(0.3)
@@ -178,7 +190,7 @@ def test_a_restart_after_a_failure_runs_and_one_after_a_cancel_stops(tmp_path: P
     other.mkdir()
     first = _started(other)
     _issue(other, "cancel", "customer")
-    assert first.obey(1) is True
+    assert _boundary(first, 1) is True
     first.close()
     restarted = _hook(other, "spool2")  # started again after the cancel: it stops at once
     restarted.start({}, resumed_from="out/checkpoint-1", resumed_step=1)
