@@ -69,7 +69,7 @@ LIFECYCLE = "runwatch.lifecycle"
 RETRY_S = 30.0
 #: the longest one Kafka call of the reader may take
 KAFKA_WAIT_S = 5.0
-#: the longest the hook's start waits for the reader's first answer
+#: the longest the hook's start (or its first look) waits for the reader's first answer
 START_WAIT_S = 0.2
 #: how the ``RunPaused`` of a process started while its run was paused begins
 STILL_PAUSED = "still paused when its training process started: "
@@ -122,7 +122,9 @@ class CommandFollower:
     def obey(self, step: int | None) -> bool:
         """Act on the run's new commands; True once it is cancelled (stop training). Takes
         what the reader found (no I/O here unless it pauses)."""
-        self._start_reader()
+        if self._reader is None:  # the first look: the reader's first answer, briefly
+            self._start_reader()
+            self._ready.wait(START_WAIT_S)
         if self.cancelled:
             return True
         queue: deque[Any] = deque(self._take())
