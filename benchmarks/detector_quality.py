@@ -141,12 +141,13 @@ def fault_rows(
 def hacking_by_cadence(fold: RunHealthFold, n: int, steps: int) -> list[str]:
     lines = [
         "| eval every | detected | lag p50 | lag p90 | lag max | p90 in eval intervals "
-        "| within 2 intervals |",
-        "| ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| within 2 intervals | fired at eval point p90 / max | within 2 intervals of the "
+        "first eval after it |",
+        "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for every in (10, 50, 100):
         rng = np.random.default_rng(2026)
-        lags = []
+        lags, points = [], []
         for i in range(n):
             at = int(rng.integers(150, 250))
             events = synthetic_run(10_000 + i, steps=2 * steps, fault="gameable_reward",
@@ -155,11 +156,17 @@ def hacking_by_cadence(fold: RunHealthFold, n: int, steps: int) -> list[str]:
                    if a.detector == "reward_hacking" and a.step >= at]  # fmt: skip
             if hit:
                 lags.append(hit[0] - at)
+                # evals land at steps s % every == every - 1; the first at or after ``at``
+                # is point 1 (it shows at most one interval of the fall)
+                first_eval = at + (every - 1 - at) % every
+                points.append((hit[0] - first_eval) // every + 1)
         within = sum(1 for lag in lags if lag <= 2 * every)
         p50, p90, mx = (np.percentile(lags, q) for q in (50, 90, 100)) if lags else (0, 0, 0)
+        by_point = sum(1 for k in points if k <= 3)
         lines.append(
             f"| {every} | {len(lags)}/{n} | {p50:.0f} | {p90:.0f} | {mx:.0f} | "
-            f"{p90 / every:.1f} | {within}/{n} |"
+            f"{p90 / every:.1f} | {within}/{n} | {_pct(points, 90)} / {_pct(points, 100)} | "
+            f"{by_point}/{n} |"
         )
     return lines
 
@@ -302,7 +309,10 @@ def main() -> None:
         "caught later it lies less than about three noise units below the level (1.2-1.5 in "
         "the three weakest), which no threshold that keeps healthy runs quiet can call "
         "(`benchmarks/reward_hacking_budget.py` measures this bound and the false pages on "
-        "fresh seeds).",
+        "fresh seeds). The last two columns count in eval points: point 1 is the first eval "
+        "at or after the injection (it shows at most one interval of the fall, none when the "
+        'injection lands just before it), and "within 2 intervals of the first eval after '
+        'it" is an alert by point 3.',
         "",
     ]
     if args.canaries:
