@@ -255,8 +255,11 @@ class CommandFollower:
                 self._sink, self.run_id, answered=answered, tenant_id=self.tenant_id
             )
             self._ready.set()
-        except Exception as exc:
-            self.close()
+        except Exception as exc:  # (on the reader thread: it tries again later)
+            sink, self._sink = self._sink, None
+            if sink is not None:
+                with contextlib.suppress(Exception):
+                    sink.close()
             self._retry_at = time.monotonic() + RETRY_S
             self._say("open", f"runwatch: cannot follow run {self.run_id}'s commands: {exc}")
             return None

@@ -219,3 +219,24 @@ def test_an_unreachable_kafka_costs_a_step_nothing_and_leaks_no_thread(tmp_path:
     assert [hook.obey(s) for s in range(5)] == [False] * 5
     assert time.monotonic() - started < 10.0  # one failed try, then none for RETRY_S
     hook.close(2.0)
+
+
+def test_a_reader_that_failed_tries_again(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Third review: a failed first read stopped the reader for good (it closed itself),
+    so a hook whose broker was away at its start never followed a command after."""
+    from producers.hooks import obey
+
+    real, calls = obey._lifecycle, []
+
+    def flaky(*args):  # type: ignore[no-untyped-def]
+        calls.append(1)
+        if len(calls) == 1:
+            raise OSError("the log is away")
+        return real(*args)
+
+    monkeypatch.setattr(obey, "_lifecycle", flaky)
+    monkeypatch.setattr(obey, "RETRY_S", 0.05)
+    hook = _started(tmp_path)
+    _issue(tmp_path, "cancel", "customer")
+    assert _boundary(hook, 1) is True and len(calls) >= 2
+    hook.close()
