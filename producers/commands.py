@@ -24,7 +24,7 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Union
+from typing import Any, Union
 
 from events.catalog.control import (
     CONTROL_TOPIC,
@@ -105,17 +105,53 @@ class CommandFeed:
         raise TypeError(f"no command feed over {type(sink).__name__}")
 
     async def _read_backend(self, sink: BackendSink) -> list[Record]:
-        backend = sink.backend
-        out: list[Record] = []
-        for partition in await backend.partitions(CONTROL_TOPIC):
-            start = self._next.get(partition, 0)
-            end = await backend.end_offset(CONTROL_TOPIC, partition)
-            if end <= start:
-                continue
-            async for rec in backend.read(CONTROL_TOPIC, partition, start, until_end=True):
-                out.append(rec)
-                self._next[partition] = rec.offset + 1
-        return out
+        return await read_to_end(sink.backend, CONTROL_TOPIC, self._next)
+
+
+async def read_to_end(backend: Any, topic: str, positions: dict[int, int]) -> list[Record]:
+    """Every record of ``topic`` from ``positions`` (partition -> next offset; 0 when
+    absent) to each partition's current end; ``positions`` moves past what was read."""
+    out: list[Record] = []
+    for partition in await backend.partitions(topic):
+        start = positions.get(partition, 0)
+        if await backend.end_offset(topic, partition) <= start:
+            continue
+        async for rec in backend.read(topic, partition, start, until_end=True):
+            out.append(rec)
+            positions[partition] = rec.offset + 1
+    return out
+
+
+# -- what a run's process needs to follow its commands (the trainer and the hooks) -------
+
+
+def first_cancel(commands: Iterable[object]) -> CancelRequested | None:
+    """The cancel among the commands due, if any: it wins over whatever came with it or
+    before it was acted on (a pause and a cancel cancel; a resume and a cancel cancel)."""
+    return next((c for c in commands if isinstance(c, CancelRequested)), None)
+
+
+def answered_requests(facts: Iterable[EventBase]) -> set[str]:
+    """The requests a run's lifecycle facts answered (``RunPaused`` / ``RunResumed`` /
+    ``RunCancelled`` name them): a restarted process does not act on them again."""
+    answers = (RunPaused, RunResumed, RunCancelled)
+    return {e.request_id for e in facts if isinstance(e, answers) and e.request_id}
+
+
+def paused_reason(facts: Iterable[EventBase]) -> str | None:
+    """The reason of a run's pause if it was paused when its last process stopped: its last
+    ``RunPaused`` with no resume answering a request and no completion or cancel after it.
+    A restart is not a resume: a ``RunResumed`` that answers no request (a restart's own)
+    and a ``RunFailed`` (a process that died paused) end no pause."""
+    reason = None
+    for e in facts:
+        if isinstance(e, RunPaused):
+            reason = e.reason
+        elif isinstance(e, RunCompleted | RunCancelled) or (
+            isinstance(e, RunResumed) and e.request_id
+        ):
+            reason = None
+    return reason
 
 
 Action = str  # "pause" | "resume" | "cancel"

@@ -71,7 +71,7 @@ from events.catalog.trainer import (
     WeightSyncCompleted,
 )
 from events.catalog.usage import UsageRecorded
-from producers.commands import RESUME_OVERRIDES, CommandFeed
+from producers.commands import RESUME_OVERRIDES, CommandFeed, first_cancel
 from producers.emitter import Emitter
 from trainer import checkpoint as ckpt
 from trainer.config import TrainerConfig
@@ -630,7 +630,7 @@ class Trainer:
 
     def _cancel_due(self, queue: deque[Any]) -> bool:
         """Cancel (True) if a cancel is among the commands due."""
-        cancel = next((c for c in queue if isinstance(c, CancelRequested)), None)
+        cancel = first_cancel(queue)
         if cancel is None:
             return False
         queue.clear()

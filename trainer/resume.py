@@ -42,19 +42,17 @@ from typing import Any
 import numpy as np
 
 from events.catalog.checkpoint import ResumeCertified, ResumeRejected, ResumeRequested
-from events.catalog.control import CancelRequested
 from events.catalog.lifecycle import (
     RunCancelled,
     RunCompleted,
     RunFailed,
-    RunPaused,
     RunResumed,
     RunSubmitted,
 )
 from events.catalog.trainer import TrainerStepCompleted, WeightSyncCompleted
 from events.catalog.usage import UsageRecorded
 from events.envelope import EventBase
-from producers.commands import CommandFeed
+from producers.commands import CommandFeed, answered_requests, first_cancel, paused_reason
 from producers.emitter import Emitter
 from producers.sinks import EventSink
 from trainer import checkpoint as ckpt
@@ -468,14 +466,10 @@ def _resume_locked(
     )
     # the commands this run already answered are not applied twice after a restart; the
     # others came while it was down: a cancel is answered now, the rest by the trainer
-    answered = {
-        e.request_id
-        for e in events
-        if isinstance(e, RunPaused | RunResumed | RunCancelled) and e.request_id
-    }
+    answered = answered_requests(events)
     feed = CommandFeed(emitter.sink, run_id, answered=answered, tenant_id=cfg.tenant_id)
     due = feed.poll()
-    cancel = next((c for c in due if isinstance(c, CancelRequested)), None)
+    cancel = first_cancel(due)
     if cancel is not None:
         emitter.emit(
             RunCancelled,
@@ -512,17 +506,6 @@ def _resume_locked(
     finally:
         trainer.reward.close()
     return result, trainer
-
-
-def paused_reason(events: Sequence[EventBase]) -> str | None:
-    """The reason of the run's pause if its last ``RunPaused`` has no ``RunResumed`` after
-    it (paused by a gate, a person or its reward's failure policy when its trainer died),
-    else None."""
-    last = None
-    for e in events:
-        if isinstance(e, RunPaused | RunResumed):
-            last = e
-    return last.reason if isinstance(last, RunPaused) else None
 
 
 def describe(result: GateResult) -> dict[str, Any]:

@@ -23,15 +23,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from events.envelope import EventBase
-from producers.metrics_import import (  # noqa: F401 (the row kinds are re-exported)
-    BOOKKEEPING_KEYS,
-    EVAL_PREFIXES,
-    SUMMARY_KEYS,
-    MetricsImportReport,
-    emit_row,
-    is_eval_key,
-    row_kind,
-)
+from producers.metrics_import import MetricsImportReport, emit_row, row_kind
 
 #: (event class, step, ts, kind, payload) -- what :func:`row_events` returns per event.
 Planned = tuple[type[EventBase], int | None, float, str, dict[str, Any]]

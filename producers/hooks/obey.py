@@ -57,10 +57,16 @@ from pathlib import Path
 from queue import Empty, Queue
 from typing import Any
 
-from events.catalog.control import CancelRequested, PauseRequested, UnpauseRequested
+from events.catalog.control import PauseRequested, UnpauseRequested
 from events.catalog.lifecycle import RunCancelled, RunCompleted, RunFailed, RunPaused, RunResumed
 from events.envelope import EventBase
-from producers.commands import CommandFeed
+from producers.commands import (
+    CommandFeed,
+    answered_requests,
+    first_cancel,
+    paused_reason,
+    read_to_end,
+)
 
 log = logging.getLogger("runwatch.hooks")
 
@@ -161,7 +167,7 @@ class CommandFollower:
 
     # -- acting ------------------------------------------------------------------------
     def _cancel_due(self, queue: deque[Any], step: int | None) -> bool:
-        cancel = next((c for c in queue if isinstance(c, CancelRequested)), None)
+        cancel = first_cancel(queue)
         if cancel is None:
             return False
         queue.clear()
@@ -247,8 +253,9 @@ class CommandFollower:
                 reader.open_sync()
                 self._sink = EmbeddedSink(reader)
             facts = _lifecycle(self._sink, self.run_id, self.tenant_id, self.producer)
-            answered = {getattr(e, "request_id", "") for e in facts} - {""}
-            self.still_paused = _paused(facts)
+            answered = answered_requests(facts)
+            paused = paused_reason(facts)
+            self.still_paused = paused.removeprefix(STILL_PAUSED) if paused is not None else None
             # a process started for a run cancelled before: it stops at once
             self.cancelled = bool(facts) and isinstance(facts[-1], RunCancelled)
             self._feed = CommandFeed(
@@ -281,7 +288,8 @@ def _lifecycle(sink: Any, run_id: str, tenant_id: str, producer: str) -> list[Ev
         names = sink.log.topic_names()
         facts = sink.log.iter_events([LIFECYCLE]) if LIFECYCLE in names else iter(())
     else:
-        facts = (decode(r.value) for r in sink._call(_read_all(sink.backend, LIFECYCLE)))
+        records = sink._call(read_to_end(sink.backend, LIFECYCLE, {}))
+        facts = (decode(r.value) for r in records)
     return [
         e
         for e in facts
@@ -290,26 +298,3 @@ def _lifecycle(sink: Any, run_id: str, tenant_id: str, producer: str) -> list[Ev
         and e.tenant_id == tenant_id
         and e.producer != producer
     ]
-
-
-def _paused(facts: list[EventBase]) -> str | None:
-    """The reason of the run's pause if it was paused when this process started: its last
-    ``RunPaused`` with no end and no answered resume after it (a ``RunResumed`` a restart
-    wrote, answering no request, ends no pause). ``STILL_PAUSED`` is not repeated."""
-    reason = None
-    for e in facts:
-        if isinstance(e, RunPaused):
-            reason = e.reason.removeprefix(STILL_PAUSED)
-        elif not isinstance(e, RunResumed) or e.request_id:
-            reason = None
-    return reason
-
-
-async def _read_all(backend: Any, topic: str) -> list[Any]:
-    out: list[Any] = []
-    for partition in await backend.partitions(topic):
-        if await backend.end_offset(topic, partition) <= 0:
-            continue
-        async for rec in backend.read(topic, partition, 0, until_end=True):
-            out.append(rec)
-    return out

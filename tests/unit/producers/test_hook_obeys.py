@@ -240,3 +240,21 @@ def test_a_reader_that_failed_tries_again(tmp_path: Path, monkeypatch) -> None: 
     _issue(tmp_path, "cancel", "customer")
     assert _boundary(hook, 1) is True and len(calls) >= 2
     hook.close()
+
+
+def test_one_rule_says_whether_a_restarted_run_is_still_paused() -> None:
+    """``producers.commands.paused_reason``, shared by the trainer's resume and the hooks."""
+    from events.catalog.lifecycle import RunCompleted, RunFailed, RunPaused, RunResumed
+    from producers.commands import paused_reason
+    from tests.event_samples import sample
+
+    paused = sample(RunPaused, 0).model_copy(update={"reason": "gate"})
+
+    def resumed(request_id: str) -> EventBase:
+        return sample(RunResumed, 1).model_copy(update={"request_id": request_id})
+
+    assert paused_reason([paused]) == "gate"
+    assert paused_reason([paused, resumed("")]) == "gate"  # a restart's own: no resume
+    assert paused_reason([paused, sample(RunFailed, 2)]) == "gate"  # died paused
+    assert paused_reason([paused, resumed("r1")]) is None
+    assert paused_reason([paused, sample(RunCompleted, 2)]) is None

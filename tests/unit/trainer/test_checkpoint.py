@@ -8,17 +8,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.unit.trainer.tiny import TINY
 from trainer import checkpoint as ckpt
 from trainer.config import TrainerConfig
 from trainer.loop import Trainer
-
-TINY = {
-    "steps": 6,
-    "task": {"kind": "reverse", "digits": 2},
-    "model": {"hidden": 32, "heads": 1, "layers": 1, "intermediate": 32, "warm_start_steps": 2},
-    "grpo": {"prompts_per_step": 4, "group_size": 4},
-    "checkpoint": {"every": 2},
-}
 
 
 def _trainer(tmp_path: Path, **over: object) -> Trainer:

@@ -19,17 +19,11 @@ from events.envelope import EventBase
 from producers.commands import CommandFeed, run_phase, write_command
 from producers.emitter import Emitter
 from producers.sinks import MemorySink
+from tests.unit.trainer import tiny
 from trainer.config import TrainerConfig
 from trainer.loop import Trainer
 
-TINY = {
-    "steps": 6,
-    "task": {"kind": "reverse", "digits": 2},
-    "model": {"hidden": 32, "heads": 1, "layers": 1, "intermediate": 32, "warm_start_steps": 2},
-    "grpo": {"prompts_per_step": 4, "group_size": 4},
-    "checkpoint": {"every": 2},
-    "rollout_backend": "torch",
-}
+TINY = {**tiny.TINY, "rollout_backend": "torch"}
 ANSWERS = (RunPaused, RunResumed, RunCancelled, RunCompleted)
 
 
@@ -65,6 +59,17 @@ def _wait_for(sink: MemorySink, kind: type[EventBase], count: int = 1) -> None:
         time.sleep(0.01)
 
 
+def _paused_in_thread(trainer: Trainer, sink: MemorySink) -> threading.Thread:
+    """The trainer running on a thread, paused by the controller at its first step; what
+    is written next lands in the paused trainer's next poll together."""
+    _command(sink, "pause", "controller")
+    done = threading.Thread(target=lambda: (trainer.run_until(6), trainer.finish()))
+    done.start()
+    _wait_for(sink, RunPaused)
+    trainer.poll_interval_s = 0.3
+    return done
+
+
 def _billed_steps(sink: MemorySink) -> list[int]:
     return sorted({e.step for e in sink.events if isinstance(e, UsageRecorded) and e.step})
 
@@ -81,11 +86,7 @@ def test_a_pause_and_a_cancel_in_one_poll_cancel(tmp_path: Path) -> None:
 
 def test_a_resume_and_a_cancel_in_one_poll_of_a_paused_run_cancel(tmp_path: Path) -> None:
     trainer, sink = _trainer(tmp_path)
-    _command(sink, "pause", "controller")
-    done = threading.Thread(target=lambda: (trainer.run_until(6), trainer.finish()))
-    done.start()
-    _wait_for(sink, RunPaused)
-    trainer.poll_interval_s = 0.3  # both land in the paused trainer's next poll
+    done = _paused_in_thread(trainer, sink)
     _command(sink, "resume", "customer")
     _command(sink, "cancel", "operator")
     done.join(60)
@@ -96,11 +97,7 @@ def test_a_resume_and_a_cancel_in_one_poll_of_a_paused_run_cancel(tmp_path: Path
 
 def test_a_pause_after_a_resume_in_one_poll_pauses_again(tmp_path: Path) -> None:
     trainer, sink = _trainer(tmp_path)
-    _command(sink, "pause", "controller")
-    done = threading.Thread(target=lambda: (trainer.run_until(6), trainer.finish()))
-    done.start()
-    _wait_for(sink, RunPaused)
-    trainer.poll_interval_s = 0.3
+    done = _paused_in_thread(trainer, sink)
     _command(sink, "resume", "customer")
     _command(sink, "pause", "operator", "live")  # a writer that saw the resume coming
     _wait_for(sink, RunPaused, 2)
