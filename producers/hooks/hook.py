@@ -212,15 +212,16 @@ class RunwatchHook:
         if wall_s is not None:
             self._submit(self._step_timing, int(step), float(wall_s), time.time())
 
-    def obey(self, step: int | None) -> bool:
+    def obey(self, step: int | None, waiting: Callable[[], None] | None = None) -> bool:
         """Act on the run's commands at a step boundary (training thread, after the step
         was reported): a pause blocks here until an unpause or a cancel; True once the run
-        is cancelled — stop training (:mod:`producers.hooks.obey`)."""
+        is cancelled — stop training (:mod:`producers.hooks.obey`). ``waiting``: called
+        every poll while paused (a multi-process run's keepalive)."""
         follower = self.follower
         if follower is None or self._closed or (self._finished and not follower.cancelled):
             return False
         paused = follower.paused_s
-        stop = follower.obey(step)
+        stop = follower.obey(step, waiting)
         if follower.cancelled:
             self._finished = True  # RunCancelled is the run's last lifecycle fact
         if follower.paused_s != paused:

@@ -39,10 +39,10 @@ adapter on the training thread at every step boundary, after the step was report
 - A process started for a run cancelled before stops at its first look (nothing more is
   published).
 
-Assumption: one training process (a TRL run on one device, verl's single driver). In a
-multi-process TRL run only process zero has a hook, and blocking or stopping it alone
-would hang the others at their next collective: the callback does not obey there (the
-commands are recorded, the run state says so, the launcher stops the job).
+Assumption: one process follows the commands (a TRL run's process zero, verl's single
+driver). In a multi-process TRL run the other ranks take process zero's verdict at each
+step boundary (:mod:`producers.hooks.ranks`: a broadcast, with a keepalive while paused,
+``waiting``), so the whole world pauses and stops together.
 """
 
 from __future__ import annotations
@@ -125,9 +125,10 @@ class CommandFollower:
         self._stop = threading.Event()
         self._ready = threading.Event()  # the reader's first answer (paused? cancelled?)
 
-    def obey(self, step: int | None) -> bool:
+    def obey(self, step: int | None, waiting: Callable[[], None] | None = None) -> bool:
         """Act on the run's new commands; True once it is cancelled (stop training). Takes
-        what the reader found (no I/O here unless it pauses)."""
+        what the reader found (no I/O here unless it pauses). ``waiting``: called every
+        ``poll_s`` while paused (a multi-process run's keepalive, :mod:`.ranks`)."""
         if self._reader is None:  # the first look: the reader's first answer, briefly
             self._start_reader()
             self._ready.wait(START_WAIT_S)
@@ -136,7 +137,7 @@ class CommandFollower:
         queue: deque[Any] = deque(self._take())
         if self.still_paused is not None:  # the run was paused when this process started
             reason, self.still_paused = STILL_PAUSED + self.still_paused, None
-            if self._hold(reason, "", step, queue):
+            if self._hold(reason, "", step, queue, waiting):
                 return True
         while queue:
             if self._cancel_due(queue, step):
@@ -144,7 +145,8 @@ class CommandFollower:
             cmd = queue.popleft()
             if isinstance(cmd, PauseRequested):
                 who = f"{cmd.actor}{' ' + cmd.principal if cmd.principal else ''}"
-                if self._hold(f"paused by {who}: {cmd.reason}", str(cmd.event_id), step, queue):
+                why = f"paused by {who}: {cmd.reason}"
+                if self._hold(why, str(cmd.event_id), step, queue, waiting):
                     return True
         return False
 
@@ -177,13 +179,22 @@ class CommandFollower:
         self.cancelled = True
         return True
 
-    def _hold(self, reason: str, request_id: str, step: int | None, queue: deque[Any]) -> bool:
-        """Paused until an unpause (False) or a cancel (True)."""
+    def _hold(
+        self,
+        reason: str,
+        request_id: str,
+        step: int | None,
+        queue: deque[Any],
+        waiting: Callable[[], None] | None = None,
+    ) -> bool:
+        """Paused until an unpause (False) or a cancel (True); ``waiting()`` every poll."""
         t0 = time.perf_counter()
         self.publish(RunPaused, step, reason=reason, request_id=request_id)
         self.flush()
         log.warning("runwatch: run %s paused at step %s: %s", self.run_id, step, reason)
         while True:
+            if waiting is not None:
+                waiting()
             if not queue:
                 with contextlib.suppress(Empty):
                     queue.append(self._inbox.get(timeout=self.poll_s))

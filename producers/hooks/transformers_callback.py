@@ -13,8 +13,10 @@ What each callback publishes (through a :class:`~producers.hooks.hook.RunwatchHo
 - ``on_step_end``: ``StepPhaseTimed`` (the step's wall time; ``UsageRecorded`` too with
   ``gpus``); then the run's commands (:mod:`producers.hooks.obey`): a pause blocks the
   step's end until an unpause or a cancel, a cancel sets ``control.should_training_stop``
-  (``RunCancelled``; ``on_train_end`` then publishes no ``RunCompleted``). A run of
-  several processes does not obey (blocking process zero alone would hang the others);
+  (``RunCancelled``; ``on_train_end`` then publishes no ``RunCompleted``). In a run of
+  several processes (``torchrun``, ``accelerate launch``) every rank takes process
+  zero's verdict at the step's end (:mod:`producers.hooks.ranks`): they pause and stop
+  together;
 - ``on_log``: what ``runwatch import metrics`` writes for the row — ``reward``, ``kl``,
   ``entropy``, ``completions/*``, ``frac_reward_zero_std`` ... (set ``logging_steps=1``
   for a step event per optimizer step: detectors count steps by their number, a sparser
@@ -23,20 +25,25 @@ What each callback publishes (through a :class:`~producers.hooks.hook.RunwatchHo
   hook's worker thread, not the training thread);
 - ``on_train_end``: ``RunCompleted``, then the hook is flushed (``close_on_end``: closed).
 
-Only the world's process zero publishes (``state.is_world_process_zero``); the other
-ranks' callbacks do nothing. Time semantics: each event's ``ts`` is the wall clock when
-the callback ran.
+Only the world's process zero publishes and reads commands
+(``state.is_world_process_zero``); the other ranks' callbacks only take its verdict. Time
+semantics: each event's ``ts`` is the wall clock when the callback ran.
 """
 
 from __future__ import annotations
 
+import logging
 import os
+from collections.abc import Callable
 from typing import Any
 
 from transformers import TrainerCallback
 
 from producers.hooks.hook import RunwatchHook
 from producers.hooks.obey import RunCancelledByRunwatch
+from producers.hooks.ranks import WorldVerdict, world_verdict
+
+log = logging.getLogger("runwatch.hooks")
 
 #: TrainingArguments fields copied onto RunSubmitted.config when present.
 CONFIG_FIELDS = (
@@ -75,7 +82,9 @@ class RunwatchCallback(TrainerCallback):
         if hook is None and run_id is None:
             raise ValueError("RunwatchCallback needs run_id= (or hook=)")
         self._hook = hook
-        self._run_id = run_id
+        self._run_id = run_id if run_id is not None else hook.run_id  # type: ignore[union-attr]
+        self._world: WorldVerdict | None = None
+        self._said_alone = False
         self._tenant_id = tenant_id
         self._hook_kwargs = hook_kwargs
         self.close_on_end = close_on_end
@@ -93,13 +102,19 @@ class RunwatchCallback(TrainerCallback):
         return self._hook
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        if not state.is_world_process_zero:
-            return
+        self._world = world_verdict(args)
+        if state.is_world_process_zero:
+            self._start(args, state, kwargs.get("model"))
+        # a run paused when this process started stays paused (before its first step); a
+        # cancel here raises: transformers looks at should_training_stop only after a step
+        if self._verdict(args, state):
+            raise RunCancelledByRunwatch(f"run {self._run_id} was cancelled (runwatch)")
+
+    def _start(self, args: Any, state: Any, model: Any) -> None:
         hook = self._ensure(args)
         config = {name: getattr(args, name) for name in CONFIG_FIELDS if hasattr(args, name)}
         config["source"] = "transformers-callback"
         config["args_class"] = type(args).__name__
-        model = kwargs.get("model")
         name = getattr(getattr(model, "config", None), "_name_or_path", None)
         if name:
             config["model"] = str(name)
@@ -108,18 +123,35 @@ class RunwatchCallback(TrainerCallback):
             hook.start(config, resumed_from=path, resumed_step=state.global_step)
         else:
             hook.start(config)
-        # a run paused when this process started stays paused (before its first step); a
-        # cancel here raises: transformers looks at should_training_stop only after a step
-        if getattr(args, "world_size", 1) == 1 and hook.obey(state.global_step):
-            raise RunCancelledByRunwatch(f"run {hook.run_id} was cancelled (runwatch)")
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self._hook is not None and state.is_world_process_zero:
             self._hook.step_done(state.global_step)
-            # the run's commands: a pause blocks here, a cancel stops training (one
-            # process only: ranks left waiting at a collective would hang; see obey.py)
-            if getattr(args, "world_size", 1) == 1 and self._hook.obey(state.global_step):
-                control.should_training_stop = True
+        # the run's commands: a pause blocks here, a cancel stops training (every rank)
+        if self._verdict(args, state):
+            control.should_training_stop = True
+
+    def _verdict(self, args: Any, state: Any) -> bool:
+        """Stop training? Process zero acts on the run's commands (a pause blocks it
+        here); the other ranks of a multi-process run take its verdict (:mod:`.ranks`)."""
+        hook, step = self._hook, state.global_step
+
+        def decide(keepalive: Callable[[], None] | None = None) -> bool:
+            return hook is not None and hook.obey(step, keepalive)
+
+        if self._world is not None:
+            return self._world.share(decide)
+        if getattr(args, "world_size", 1) != 1:  # several processes, no process group
+            if not self._said_alone and state.is_world_process_zero:
+                self._said_alone = True
+                log.warning(
+                    "runwatch: run %s has %s processes but no torch.distributed process "
+                    "group: its commands are not followed (the run state still says them)",
+                    self._run_id,
+                    args.world_size,
+                )
+            return False
+        return decide()
 
     def on_log(
         self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kw: Any

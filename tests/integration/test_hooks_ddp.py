@@ -1,0 +1,93 @@
+"""A gate pauses and a cancel stops a customer's multi-process run (``torchrun``, two CPU
+processes on gloo, a plain ``transformers.Trainer`` with ``RunwatchCallback``:
+``tests/integration/ddp_driver.py``).
+
+Found by review: only process zero has a hook, and the callback did not obey in a run of
+several processes (blocking process zero alone would hang the others at their next
+collective), so on the usual multi-GPU job a fired gate stopped nothing. Now every rank
+takes process zero's verdict at each step's end (``producers.hooks.ranks``). The pause
+here lasts longer than the process group's timeout (``ddp_timeout``): the other rank
+waits through it on process zero's keepalive instead of failing the job.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from producers.commands import issue
+from tests.integration.hooks_support import embedded_events, tiny_model_dir
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+
+ROOT = Path(__file__).resolve().parents[2]
+RUN = "ddp-gated"
+DDP_TIMEOUT_S = 6
+PAUSED_S = 9.0  # longer than the process group's timeout
+
+
+def _steps(out: Path, rank: int) -> list[int]:
+    path = out / f"steps-rank{rank}.txt"
+    return [int(x) for x in path.read_text().split()] if path.exists() else []
+
+
+def test_every_rank_of_a_torchrun_job_pauses_and_stops_with_process_zero(tmp_path: Path) -> None:
+    model = tiny_model_dir(tmp_path / "model")
+    log_dir, out = tmp_path / "log", tmp_path / "out"
+    out.mkdir()
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    cmd = [
+        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+        str(ROOT / "tests/integration/ddp_driver.py"),
+        str(model), str(log_dir), str(out), RUN, "5000", str(DDP_TIMEOUT_S),
+    ]  # fmt: skip
+    job = subprocess.Popen(
+        cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+
+    def answers() -> list[str]:
+        if not log_dir.is_dir():
+            return []
+        kinds = ("RunPaused", "RunResumed", "RunCancelled", "RunCompleted")
+        return [e.type for e in embedded_events(log_dir, RUN) if e.type in kinds]
+
+    def wait(cond, what: str, timeout_s: float = 180.0) -> None:  # type: ignore[no-untyped-def]
+        deadline = time.monotonic() + timeout_s
+        while not cond():
+            if job.poll() is not None or time.monotonic() > deadline:
+                job.kill()
+                tail = job.communicate()[0][-3000:]
+                pytest.fail(f"waiting for {what}: {answers()}, rc={job.returncode}\n{tail}")
+            time.sleep(0.05)
+
+    try:
+        wait(lambda: len(_steps(out, 0)) >= 3 and len(_steps(out, 1)) >= 3, "steps")
+        issue(log_dir, RUN, "pause", actor="controller", principal="run_controller",
+              reason="kl_blowup (page)")  # fmt: skip
+        wait(lambda: answers() == ["RunPaused"], "RunPaused")
+        time.sleep(0.5)  # the other rank reaches the same boundary
+        held = (_steps(out, 0), _steps(out, 1))
+        time.sleep(PAUSED_S)
+        after = (_steps(out, 0), _steps(out, 1))
+        assert job.poll() is None, "the job died while paused"
+        issue(log_dir, RUN, "resume", actor="customer", principal="acme")
+        wait(lambda: len(_steps(out, 1)) >= len(held[1]) + 3, "steps after the resume")
+        issue(log_dir, RUN, "cancel", actor="customer", principal="acme")
+        output, _ = job.communicate(timeout=120)
+    finally:
+        if job.poll() is None:
+            job.kill()
+            job.communicate()
+    assert held == after, "a rank trained while the run was paused"
+    assert held[0][-1] == held[1][-1], held  # both held at the same step's end
+    assert job.returncode == 0, output[-3000:]
+    assert answers() == ["RunPaused", "RunResumed", "RunCancelled"]
+    done = sorted(line for line in output.splitlines() if line.startswith("done rank="))
+    last = _steps(out, 0)[-1]
+    assert done == [f"done rank=0 step={last}", f"done rank=1 step={last}"], output[-3000:]
+    assert last < 5000 and _steps(out, 1)[-1] == last  # stopped together, by the cancel
