@@ -21,6 +21,7 @@ DeadLetterKind = Literal[
     "validation_error",
     "foreign_tenant",
     "key_too_long",
+    "refused_at_ingest",
 ]
 
 

@@ -33,8 +33,12 @@ included, so those are still billed once.
 
 Every call returns at once and never raises into the training loop: the work is done by
 a :class:`~producers.hooks.publisher.Publisher` (bounded queue, worker thread, local
-spool when the log is unreachable). Where events go: ``kafka=BOOTSTRAP`` (or
-``$RUNWATCH_KAFKA``), else the embedded log ``log=DIR`` (or ``$RUNWATCH_LOG_DIR``, else
+spool when the log is unreachable). Where events go: ``gateway=URL`` with
+``api_key=KEY`` (or ``$RUNWATCH_GATEWAY`` / ``$RUNWATCH_API_KEY``: the ingest gateway,
+``runwatch serve ingest``; what a customer's process should use, as it then holds no
+broker credentials and can only publish its own tenant's hook events:
+:mod:`runwatch.apps.ingest_policy`), else ``kafka=BOOTSTRAP`` (or ``$RUNWATCH_KAFKA``),
+else the embedded log ``log=DIR`` (or ``$RUNWATCH_LOG_DIR``, else
 ``./runwatch-data/log``). The spool defaults to ``./runwatch-data/spool/<run>``
 (``$RUNWATCH_SPOOL_DIR`` is its parent).
 """
@@ -100,6 +104,8 @@ class RunwatchHook:
         *,
         kafka: str | None = None,
         log: str | os.PathLike[str] | None = None,
+        gateway: str | None = None,
+        api_key: str | None = None,
         spool: str | os.PathLike[str] | None = None,
         algorithm: str = "grpo",
         gpus: float | None = None,
@@ -131,9 +137,16 @@ class RunwatchHook:
             raise ValueError(f"RunwatchHook: bad producer {str(producer)[:80]!r}: {exc}") from None
         self.checkpoint_digest = checkpoint_digest
         self.report = MetricsImportReport()
-        kafka = kafka or os.environ.get("RUNWATCH_KAFKA") or None
+        gateway = gateway or os.environ.get("RUNWATCH_GATEWAY") or None
+        kafka = None if gateway else kafka or os.environ.get("RUNWATCH_KAFKA") or None
         log_dir = Path(log) if log else default_log_dir()
-        target = Target.kafka(kafka, write_timeout_s) if kafka else Target.embedded(log_dir)
+        open_reader: Callable[[], Any] | None = None
+        if gateway:
+            target, open_reader = self._gateway(gateway, api_key, write_timeout_s)
+        elif kafka:
+            target = Target.kafka(kafka, write_timeout_s)
+        else:
+            target = Target.embedded(log_dir)
         #: the run's commands, acted on at :meth:`obey` (None: ``follow_commands=False``)
         self.follower: CommandFollower | None = None
         if follow_commands:
@@ -142,6 +155,7 @@ class RunwatchHook:
                 tenant_id,
                 kafka=kafka,
                 log_dir=log_dir,
+                backend=open_reader,
                 publish=self._publish_now,
                 flush=lambda: self.flush(write_timeout_s),
                 poll_s=command_poll_s,
@@ -163,6 +177,24 @@ class RunwatchHook:
         self._last_step_end: float | None = None
         if install_exit_hooks:
             _install_exit_hooks(self)
+
+    def _gateway(
+        self, url: str, api_key: str | None, timeout_s: float
+    ) -> tuple[Target, Callable[[], Any]]:
+        """Where a hook behind the ingest gateway writes, and what its command reader
+        reads (:mod:`producers.hooks.gateway`). Its producer must be a hook's."""
+        from producers.hooks.gateway import GatewayLog
+
+        key = api_key or os.environ.get("RUNWATCH_API_KEY") or ""
+        if not key:
+            raise ValueError("RunwatchHook: gateway= needs api_key= (or $RUNWATCH_API_KEY)")
+        if not self.producer.startswith("hook/"):
+            raise ValueError(
+                f"RunwatchHook: behind a gateway the producer must begin 'hook/', not "
+                f"{self.producer[:80]!r}"
+            )
+        GatewayLog(url, key)  # a bad URL is refused here, not on the worker thread
+        return Target.gateway(url, key, timeout_s), lambda: GatewayLog(url, key, timeout_s=5.0)
 
     # -- facts (training thread: each call is a queue put) ------------------------------------
     def start(

@@ -32,10 +32,10 @@ adapter on the training thread at every step boundary, after the step was report
   ``RunResumed`` / ``RunCancelled`` name the request) is not acted on again; one written
   while no process followed (a cancel sent while it was down) is acted on at the first
   step boundary.
-- The reader reads the hook's target: the embedded log (read-only) or Kafka (a client of
-  its own; no call waits more than ``KAFKA_WAIT_S``). A reader that cannot be made or read
-  is said once in the log and taken as no command (made again after ``RETRY_S``): training
-  never fails on it. Only the run's own tenant's commands count.
+- The reader reads the hook's target: the embedded log (read-only), Kafka or the ingest
+  gateway (a client of its own; no call waits more than ``KAFKA_WAIT_S``). A reader that
+  cannot be made or read is said once in the log and taken as no command (made again
+  after ``RETRY_S``): training never fails on it. Only the run's own tenant's commands count.
 - A process started for a run cancelled before stops at its first look (nothing more is
   published).
 
@@ -98,12 +98,16 @@ class CommandFollower:
         kafka: str | None,
         log_dir: Path,
         publish: Publish,
+        backend: Callable[[], Any] | None = None,
         flush: Callable[[], Any],
         poll_s: float = 0.5,
         producer: str = "",
     ) -> None:
-        """``producer``: the hook's own producer name (its facts are this process's)."""
+        """``producer``: the hook's own producer name (its facts are this process's).
+        ``backend``: makes the log to read when it is neither Kafka nor the embedded log
+        (the ingest gateway's :class:`~producers.hooks.gateway.GatewayLog`)."""
         self.producer = producer
+        self.backend = backend
         self.run_id = run_id
         self.tenant_id = tenant_id
         self.kafka = kafka
@@ -245,14 +249,16 @@ class CommandFollower:
     def _open(self) -> CommandFeed | None:
         """The feed, made at the first look that can make it (an unreachable target is
         tried again after ``RETRY_S``; no call waits on Kafka more than ``KAFKA_WAIT_S``)."""
-        from producers.sinks import EmbeddedSink, KafkaSink
+        from producers.sinks import BackendSink, EmbeddedSink, KafkaSink
 
         if time.monotonic() < self._retry_at:
             return None
         if self._stop.is_set():
             return None
         try:
-            if self.kafka:
+            if self.backend is not None:
+                self._sink = BackendSink(self.backend(), timeout_s=KAFKA_WAIT_S)
+            elif self.kafka:
                 self._sink = KafkaSink(self.kafka, timeout_s=KAFKA_WAIT_S)
             else:
                 if not self.log_dir.is_dir():

@@ -108,6 +108,17 @@ class Target:
         return cls(f"kafka {bootstrap}", make)
 
     @classmethod
+    def gateway(cls, url: str, api_key: str, timeout_s: float) -> Target:
+        """The ingest gateway at ``url`` (``runwatch serve ingest``), as ``api_key``'s tenant."""
+
+        def make() -> LogBackend:
+            from producers.hooks.gateway import GatewayLog
+
+            return GatewayLog(url, api_key, timeout_s=timeout_s)
+
+        return cls(f"gateway {url}", make)
+
+    @classmethod
     def embedded(cls, directory: str | os.PathLike[str]) -> Target:
         return cls(f"log {directory}", lambda: EmbeddedLog(directory))
 

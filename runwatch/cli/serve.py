@@ -8,6 +8,9 @@
   a bearer token (``--token-file`` or ``$RUNWATCH_TRAJECTORY_TOKEN``); web pages may call
   it only from ``--cors-origin`` origins (docs/trajectory-api.md, threat model).
 - ``runwatch serve api``: the query API of the projections (when this build has it).
+- ``runwatch serve ingest --keys FILE``: the ingest gateway through which customers' hooks
+  publish and follow their runs with a tenant key, no broker credentials
+  (:mod:`runwatch.cli.serve_ingest`).
 """
 
 from __future__ import annotations
@@ -33,6 +36,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     from runwatch.cli.serve_api import add_api_arguments  # light: argparse only
 
     add_api_arguments(api)
+
+    ingest = sub.add_parser("ingest", help="the ingest gateway for customers' hooks")
+    from runwatch.cli.serve_ingest import add_ingest_arguments  # light: argparse only
+
+    add_ingest_arguments(ingest)
 
     t = sub.add_parser("trajectories", help="the Atropos-compatible trajectory API")
     t.add_argument("--host", default="127.0.0.1")
@@ -154,6 +162,10 @@ def byte_size(text: str) -> int:
 def run(args: argparse.Namespace, term: Terminal) -> int:
     if args.serve_command == "trajectories":
         return _trajectories(args, term)
+    if args.serve_command == "ingest":
+        from runwatch.cli.serve_ingest import serve
+
+        return serve(args, term)
     try:
         module = importlib.import_module("runwatch.cli.serve_api")
     except ImportError as exc:

@@ -1,0 +1,182 @@
+"""The ingest gateway: customers' hooks publish and follow their runs without broker access.
+
+A hook inside a customer's training process holds an API key of its tenant, not Kafka
+credentials. This app owns the log client and, for each request:
+
+- ``POST /v1/ingest/{topic}`` (``{"records": [{"key": "run-1", "value": "<event JSON>"}]}``):
+  every record judged by :func:`runwatch.apps.ingest_policy.admit` against the key's
+  tenant; admitted ones appended in order (durable before the answer: Kafka acks=all, the
+  embedded log's append), refused ones written to the dead-letter topic with the reason
+  (nothing lost, nothing reaches a run). Answer: where each admitted record landed and why
+  each refused one was refused (``200`` either way: a refusal is the record's, not the
+  request's; a retry of a refused record is refused again);
+- ``GET /v1/ingest/{topic}/partitions``, ``.../partitions/{p}/end``,
+  ``.../partitions/{p}/records?start=N``: the control and lifecycle topics only, records
+  of the key's tenant only (their real offsets), scanning at most :data:`SCAN_BUDGET`
+  records per request and saying where the scan stopped (``next``);
+- ``GET /v1/ingest/whoami``: the key's tenant (a hook checks its key at start).
+
+No key or an unknown one: ``401``; an operator key: ``403`` (operators command runs
+through the query API). Bodies need a valid key before a byte is read and stay under
+:data:`MAX_BODY_BYTES` (:class:`projections.auth.KeyedBodies`). The log is opened at
+startup and closed at shutdown; a log that fails a request answers ``503`` (the hook
+spools and retries).
+"""
+
+# No ``from __future__ import annotations`` here: FastAPI evaluates the routes' annotations
+# at runtime, and their ``Depends`` name functions local to :func:`create_app`.
+
+import contextlib
+from collections.abc import AsyncIterator, Callable
+from typing import Annotated, Any
+
+from fastapi import Depends, FastAPI, HTTPException
+from pydantic import BaseModel, ConfigDict, Field
+
+from events.dead_letter import DeadLetter
+from events.log.base import LogBackend
+from events.topics import DEAD_LETTER_TOPIC, TOPICS
+from projections.auth import KeyedBodies, principal_of
+from projections.keys import ApiKeys, Principal
+from runwatch.apps.ingest_policy import READABLE_TOPICS, admit, readable
+
+#: The largest request body (a hook sends batches well under this: ``GatewayLog``).
+MAX_BODY_BYTES = 4 << 20
+#: Records in one request at most.
+MAX_RECORDS = 5_000
+#: Records one read request scans at most (the caller goes on from ``next``).
+SCAN_BUDGET = 5_000
+
+
+class IngestRecord(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    key: str | None = Field(default=None, max_length=4096)
+    value: str
+
+
+class IngestBatch(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    records: list[IngestRecord] = Field(max_length=MAX_RECORDS)
+
+
+def create_app(open_log: Callable[[], LogBackend], keys: ApiKeys) -> FastAPI:
+    """The gateway over the log ``open_log()`` makes (opened at startup), for ``keys``."""
+    state: dict[str, LogBackend] = {}
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        log = open_log()
+        await log.start()
+        state["log"] = log
+        try:
+            yield
+        finally:
+            await log.close()
+
+    app = FastAPI(title="runwatch ingest gateway", version="1.0.0", lifespan=lifespan)
+    app.add_middleware(KeyedBodies, keys=keys, max_bytes=MAX_BODY_BYTES)
+    principal = principal_of(keys)
+
+    async def tenant(who: Annotated[Principal, Depends(principal)]) -> str:
+        if who.operator or not who.tenant_id:
+            raise HTTPException(403, "a tenant's key is required (operators use the query API)")
+        return who.tenant_id
+
+    def log() -> LogBackend:
+        return state["log"]
+
+    @app.get("/v1/ingest/whoami")
+    async def whoami(tenant_id: Annotated[str, Depends(tenant)]) -> dict[str, str]:
+        return {"tenant_id": tenant_id}
+
+    @app.post("/v1/ingest/{topic}")
+    async def publish(
+        topic: str, batch: IngestBatch, tenant_id: Annotated[str, Depends(tenant)]
+    ) -> dict[str, Any]:
+        if topic not in TOPICS:
+            raise HTTPException(404, f"no topic {topic[:100]!r}")
+        admitted: list[tuple[int, tuple[bytes | None, bytes]]] = []
+        refused: list[tuple[int, DeadLetter]] = []
+        for i, rec in enumerate(batch.records):
+            key = rec.key.encode() if rec.key is not None else None
+            value = rec.value.encode("utf-8", "surrogatepass")
+            verdict = admit(tenant_id, topic, key, value)
+            if isinstance(verdict, DeadLetter):
+                refused.append((i, verdict.model_copy(update={"source_topic": topic})))
+            else:
+                admitted.append((i, (key, value)))
+        try:
+            landed = await log().append_many(topic, [r for _, r in admitted]) if admitted else []
+            if refused:
+                letters = [(None, letter.encode()) for _, letter in refused]
+                await log().append_many(DEAD_LETTER_TOPIC, letters)
+        except Exception as exc:  # the log is away: the hook keeps the records and retries
+            raise HTTPException(503, f"the log refused the write: {type(exc).__name__}") from None
+        return {
+            "appended": [
+                {"index": i, "partition": a.partition, "offset": a.offset}
+                for (i, _), a in zip(admitted, landed, strict=True)
+            ],
+            "refused": [
+                {"index": i, "kind": letter.kind, "reason": letter.reason} for i, letter in refused
+            ],
+        }
+
+    def readable_topic(topic: str) -> str:
+        if topic not in READABLE_TOPICS:
+            raise HTTPException(403, f"a hook reads only {sorted(READABLE_TOPICS)}")
+        return topic
+
+    @app.get("/v1/ingest/{topic}/partitions")
+    async def partitions(topic: str, tenant_id: Annotated[str, Depends(tenant)]) -> dict[str, Any]:
+        return {"partitions": await _guarded(log().partitions(readable_topic(topic)))}
+
+    @app.get("/v1/ingest/{topic}/partitions/{partition}/end")
+    async def end(
+        topic: str, partition: int, tenant_id: Annotated[str, Depends(tenant)]
+    ) -> dict[str, int]:
+        return {"end": await _guarded(log().end_offset(readable_topic(topic), partition))}
+
+    @app.get("/v1/ingest/{topic}/partitions/{partition}/records")
+    async def records(
+        topic: str,
+        partition: int,
+        tenant_id: Annotated[str, Depends(tenant)],
+        start: int = 0,
+    ) -> dict[str, Any]:
+        readable_topic(topic)
+        if start < 0 or partition < 0:
+            raise HTTPException(422, "start and partition are offsets (>= 0)")
+        out, scanned, position = [], 0, start
+        try:
+            end_offset = await log().end_offset(topic, partition)
+            if start < end_offset:
+                async for rec in log().read(topic, partition, start, until_end=True):
+                    position, scanned = rec.offset + 1, scanned + 1
+                    if readable(tenant_id, rec.value):
+                        out.append(_record(rec))
+                    if scanned >= SCAN_BUDGET or position >= end_offset:
+                        break
+            else:
+                position = max(start, end_offset)
+        except Exception as exc:
+            raise HTTPException(503, f"the log refused the read: {type(exc).__name__}") from None
+        return {"records": out, "next": position, "end": end_offset}
+
+    return app
+
+
+def _record(rec: Any) -> dict[str, Any]:
+    return {
+        "offset": rec.offset,
+        "timestamp_ms": rec.timestamp_ms,
+        "key": rec.key.decode("utf-8", "replace") if rec.key is not None else None,
+        "value": rec.value.decode("utf-8", "surrogatepass"),
+    }
+
+
+async def _guarded(call: Any) -> Any:
+    try:
+        return await call
+    except Exception as exc:
+        raise HTTPException(503, f"the log refused the read: {type(exc).__name__}") from None

@@ -1,0 +1,56 @@
+"""``runwatch serve ingest``: the ingest gateway for customers' hooks.
+
+``runwatch serve ingest --keys keys.yaml [--kafka [BOOTSTRAP] | --log DIR] [--host H]
+[--port P]``: the app of :mod:`runwatch.apps.ingest_app` on ``--host/--port`` (default
+127.0.0.1:8790), appending to Kafka or the embedded log. Hooks then take
+``gateway=http://H:P`` and a tenant's API key instead of broker credentials
+(``docs/hooks.md``). The keys file is watched as the query API's is (an edit applies at
+the next request; SIGHUP reads it at once). Connections are bounded as for every runwatch
+server (:mod:`runwatch.apps.serving`).
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from runwatch import settings
+from runwatch.cli.terminal import Abort, Terminal
+
+
+def add_ingest_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of ``serve ingest`` (argparse only: imports nothing heavy)."""
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8790)
+    parser.add_argument(
+        "--kafka", nargs="?", const="", metavar="BOOTSTRAP", help="Kafka (default: embedded)"
+    )
+    parser.add_argument("--log", help="embedded log directory (default: $RUNWATCH_LOG_DIR)")
+    parser.add_argument("--keys", required=True, help="API keys file (YAML: key -> tenant)")
+    from runwatch.apps.serving import add_arguments as add_serving_arguments
+
+    add_serving_arguments(parser)
+
+
+def serve(args: argparse.Namespace, term: Terminal) -> int:
+    from projections.keys import ApiKeys
+    from runwatch.apps import serving
+    from runwatch.apps.http_errors import install
+    from runwatch.apps.ingest_app import create_app
+    from runwatch.apps.query_api import open_backend, watch_keys
+
+    try:
+        keys = ApiKeys.load(args.keys)
+    except ValueError as exc:
+        raise Abort(str(exc)) from None
+    watch_keys(keys, term.progress, term.error)
+    kafka = None
+    if args.kafka is not None:
+        kafka = settings.kafka_bootstrap(args.kafka or None)
+        if not kafka:
+            raise Abort("--kafka given but no broker configured (pass BOOTSTRAP)")
+    log_dir = settings.log_dir(args.log)
+    where = f"Kafka at {kafka}" if kafka else f"embedded log {log_dir}"
+    term.progress(f"ingest gateway on http://{args.host}:{args.port}, appending to {where}")
+    app = install(create_app(lambda: open_backend(kafka, log_dir), keys))
+    serving.serve(app, args.host, args.port, args, term.progress, term.warn, log_level="warning")
+    return 0

@@ -1,0 +1,270 @@
+"""A customer's hook behind the ingest gateway (``runwatch serve ingest``, a real server
+process over a real embedded log): it publishes its run and follows its commands with a
+tenant key and no broker access; what names another tenant, or is not a hook's to
+publish, is dead-lettered and never reaches a run; and the gateway killed (-9) mid-run
+and started again loses nothing (the hook spools meanwhile).
+
+Found by review: hooks run inside the customer's process and wrote straight to the shared
+topics, so a customer could write any tenant's events (bill another tenant, fire alerts,
+command runs) and read every tenant's commands and lifecycle (docs/threat-model.md).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+
+from events import AlertFired
+from events.codec import encode
+from events.dead_letter import DeadLetter
+from events.log.embedded import EmbeddedLog
+from events.topics import DEAD_LETTER_TOPIC
+from producers.commands import issue, write_command
+from producers.hooks import RunwatchHook
+from producers.sinks import KafkaSink
+from tests.event_samples import sample
+from tests.integration.hooks_support import embedded_events, kafka_events
+
+pytestmark = pytest.mark.timeout(240)
+
+ROOT = Path(__file__).resolve().parents[2]
+A, B = "key-of-tenant-a", "key-of-tenant-b"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Gateway:
+    """``runwatch serve ingest`` as a process of its own."""
+
+    def __init__(self, tmp: Path, kafka: str | None = None) -> None:
+        self.log_dir, self.keys, self.port = tmp / "log", tmp / "keys.yaml", _free_port()
+        self.where = ["--kafka", kafka] if kafka else ["--log", str(self.log_dir)]
+        self.keys.write_text(
+            yaml.safe_dump(
+                {"keys": [{"key": A, "tenant": "tenant-a"}, {"key": B, "tenant": "tenant-b"}]}
+            )
+        )
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.proc: subprocess.Popen[str] | None = None
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen(
+            [
+                sys.executable, "-m", "runwatch.cli.main", "serve", "ingest", *self.where,
+                "--keys", str(self.keys), "--port", str(self.port),
+            ],
+            cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                r = httpx.get(f"{self.url}/v1/ingest/whoami", headers={"X-API-Key": A})
+                if r.status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            assert self.proc.poll() is None, self.proc.communicate()[1]
+            assert time.monotonic() < deadline, "the gateway did not start"
+            time.sleep(0.1)
+
+    def kill(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(10)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(10)
+
+
+@pytest.fixture
+def gateway(tmp_path: Path):  # type: ignore[no-untyped-def]
+    gw = Gateway(tmp_path)
+    gw.start()
+    yield gw
+    gw.stop()
+
+
+def _hook(gw: Gateway, tmp: Path, run: str, tenant: str, key: str) -> RunwatchHook:
+    return RunwatchHook(
+        run, tenant, gateway=gw.url, api_key=key, spool=tmp / f"spool-{run}-{tenant}",
+        install_exit_hooks=False, command_poll_s=0.05, retry_s=0.2, gpus=1,
+    )  # fmt: skip
+
+
+def _letters(log_dir: Path) -> list[DeadLetter]:
+    log = EmbeddedLog(log_dir, readonly=True)
+    log.open_sync()
+    if DEAD_LETTER_TOPIC not in log.topic_names():
+        return []
+    return [DeadLetter.model_validate_json(r.value) for r in log.read_sync(DEAD_LETTER_TOPIC, 0)]
+
+
+def test_a_hook_publishes_and_obeys_through_the_gateway_and_forgeries_go_nowhere(
+    gateway: Gateway, tmp_path: Path
+) -> None:
+    hook = _hook(gateway, tmp_path, "gw-run", "tenant-a", A)
+    hook.start({"lr": 1e-3})
+    steps: list[int] = []
+
+    def train() -> None:  # a training loop: a step, then the run's commands at its end
+        step = 0
+        while step < 2000:
+            step += 1
+            hook.log({"reward": 0.001 * step, "kl": 0.01}, step=step)
+            hook.step_done(step, wall_s=0.02)
+            steps.append(step)
+            if hook.obey(step):
+                return
+            time.sleep(0.02)
+
+    def kinds() -> list[str]:
+        return [e.type for e in embedded_events(gateway.log_dir, "gw-run")]
+
+    def wait(cond, what: str) -> None:  # type: ignore[no-untyped-def]
+        deadline = time.monotonic() + 60
+        while not cond():
+            assert time.monotonic() < deadline, f"{what} was not followed through the gateway"
+            time.sleep(0.05)
+
+    loop = threading.Thread(target=train)
+    loop.start()
+    wait(lambda: len(steps) >= 3 and "TrainerStepCompleted" in kinds(), "the first steps")
+    # the controller pauses the run; the loop blocks at a step's end until a resume
+    issue(gateway.log_dir, "gw-run", "pause", actor="controller", principal="run_controller",
+          reason="kl_blowup (page)")  # fmt: skip
+    wait(lambda: "RunPaused" in kinds(), "the pause")
+    held = len(steps)
+    time.sleep(1.0)
+    assert len(steps) == held and loop.is_alive()  # paused: no step
+    issue(gateway.log_dir, "gw-run", "resume", actor="customer", principal="tenant-a")
+    wait(lambda: len(steps) >= held + 3, "the resume")
+    issue(gateway.log_dir, "gw-run", "cancel", actor="customer", principal="tenant-a")
+    loop.join(60)
+    assert not loop.is_alive() and steps[-1] < 2000, "the cancel was not followed"
+    hook.close(30)
+
+    events = embedded_events(gateway.log_dir, "gw-run")
+    seen = [e.type for e in events]
+    assert {"RunSubmitted", "RunStarted", "TrainerStepCompleted", "UsageRecorded"} <= set(seen)
+    assert [k for k in seen if k in ("RunPaused", "RunResumed", "RunCancelled")] == [
+        "RunPaused", "RunResumed", "RunCancelled"
+    ]  # fmt: skip
+    assert {e.tenant_id for e in events} == {"tenant-a"}
+
+    # tenant a's key naming tenant b: every event dead-lettered, nothing of b's on the log
+    forger = _hook(gateway, tmp_path, "victim-run", "tenant-b", A)
+    forger.start()
+    forger.log({"reward": 0.0}, step=1)
+    forger.close(30)
+    assert [e for e in embedded_events(gateway.log_dir, "victim-run")] == []
+    letters = _letters(gateway.log_dir)
+    assert letters and {d.kind for d in letters} == {"foreign_tenant"}
+    # an alert from a hook (to page and pause someone): refused, even under its own tenant
+    alert = sample(AlertFired, run_id="gw-run").model_copy(update={"producer": "hook/x"})
+    r = httpx.post(
+        f"{gateway.url}/v1/ingest/runwatch.alerts",
+        json={"records": [{"key": "gw-run", "value": encode(alert).decode()}]},
+        headers={"Authorization": f"Bearer {A}"},
+    )
+    assert r.status_code == 200 and r.json()["refused"][0]["kind"] == "refused_at_ingest"
+    assert "AlertFired" not in [e.type for e in embedded_events(gateway.log_dir, "gw-run")]
+    # tenant b reads none of tenant a's commands or lifecycle facts
+    for topic in ("runwatch.control", "runwatch.lifecycle"):
+        page = httpx.get(
+            f"{gateway.url}/v1/ingest/{topic}/partitions/0/records",
+            headers={"Authorization": f"Bearer {B}"},
+        ).json()
+        assert page["records"] == [] and page["end"] > 0
+
+
+def test_the_gateway_killed_mid_run_loses_nothing(gateway: Gateway, tmp_path: Path) -> None:
+    hook = _hook(gateway, tmp_path, "gw-chaos", "tenant-a", A)
+    hook.start()
+    sent = 0
+    for step in range(1, 61):
+        if step == 20:
+            gateway.kill()
+        if step == 40:
+            gateway.start()
+        hook.log({"reward": 0.01 * step}, step=step)
+        sent += 1
+        time.sleep(0.01)
+    stats = hook.close(60)
+    assert stats.outages >= 1 and stats.spooled > 0 and stats.left_in_spool == 0, stats
+    events = embedded_events(gateway.log_dir, "gw-chaos")
+    unique = {e.event_id: e for e in events}
+    seqs = sorted(e.seq for e in unique.values())
+    assert seqs == list(range(len(seqs))), "a gap: an event was lost"
+    steps = sorted(e.step for e in unique.values() if e.type == "TrainerStepCompleted")
+    assert steps == list(range(1, sent + 1))
+    print(
+        f"\ngateway killed at step 20, back at 40: {sent} rows logged, {len(unique)} events "
+        f"stored, {len(events) - len(unique)} duplicates, 0 lost; {stats.spooled} spooled, "
+        f"{stats.shipped_from_spool} shipped from the spool"
+    )
+
+
+def test_a_hook_behind_a_gateway_on_kafka_is_paused_and_cancelled(
+    kafka_bootstrap: str, tmp_path: Path
+) -> None:
+    """The same gateway over the real broker: the hook's events land on Kafka under its
+    tenant, and it follows a pause and a cancel written to the broker's control topic."""
+    run = f"gw-kafka-{time.time_ns()}"
+    gw = Gateway(tmp_path, kafka=kafka_bootstrap)
+    gw.start()
+    hook = _hook(gw, tmp_path, run, "tenant-a", A)
+    steps: list[int] = []
+
+    def train() -> None:
+        for step in range(1, 2000):
+            hook.log({"reward": 0.001 * step}, step=step)
+            steps.append(step)
+            if hook.obey(step):
+                return
+            time.sleep(0.02)
+
+    commands = KafkaSink(kafka_bootstrap, timeout_s=30)
+    try:
+        hook.start()
+        loop = threading.Thread(target=train)
+        loop.start()
+        deadline = time.monotonic() + 60
+        while len(steps) < 3:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        for action in ("pause", "cancel"):
+            write_command(commands, run_id=run, tenant_id="tenant-a", action=action,
+                          phase="running" if action == "pause" else "paused",
+                          actor="customer", principal="tenant-a")  # fmt: skip
+            if action == "pause":
+                while "RunPaused" not in [e.type for e in kafka_events(kafka_bootstrap, run)]:
+                    assert time.monotonic() < deadline + 60, "no RunPaused on Kafka"
+                    time.sleep(0.2)
+        loop.join(60)
+        assert not loop.is_alive(), "the cancel was not followed"
+        hook.close(30)
+    finally:
+        commands.close()
+        gw.stop()
+    events = kafka_events(kafka_bootstrap, run)
+    lifecycle = [e.type for e in events if e.type.startswith("Run")]
+    assert lifecycle[-2:] == ["RunPaused", "RunCancelled"], lifecycle
+    assert {e.tenant_id for e in events} == {"tenant-a"}
+    assert len([e for e in events if e.type == "TrainerStepCompleted"]) == len(steps)

@@ -1,0 +1,185 @@
+"""The ingest gateway's judgement and its app (a real ASGI app over a real embedded log,
+in process): a tenant's hook publishes only its own tenant's hook events and reads only
+its own tenant's commands and lifecycle facts; what it may not publish is dead-lettered
+with the reason, never appended where a run would see it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+from fastapi.testclient import TestClient
+
+from events import AlertFired, PauseRequested, TenantUsageUpdated, TrainerStepCompleted
+from events.catalog.lifecycle import RunPaused, RunStarted
+from events.codec import decode, encode
+from events.dead_letter import DeadLetter
+from events.envelope import EventBase
+from events.log.embedded import EmbeddedLog
+from events.topics import DEAD_LETTER_TOPIC
+from projections.keys import ApiKeys
+from runwatch.apps.ingest_app import create_app
+from runwatch.apps.ingest_policy import HOOK_EVENTS, admit, readable
+from tests.event_samples import sample
+
+A, B, OPS = "key-of-a", "key-of-b", "key-of-ops"
+
+
+def _hooked(cls: type[EventBase], tenant: str = "tenant-a", run: str = "run-1") -> EventBase:
+    ev = sample(cls, run_id=run)
+    return ev.model_copy(update={"tenant_id": tenant, "producer": "hook/run-1/abc"})
+
+
+def _admit(ev: EventBase, tenant: str = "tenant-a", topic: str | None = None) -> object:
+    return admit(tenant, topic or type(ev).TOPIC, ev.key(), encode(ev))
+
+
+def test_a_hooks_own_event_is_admitted_unchanged() -> None:
+    ev = _hooked(TrainerStepCompleted)
+    assert _admit(ev) == ev
+
+
+@pytest.mark.parametrize(
+    ("ev", "kind", "says"),
+    [
+        (_hooked(TrainerStepCompleted, tenant="tenant-b"), "foreign_tenant", "'tenant-b'"),
+        (_hooked(AlertFired), "refused_at_ingest", "may not publish AlertFired"),
+        (_hooked(TenantUsageUpdated), "refused_at_ingest", "may not publish TenantUsage"),
+        (_hooked(PauseRequested), "refused_at_ingest", "may not publish PauseRequested"),
+        (
+            _hooked(TrainerStepCompleted).model_copy(update={"producer": "trainer/run-1"}),
+            "refused_at_ingest",
+            "not a hook's",
+        ),
+    ],
+)
+def test_what_a_hook_may_not_publish_is_a_dead_letter_with_the_reason(
+    ev: EventBase, kind: str, says: str
+) -> None:
+    letter = _admit(ev)
+    assert isinstance(letter, DeadLetter)
+    assert letter.kind == kind and says in letter.reason, letter.reason
+    assert letter.raw == encode(ev)  # nothing lost
+
+
+def test_wrong_topic_wrong_key_and_bad_json_are_refused() -> None:
+    ev = _hooked(TrainerStepCompleted)
+    assert "belongs on runwatch.telemetry" in _admit(ev, topic="runwatch.lifecycle").reason  # type: ignore[attr-defined]
+    letter = admit("tenant-a", "runwatch.telemetry", b"other-run", encode(ev))
+    assert isinstance(letter, DeadLetter) and "keyed by its run id" in letter.reason
+    letter = admit("tenant-a", "runwatch.telemetry", b"run-1", b"{not json")
+    assert isinstance(letter, DeadLetter) and letter.kind == "malformed_json"
+
+
+def test_every_hook_event_type_is_a_registered_event() -> None:
+    from events.envelope import event_classes
+
+    assert set(event_classes()) >= HOOK_EVENTS
+
+
+def test_a_hook_reads_only_its_own_tenants_records() -> None:
+    assert readable("tenant-a", encode(_hooked(RunPaused)))
+    assert not readable("tenant-a", encode(_hooked(RunPaused, tenant="tenant-b")))
+    assert not readable("tenant-a", b"\xff garbage")
+
+
+# -- the app, in process, over a real embedded log ------------------------------------------
+
+
+@pytest.fixture
+def gateway(tmp_path: Path) -> tuple[TestClient, Path]:
+    keys = tmp_path / "keys.yaml"
+    keys.write_text(
+        yaml.safe_dump(
+            {
+                "keys": [
+                    {"key": A, "tenant": "tenant-a"},
+                    {"key": B, "tenant": "tenant-b"},
+                    {"key": OPS, "operator": True},
+                ]
+            }
+        )
+    )
+    log_dir = tmp_path / "log"
+    app = create_app(lambda: EmbeddedLog(log_dir), ApiKeys.load(keys))
+    with TestClient(app) as client:
+        yield client, log_dir
+
+
+def _h(key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}
+
+
+def _body(*events: EventBase) -> dict[str, object]:
+    return {"records": [{"key": e.run_id, "value": encode(e).decode()} for e in events]}
+
+
+def _on_log(log_dir: Path, topic: str) -> list[object]:
+    log = EmbeddedLog(log_dir, readonly=True)
+    log.open_sync()
+    if topic not in log.topic_names():
+        return []
+    return [
+        decode(r.value) if topic != DEAD_LETTER_TOPIC else r.value for r in log.read_sync(topic, 0)
+    ]
+
+
+def test_the_app_appends_a_tenants_events_and_dead_letters_the_rest(
+    gateway: tuple[TestClient, Path],
+) -> None:
+    client, log_dir = gateway
+    own, forged = _hooked(RunStarted), _hooked(RunStarted, tenant="tenant-b", run="run-b")
+    r = client.post("/v1/ingest/runwatch.lifecycle", json=_body(own, forged), headers=_h(A))
+    assert r.status_code == 200, r.text
+    answer = r.json()
+    assert [a["index"] for a in answer["appended"]] == [0]
+    assert answer["refused"] == [
+        {"index": 1, "kind": "foreign_tenant", "reason": answer["refused"][0]["reason"]}
+    ]
+    assert _on_log(log_dir, "runwatch.lifecycle") == [own]
+    letters = [DeadLetter.model_validate_json(v) for v in _on_log(log_dir, DEAD_LETTER_TOPIC)]
+    assert [(d.kind, d.raw, d.source_topic) for d in letters] == [
+        ("foreign_tenant", encode(forged), "runwatch.lifecycle")
+    ]
+
+
+def test_keys_decide_who_may_write_and_read(gateway: tuple[TestClient, Path]) -> None:
+    client, _ = gateway
+    body = _body(_hooked(RunStarted))
+    assert client.post("/v1/ingest/runwatch.lifecycle", json=body).status_code == 401
+    assert (
+        client.post("/v1/ingest/runwatch.lifecycle", json=body, headers=_h("nope")).status_code
+        == 401
+    )
+    assert (
+        client.post("/v1/ingest/runwatch.lifecycle", json=body, headers=_h(OPS)).status_code == 403
+    )
+    assert client.post("/v1/ingest/no.such.topic", json=body, headers=_h(A)).status_code == 404
+    assert client.get("/v1/ingest/whoami", headers=_h(B)).json() == {"tenant_id": "tenant-b"}
+    # a hook reads the control and lifecycle topics only
+    r = client.get("/v1/ingest/runwatch.telemetry/partitions", headers=_h(A))
+    assert r.status_code == 403
+
+
+def test_a_tenant_reads_its_own_records_at_their_offsets_and_none_of_anothers(
+    gateway: tuple[TestClient, Path],
+) -> None:
+    client, _ = gateway
+    mine = [_hooked(RunStarted, run=f"a-{i}") for i in range(3)]
+    theirs = [_hooked(RunStarted, tenant="tenant-b", run=f"b-{i}") for i in range(3)]
+    for a, b in zip(mine, theirs, strict=True):
+        client.post("/v1/ingest/runwatch.lifecycle", json=_body(a), headers=_h(A))
+        client.post("/v1/ingest/runwatch.lifecycle", json=_body(b), headers=_h(B))
+    assert client.get("/v1/ingest/runwatch.lifecycle/partitions", headers=_h(A)).json() == {
+        "partitions": [0]
+    }
+    end = client.get("/v1/ingest/runwatch.lifecycle/partitions/0/end", headers=_h(A)).json()
+    assert end == {"end": 6}
+    page = client.get(
+        "/v1/ingest/runwatch.lifecycle/partitions/0/records", params={"start": 1}, headers=_h(A)
+    ).json()
+    assert [r["offset"] for r in page["records"]] == [2, 4]  # a's at offsets 0, 2, 4
+    assert [decode(r["value"].encode()) for r in page["records"]] == mine[1:]
+    assert (page["next"], page["end"]) == (6, 6)
