@@ -208,17 +208,18 @@ class CommandRate:
         self.rate, self.burst, self.clock = rate, burst, clock
         self._buckets: dict[str, tuple[float, float]] = {}
 
-    def wait(self, who: str) -> float:
-        """0 if ``who`` may send a command now (its token is taken), else the seconds
-        until it may."""
+    def wait(self, who: str, n: float = 1.0) -> float:
+        """0 if ``who`` may send ``n`` commands (or records) now (its tokens are taken),
+        else the seconds until it may. ``n`` beyond the burst counts as the burst."""
+        need = min(float(n), float(self.burst))
         now = self.clock()
         tokens, then = self._buckets.get(who, (float(self.burst), now))
         tokens = min(float(self.burst), tokens + (now - then) * self.rate)
-        if tokens >= 1.0:
-            self._buckets[who] = (tokens - 1.0, now)
+        if tokens >= need:
+            self._buckets[who] = (tokens - need, now)
             return 0.0
         self._buckets[who] = (tokens, now)
-        return (1.0 - tokens) / self.rate
+        return (need - tokens) / self.rate
 
 
 def create_app(

@@ -17,16 +17,19 @@ credentials. This app owns the log client and, for each request:
 - ``GET /v1/ingest/whoami``: the key's tenant (a hook checks its key at start).
 
 No key or an unknown one: ``401``; an operator key: ``403`` (operators command runs
-through the query API). Bodies need a valid key before a byte is read and stay under
-:data:`MAX_BODY_BYTES` (:class:`projections.auth.KeyedBodies`). The log is opened at
-startup and closed at shutdown; a log that fails a request answers ``503`` (the hook
-spools and retries).
+through the query API). Each tenant may write ``record_burst`` records at once, then
+``record_rate`` a second, and read ``read_burst`` pages at once, then ``read_rate`` a
+second: beyond them ``429`` with ``Retry-After`` (the hook spools and retries). Bodies
+need a valid key before a byte is read and stay under :data:`MAX_BODY_BYTES`
+(:class:`projections.auth.KeyedBodies`). The log is opened at startup and closed at
+shutdown; a log that fails a request answers ``503`` (the hook spools and retries).
 """
 
 # No ``from __future__ import annotations`` here: FastAPI evaluates the routes' annotations
 # at runtime, and their ``Depends`` name functions local to :func:`create_app`.
 
 import contextlib
+import math
 from collections.abc import AsyncIterator, Callable
 from typing import Annotated, Any
 
@@ -36,6 +39,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from events.dead_letter import DeadLetter
 from events.log.base import LogBackend
 from events.topics import DEAD_LETTER_TOPIC, TOPICS
+from projections.api import CommandRate
 from projections.auth import KeyedBodies, principal_of
 from projections.keys import ApiKeys, Principal
 from runwatch.apps.ingest_policy import READABLE_TOPICS, admit, readable
@@ -46,6 +50,10 @@ MAX_BODY_BYTES = 4 << 20
 MAX_RECORDS = 5_000
 #: Records one read request scans at most (the caller goes on from ``next``).
 SCAN_BUDGET = 5_000
+#: Each tenant's records written per second, and at once (a hook writes ~5 per step).
+RECORD_RATE, RECORD_BURST = 5_000.0, 50_000
+#: Each tenant's read requests per second, and at once (a hook polls ~6 a second).
+READ_RATE, READ_BURST = 100.0, 1_000
 
 
 class IngestRecord(BaseModel):
@@ -59,9 +67,25 @@ class IngestBatch(BaseModel):
     records: list[IngestRecord] = Field(max_length=MAX_RECORDS)
 
 
-def create_app(open_log: Callable[[], LogBackend], keys: ApiKeys) -> FastAPI:
-    """The gateway over the log ``open_log()`` makes (opened at startup), for ``keys``."""
+def create_app(
+    open_log: Callable[[], LogBackend],
+    keys: ApiKeys,
+    *,
+    record_rate: float = RECORD_RATE,
+    record_burst: int = RECORD_BURST,
+    read_rate: float = READ_RATE,
+    read_burst: int = READ_BURST,
+) -> FastAPI:
+    """The gateway over the log ``open_log()`` makes (opened at startup), for ``keys``,
+    with each tenant's write and read limits (module docstring)."""
     state: dict[str, LogBackend] = {}
+    writes, reads = CommandRate(record_rate, record_burst), CommandRate(read_rate, read_burst)
+
+    def limited(bucket: CommandRate, tenant_id: str, n: float = 1.0) -> None:
+        wait = bucket.wait(tenant_id, n)
+        if wait > 0:
+            retry = str(max(1, math.ceil(wait)))
+            raise HTTPException(429, "over this tenant's rate: retry later", {"Retry-After": retry})
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -95,6 +119,7 @@ def create_app(open_log: Callable[[], LogBackend], keys: ApiKeys) -> FastAPI:
     ) -> dict[str, Any]:
         if topic not in TOPICS:
             raise HTTPException(404, f"no topic {topic[:100]!r}")
+        limited(writes, tenant_id, len(batch.records))
         admitted: list[tuple[int, tuple[bytes | None, bytes]]] = []
         refused: list[tuple[int, DeadLetter]] = []
         for i, rec in enumerate(batch.records):
@@ -122,20 +147,23 @@ def create_app(open_log: Callable[[], LogBackend], keys: ApiKeys) -> FastAPI:
             ],
         }
 
-    def readable_topic(topic: str) -> str:
+    def readable_topic(topic: str, tenant_id: str) -> str:
         if topic not in READABLE_TOPICS:
             raise HTTPException(403, f"a hook reads only {sorted(READABLE_TOPICS)}")
+        limited(reads, tenant_id)
         return topic
 
     @app.get("/v1/ingest/{topic}/partitions")
     async def partitions(topic: str, tenant_id: Annotated[str, Depends(tenant)]) -> dict[str, Any]:
-        return {"partitions": await _guarded(log().partitions(readable_topic(topic)))}
+        return {"partitions": await _guarded(log().partitions(readable_topic(topic, tenant_id)))}
 
     @app.get("/v1/ingest/{topic}/partitions/{partition}/end")
     async def end(
         topic: str, partition: int, tenant_id: Annotated[str, Depends(tenant)]
     ) -> dict[str, int]:
-        return {"end": await _guarded(log().end_offset(readable_topic(topic), partition))}
+        return {
+            "end": await _guarded(log().end_offset(readable_topic(topic, tenant_id), partition))
+        }
 
     @app.get("/v1/ingest/{topic}/partitions/{partition}/records")
     async def records(
@@ -144,7 +172,7 @@ def create_app(open_log: Callable[[], LogBackend], keys: ApiKeys) -> FastAPI:
         tenant_id: Annotated[str, Depends(tenant)],
         start: int = 0,
     ) -> dict[str, Any]:
-        readable_topic(topic)
+        readable_topic(topic, tenant_id)
         if start < 0 or partition < 0:
             raise HTTPException(422, "start and partition are offsets (>= 0)")
         out, scanned, position = [], 0, start

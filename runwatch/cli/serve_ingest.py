@@ -4,9 +4,11 @@
 [--port P]``: the app of :mod:`runwatch.apps.ingest_app` on ``--host/--port`` (default
 127.0.0.1:8790), appending to Kafka or the embedded log. Hooks then take
 ``gateway=http://H:P`` and a tenant's API key instead of broker credentials
-(``docs/hooks.md``). The keys file is watched as the query API's is (an edit applies at
-the next request; SIGHUP reads it at once). Connections are bounded as for every runwatch
-server (:mod:`runwatch.apps.serving`).
+(``docs/hooks.md``). Each tenant's writes and reads are rate-limited (``--record-rate``,
+``--record-burst``, ``--read-rate``, ``--read-burst``: 429 with ``Retry-After`` beyond).
+The keys file is watched as the query API's is (an edit applies at the next request;
+SIGHUP reads it at once). Connections are bounded as for every runwatch server
+(:mod:`runwatch.apps.serving`).
 """
 
 from __future__ import annotations
@@ -26,6 +28,18 @@ def add_ingest_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--log", help="embedded log directory (default: $RUNWATCH_LOG_DIR)")
     parser.add_argument("--keys", required=True, help="API keys file (YAML: key -> tenant)")
+    parser.add_argument(
+        "--record-rate", type=float, default=5000.0, help="records a tenant may write a second"
+    )
+    parser.add_argument(
+        "--record-burst", type=int, default=50_000, help="records a tenant may write at once"
+    )
+    parser.add_argument(
+        "--read-rate", type=float, default=100.0, help="read requests a tenant may make a second"
+    )
+    parser.add_argument(
+        "--read-burst", type=int, default=1000, help="read requests a tenant may make at once"
+    )
     from runwatch.apps.serving import add_arguments as add_serving_arguments
 
     add_serving_arguments(parser)
@@ -42,6 +56,8 @@ def serve(args: argparse.Namespace, term: Terminal) -> int:
         keys = ApiKeys.load(args.keys)
     except ValueError as exc:
         raise Abort(str(exc)) from None
+    if min(args.record_rate, args.read_rate) <= 0 or min(args.record_burst, args.read_burst) < 1:
+        raise Abort("the rates must be positive and the bursts at least 1")
     watch_keys(keys, term.progress, term.error)
     kafka = None
     if args.kafka is not None:
@@ -51,6 +67,12 @@ def serve(args: argparse.Namespace, term: Terminal) -> int:
     log_dir = settings.log_dir(args.log)
     where = f"Kafka at {kafka}" if kafka else f"embedded log {log_dir}"
     term.progress(f"ingest gateway on http://{args.host}:{args.port}, appending to {where}")
-    app = install(create_app(lambda: open_backend(kafka, log_dir), keys))
+    limits = {
+        "record_rate": args.record_rate,
+        "record_burst": args.record_burst,
+        "read_rate": args.read_rate,
+        "read_burst": args.read_burst,
+    }
+    app = install(create_app(lambda: open_backend(kafka, log_dir), keys, **limits))
     serving.serve(app, args.host, args.port, args, term.progress, term.warn, log_level="warning")
     return 0

@@ -183,3 +183,31 @@ def test_a_tenant_reads_its_own_records_at_their_offsets_and_none_of_anothers(
     assert [r["offset"] for r in page["records"]] == [2, 4]  # a's at offsets 0, 2, 4
     assert [decode(r["value"].encode()) for r in page["records"]] == mine[1:]
     assert (page["next"], page["end"]) == (6, 6)
+
+
+def test_a_tenant_over_its_rate_is_told_when_to_retry(tmp_path: Path) -> None:
+    keys = tmp_path / "keys.yaml"
+    keys.write_text(
+        yaml.safe_dump(
+            {"keys": [{"key": A, "tenant": "tenant-a"}, {"key": B, "tenant": "tenant-b"}]}
+        )
+    )
+    app = create_app(
+        lambda: EmbeddedLog(tmp_path / "log"), ApiKeys.load(keys),
+        record_rate=1.0, record_burst=3, read_rate=1.0, read_burst=2,
+    )  # fmt: skip
+    with TestClient(app) as client:
+        body = _body(*(_hooked(RunStarted, run=f"r-{i}") for i in range(3)))
+        assert (
+            client.post("/v1/ingest/runwatch.lifecycle", json=body, headers=_h(A)).status_code
+            == 200
+        )
+        r = client.post("/v1/ingest/runwatch.lifecycle", json=body, headers=_h(A))
+        assert r.status_code == 429 and int(r.headers["Retry-After"]) >= 1
+        other = _body(_hooked(RunStarted, tenant="tenant-b", run="b"))
+        assert (
+            client.post("/v1/ingest/runwatch.lifecycle", json=other, headers=_h(B)).status_code
+            == 200
+        )
+        url = "/v1/ingest/runwatch.lifecycle/partitions"
+        assert [client.get(url, headers=_h(A)).status_code for _ in range(3)] == [200, 200, 429]
