@@ -11,7 +11,8 @@
 # vLLM: the trainer runs the torch sampler on the GPU, events go to the embedded log.
 #
 # 1. tests/integration/test_trainer_cuda.py: kill -9 + bitwise resume on CUDA, GPU
-#    billing, a GPU checkpoint read with CUDA hidden;
+#    billing, a GPU checkpoint read with CUDA hidden; tests/integration/test_hooks_cuda.py:
+#    a multi-process run's verdict broadcast on NCCL (a CUDA tensor);
 # 2. benchmarks/trainer_bench.py on cuda, then on cpu, same machine (the ratio is the
 #    figure; absolute rates move between machines): the test config (84k parameters),
 #    then its steps alone at hidden 512 x 4 layers (5.0M parameters).
@@ -43,7 +44,8 @@ step() {  # step NAME SECONDS CMD...: run, keep its output in $OUT/NAME.log
 nvidia-smi -L
 "$PY" -c 'import torch, transformers; print("torch", torch.__version__, "transformers",
 transformers.__version__, "cuda", torch.cuda.is_available() and torch.cuda.get_device_name(0))'
-step cuda_tests 300 "$PY" -m pytest -q -p no:cacheprovider -rs tests/integration/test_trainer_cuda.py
+step cuda_tests 300 "$PY" -m pytest -q -p no:cacheprovider -rs tests/integration/test_trainer_cuda.py \
+  tests/integration/test_hooks_cuda.py
 step bench_cuda 240 "$PY" benchmarks/trainer_bench.py --device cuda --reps 20 --json
 step bench_cpu 240 "$PY" benchmarks/trainer_bench.py --device cpu --reps 20 --json
 big=(--only steps --hidden 512 --heads 8 --layers 4 --json)
