@@ -19,8 +19,10 @@ executed. The four kinds (seed 002, step 1), each widening the surface:
 
 A declared ``ARTIFACT_KIND`` can only move an artifact *up* the ladder, never down. The
 classification picks recycling cadence and failure policy; it is not the security boundary
-(a determined author can hide an ``exec``), which is why the function tier runs inside the
-same namespace/seccomp stack as the verifier tier wherever the kernel allows it.
+(a determined author hides an import: ``getattr(builtins, "__imp" + "ort__")("ctypes")``
+is classified ``function``), which is why every tier requires the same isolation layers
+(:data:`sandbox.features.REQUIRED_LAYERS`): a host that cannot give the verifier tier
+its layers refuses the function tier too.
 """
 
 from __future__ import annotations

@@ -36,7 +36,13 @@ Semantics:
 - A batch's scores are either exactly the tenant's gated scores or ``None``. No constant
   is ever substituted: on failure the policy decides — ``retry`` (up to ``retries`` more
   attempts, then ``then``: skip or pause), ``skip`` (exclude the batch), ``pause`` (stop the
-  run for tenant action; later calls return PAUSED without running tenant code).
+  run for tenant action; later calls return PAUSED without running tenant code, and the
+  warm pool is suspended — ready workers retired, no pre-spawn, which would import the
+  artifact — until ``resume()``; a call already in flight in another thread finishes).
+- A worker killed from outside the sandbox, with no evidence against the tenant (found
+  dead while it waited stopped, or bubblewrap's monitor killed by a signal; see
+  :mod:`sandbox.worker`), is not the tenant's attempt: the batch goes to a fresh worker,
+  unbooked; ``platform_error`` if that happens ``OUTSIDE_KILL_RETRIES`` + 1 times in a row.
 - ``REFUSED``: nothing was run, for one of three reasons, each booked to whose it is:
   the artifact is not a reward artifact (does not parse or compile, no ``def reward(batch)``
   — classified before scoring, :mod:`sandbox.classify`): ``tenant_bad_artifact``; the
@@ -96,6 +102,9 @@ from sandbox.types import (
 )
 
 log = logging.getLogger("runwatch.sandbox")
+
+#: Fresh workers tried, unbooked, for a batch whose worker was killed from outside.
+OUTSIDE_KILL_RETRIES = 2
 
 __all__ = [
     "AttemptRecord",
@@ -281,8 +290,11 @@ class RewardClient:
         return self._refusal
 
     def resume(self) -> None:
-        """Lift a policy pause (after the tenant fixed their artifact, say)."""
+        """Lift a policy pause (after the tenant fixed their artifact, say): the warm pool
+        pre-spawns again."""
         self._paused = None
+        if self._pool is not None:
+            self._pool.resume()
 
     def score(
         self, batch: list[dict[str, Any]], *, batch_id: str | None = None, step: int | None = None
@@ -410,7 +422,7 @@ class RewardClient:
         if not result.ok or result.scores is None:
             status = OutcomeStatus.PAUSED if last.action == "pause" else OutcomeStatus.SKIPPED
             if status is OutcomeStatus.PAUSED:
-                self._paused = last
+                self._pause(last)
             return ScoreOutcome(
                 status,
                 None,
@@ -465,18 +477,40 @@ class RewardClient:
             self._canary_scores, self._canary_probes, self._canary_batches = (), (), 0
         return judge_canaries(self.canaries, scores, used)
 
+    def _pause(self, last: AttemptRecord) -> None:
+        """Pause by policy: no tenant code runs until :meth:`resume` (the pool would
+        otherwise keep importing the artifact to pre-spawn)."""
+        self._paused = last
+        if self._pool is not None:
+            self._pool.suspend()
+
     def _max_batch_bytes(self) -> int:
         """A batch must fit the frame and, decoded, the worker's memory."""
         return max(1, min(MAX_BATCH_BYTES, self.config.limits.memory_bytes // 16))
 
     def _attempt(self, batch: list[dict[str, Any]]) -> AttemptResult:
+        """One booked attempt. A worker killed from outside the sandbox with no evidence
+        against the tenant (``killed_outside``: at its start or with this batch) is not
+        an attempt: the batch goes to a fresh worker without a booking; after
+        ``OUTSIDE_KILL_RETRIES`` more, it is the platform's error."""
         assert self._pool is not None
-        worker, failure = self._pool.acquire()
-        if worker is None:
-            assert failure is not None
-            return failure
-        result = worker.score(batch)
-        self._pool.release(worker, result.ok)
+        result: AttemptResult | None = None
+        for _ in range(1 + OUTSIDE_KILL_RETRIES):
+            worker, failure = self._pool.acquire()
+            if worker is None:
+                assert failure is not None
+                result = failure
+            else:
+                result = worker.score(batch)
+                self._pool.release(worker, result.ok)
+            if not result.killed_outside:
+                return result
+            log.warning(
+                "tenant %s: %s; the batch goes to a fresh worker (not booked to the tenant)",
+                self.tenant_id,
+                result.message,
+            )
+        assert result is not None
         return result
 
     # -- publishing ---------------------------------------------------------------------

@@ -4,15 +4,20 @@ The sandbox never assumes a kernel: :func:`probe` tries each layer for real (a t
 bubblewrap sandbox under an unprivileged uid, a seccomp filter compile, a cgroup directory
 with a limit written into it, a tmpfs mount) and reports what works and why not.
 
-:func:`tier_gate` turns that report into a decision per tier: a hostile tier (verifier,
-environment) is refused outright when any mandatory layer is missing; the function tier may
-run on a reduced stack, but the missing layers are named loudly (logged as a warning, and
-carried on every outcome) rather than dropped in silence.
+:func:`tier_gate` turns that report into a decision per tier. Every built tier needs the
+same layers (:data:`REQUIRED_LAYERS`: every layer without an equivalent fallback), and is
+refused outright when one is missing or not requested. The tier is picked by an AST scan
+of the tenant's own code (:mod:`sandbox.classify`), which the tenant controls
+(``getattr(builtins, "__imp" + "ort__")`` hides an import from it): were the function
+tier allowed fewer layers, a host missing seccomp would run evasive verifier code
+without it (security review, 2026-11-27). Tiers differ in recycling and failure policy
+only. Layers with a fallback may be missing; they are named loudly (logged as a warning,
+and carried on every outcome) rather than dropped in silence.
 
 Fallbacks that are *not* weaker in kind, and so do not refuse any tier:
 ``cgroup_pids`` -> RLIMIT_NPROC under the worker's own uid; ``cgroup_memory`` -> RLIMIT_AS;
-``cgroup_cpu`` -> RLIMIT_CPU (a total, not a rate); ``scratch_tmpfs`` -> a plain host
-directory bounded by RLIMIT_FSIZE.
+``cgroup_cpu`` -> RLIMIT_CPU (per process: neither a rate nor a total for the worker's
+tree); ``scratch_tmpfs`` -> a plain host directory bounded by RLIMIT_FSIZE.
 
 The probe costs ~50 ms and is cached per process (``probe()``); pass explicit paths to probe
 a different setup (tests use that to prove refusal).
@@ -31,35 +36,33 @@ import subprocess
 import tempfile
 from dataclasses import dataclass, field
 
-from sandbox.types import ALL_LAYERS, HOSTILE_TIERS
+from sandbox.types import ALL_LAYERS
 
 log = logging.getLogger("runwatch.sandbox")
 
 CGROUP_V1_ROOT = "/sys/fs/cgroup"
 CGROUP_PARENT = "runwatch-sandbox"
 
-#: Layers without which a tier does not run at all.
+#: Layers without which no tier runs: every layer but those with a fallback
+#: (:data:`FALLBACKS`). One set for every tier: the tier is the tenant's to influence.
+REQUIRED_LAYERS: frozenset[str] = frozenset(
+    {
+        "unprivileged_uid",
+        "empty_env",
+        "user_ns",
+        "mount_ns",
+        "net_ns",
+        "pid_ns",
+        "own_pid1",
+        "proc_masked",
+        "seccomp",
+        "rlimits",
+    }
+)
+#: Per tier, for callers that ask by tier: the same set for each (see the module doc).
 REQUIRED_BY_TIER: dict[str, frozenset[str]] = {
-    "function": frozenset(
-        {"unprivileged_uid", "empty_env", "user_ns", "mount_ns", "net_ns", "rlimits"}
-    ),
-    "verifier": frozenset(
-        {
-            "unprivileged_uid",
-            "empty_env",
-            "user_ns",
-            "mount_ns",
-            "net_ns",
-            "pid_ns",
-            "own_pid1",
-            "proc_masked",
-            "seccomp",
-            "rlimits",
-        }
-    ),
+    tier: REQUIRED_LAYERS for tier in ("function", "verifier", "environment", "reward_model")
 }
-REQUIRED_BY_TIER["environment"] = REQUIRED_BY_TIER["verifier"]
-REQUIRED_BY_TIER["reward_model"] = REQUIRED_BY_TIER["verifier"]
 
 #: Layers the bubblewrap probe reports on.
 BWRAP_LAYERS = (
@@ -75,7 +78,7 @@ BWRAP_LAYERS = (
 
 #: Layers with an equivalent fallback (see module docstring).
 FALLBACKS: dict[str, str] = {
-    "cgroup_cpu": "RLIMIT_CPU (CPU-seconds per worker life, no rate cap)",
+    "cgroup_cpu": "RLIMIT_CPU (CPU-seconds per process, no rate cap, no total per tree)",
     "cgroup_pids": "RLIMIT_NPROC under the worker's own uid",
     "cgroup_memory": "RLIMIT_AS",
     "scratch_tmpfs": "plain scratch directory bounded by RLIMIT_FSIZE",
@@ -126,10 +129,10 @@ def tier_gate(
 ) -> TierGate:
     """Decide whether ``tier`` may run with the ``requested`` layers on this kernel.
 
-    A hostile tier needs every mandatory layer both usable and requested. Any tier needs
-    its :data:`REQUIRED_BY_TIER` set. Layers that are requested but missing and have a
-    fallback, or are optional for the tier, are reported in ``missing`` (loudly) but do
-    not refuse.
+    Every built tier needs each layer of :data:`REQUIRED_LAYERS` both usable and
+    requested, whatever the tier (it comes from the tenant's code). Layers with a
+    fallback that are missing or not requested are reported in ``missing`` (loudly) but
+    do not refuse.
     """
     requested = frozenset(ALL_LAYERS) if requested is None else requested
     if tier not in REQUIRED_BY_TIER or tier in ("environment", "reward_model"):
@@ -137,11 +140,7 @@ def tier_gate(
     required = REQUIRED_BY_TIER[tier]
     unusable = {layer for layer in ALL_LAYERS if not features.usable.get(layer, False)}
     not_requested = set(ALL_LAYERS) - requested
-    hard_missing = sorted((required & unusable) | (required & not_requested))
-    if tier in HOSTILE_TIERS:
-        hard_missing = sorted(
-            set(hard_missing) | ((set(ALL_LAYERS) - set(FALLBACKS)) & (unusable | not_requested))
-        )
+    hard_missing = sorted(required & (unusable | not_requested))
     soft_missing = sorted(((unusable | not_requested) & set(ALL_LAYERS)) - set(hard_missing))
     if hard_missing:
         reasons = "; ".join(

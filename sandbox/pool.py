@@ -9,6 +9,14 @@ pre-spawns them) so a batch pays only the RPC round trip. Recycling:
   the host kills any process the tenant left behind and empties scratch.
 - any failed attempt retires its worker.
 
+Pre-spawning runs tenant code (the artifact's import), so it stops when no batch is
+wanted: :meth:`WarmPool.suspend` (the client's policy pause) retires the ready workers,
+calls off the pool's own start-ups in flight and pre-spawns nothing until
+:meth:`WarmPool.resume`. Failed background start-ups back off (5 s, 10 s, 20 s, ... at
+most 60 s), and after :data:`MAX_BACKGROUND_FAILURES` in a row the pool stops pre-spawning
+until a start-up succeeds (a batch's own, inline) or ``resume()``: an artifact whose
+import never finishes then runs only when a batch asks for it.
+
 Teardown runs on a reaper thread so it is off the batch's critical path. Per-tenant
 concurrency: :func:`tenant_slot` is a process-wide semaphore per tenant (cap taken from the
 first config that names the tenant, or set with :func:`set_tenant_cap`); a batch waits for
@@ -34,6 +42,17 @@ log = logging.getLogger("runwatch.sandbox")
 
 _TENANT_LOCK = threading.Lock()
 _TENANT_SLOTS: dict[str, threading.BoundedSemaphore] = {}
+
+#: Background start-ups that may fail in a row before the pool stops pre-spawning.
+MAX_BACKGROUND_FAILURES = 3
+BACKOFF_BASE_S = 5.0
+BACKOFF_MAX_S = 60.0
+
+
+def backoff_s(failures: int) -> float:
+    """Seconds to wait before the next background start-up after ``failures`` (>= 1)
+    failed in a row: 5, 10, 20, 40, then 60."""
+    return min(BACKOFF_MAX_S, BACKOFF_BASE_S * 2 ** max(0, failures - 1))
 
 
 def set_tenant_cap(tenant_id: str, cap: int) -> None:
@@ -126,9 +145,13 @@ class WarmPool:
         self._returning: dict[int, SandboxWorker] = {}
         self._cond = threading.Condition()
         self._closed = False
+        self._suspended = False  # suspend(): no pre-spawn, no worker kept, until resume()
         self._backoff_until = 0.0
         self._failed_spawns = 0  # background spawns that failed, and the last failure
         self._last_failure: AttemptResult | None = None
+        self._failed_in_a_row = 0  # background spawns failed since the last success
+        self._gave_up = False  # too many in a row: no pre-spawn until a start succeeds
+        self._starting: set[SandboxWorker] = set()  # background start-ups in flight
         self._thread: threading.Thread | None = None
         self.spawned = 0
         _reap_once()
@@ -138,39 +161,93 @@ class WarmPool:
             )
             self._thread.start()
 
-    def _spawn(self) -> tuple[SandboxWorker | None, AttemptResult | None]:
+    def _spawn(
+        self, *, background: bool = False
+    ) -> tuple[SandboxWorker | None, AttemptResult | None]:
+        """Start one worker. A background one is tracked while it starts, so
+        :meth:`suspend` and :meth:`close` can call it off."""
         self.spawned += 1
-        return SandboxWorker.spawn(self.config, self.tenant_id, self.bundle, self.features)
+        created: list[SandboxWorker] = []
+
+        def track(w: SandboxWorker) -> None:
+            created.append(w)
+            self._track(w)
+
+        worker, failure = SandboxWorker.spawn(
+            self.config,
+            self.tenant_id,
+            self.bundle,
+            self.features,
+            on_create=track if background else None,
+        )
+        if created:
+            with self._cond:
+                self._starting.difference_update(created)
+        return worker, failure
+
+    def _track(self, worker: SandboxWorker) -> None:
+        """Note a background start-up; called off at once if the pool stopped meanwhile."""
+        with self._cond:
+            self._starting.add(worker)
+            stop = self._closed or self._suspended
+        if stop:
+            worker.abort()
+
+    def _wants_spawn(self) -> bool:
+        """Whether the refill thread should start a worker now (lock held)."""
+        if self._suspended or self._gave_up or time.monotonic() < self._backoff_until:
+            return False
+        have = len(self._ready) + self._spawning + self._returning_fresh()
+        return have < self.config.warm_workers
 
     def _refill(self) -> None:
         while True:
             with self._cond:
-                while not self._closed and (
-                    len(self._ready) + self._spawning + self._returning_fresh()
-                    >= self.config.warm_workers
-                    or time.monotonic() < self._backoff_until
-                ):
+                while not self._closed and not self._wants_spawn():
                     wait = max(0.0, self._backoff_until - time.monotonic()) or None
                     self._cond.wait(timeout=wait)
                 if self._closed:
                     return
                 self._spawning += 1
-            worker, failure = self._spawn()
+            worker, failure = self._spawn(background=True)
             with self._cond:
                 self._spawning -= 1
-                if worker is not None and not self._closed:
+                stopped = self._closed or self._suspended
+                if worker is not None and not stopped:
                     self._ready.append(worker)
-                    self._backoff_until = 0.0
+                    self._spawn_succeeded()
                     worker = None
-                elif failure is not None:
-                    # e.g. the artifact crashes at import: stop pre-spawning for a while;
-                    # a caller waiting for this spawn gets its failure (acquire())
-                    self._backoff_until = time.monotonic() + 5.0
-                    self._failed_spawns += 1
-                    self._last_failure = failure
+                elif failure is not None and not stopped:
+                    # e.g. the artifact crashes at import; a caller waiting for this spawn
+                    # gets its failure (acquire()). A start-up called off by suspend() or
+                    # close() is no failure of the artifact's: not counted
+                    self._spawn_failed(failure)
                 self._cond.notify_all()
             if worker is not None:
                 REAPER.submit(worker)
+
+    def _spawn_succeeded(self) -> None:
+        """A start-up worked: pre-spawn again at once (lock held)."""
+        self._backoff_until = 0.0
+        self._failed_in_a_row = 0
+        self._gave_up = False
+
+    def _spawn_failed(self, failure: AttemptResult) -> None:
+        """A background start-up failed: back off, and give up after too many (lock held)."""
+        self._failed_spawns += 1
+        self._last_failure = failure
+        self._failed_in_a_row += 1
+        self._backoff_until = time.monotonic() + backoff_s(self._failed_in_a_row)
+        if self._failed_in_a_row >= MAX_BACKGROUND_FAILURES and not self._gave_up:
+            self._gave_up = True
+            log.warning(
+                "tenant %s: %d start-ups in a row failed (last: %s: %s); no more pre-spawning "
+                "until a batch's own start-up succeeds",
+                self.tenant_id,
+                self._failed_in_a_row,
+                failure.cause.value,
+                failure.message[-200:],
+            )
 
     def _returning_fresh(self) -> int:
         """Busy workers that will come back with more than half their batches left: a
@@ -211,9 +288,12 @@ class WarmPool:
                     # a second start-up deadline inline
                     return None, self._last_failure
         worker, failure = self._spawn()
-        if worker is not None and worker.batches + 1 < self.config.batches_per_worker():
+        if worker is not None:
             with self._cond:
-                self._returning[id(worker)] = worker
+                self._spawn_succeeded()
+                if worker.batches + 1 < self.config.batches_per_worker():
+                    self._returning[id(worker)] = worker
+                self._cond.notify_all()
         return worker, failure
 
     def release(self, worker: SandboxWorker, healthy: bool) -> None:
@@ -222,14 +302,16 @@ class WarmPool:
             self._returning.pop(id(worker), None)
         keep = (
             healthy
-            and not self._closed
+            and not (self._closed or self._suspended)
             and worker.batches < self.config.batches_per_worker()
             and worker.reset_between_batches()
         )
         if keep:
             with self._cond:
                 # front: the oldest worker serves first; one spare may wait behind it
-                if not self._closed and len(self._ready) <= max(1, self.config.warm_workers):
+                if not (self._closed or self._suspended) and len(self._ready) <= max(
+                    1, self.config.warm_workers
+                ):
                     self._ready.insert(0, worker)
                     self._cond.notify_all()
                     return
@@ -237,12 +319,41 @@ class WarmPool:
         with self._cond:
             self._cond.notify_all()
 
+    def suspend(self) -> None:
+        """No tenant code runs for this pool until :meth:`resume`: pre-spawning stops, the
+        ready workers are retired and the pool's own start-ups in flight are called off
+        (their import is tenant code). A batch already running finishes; a worker it
+        returns is retired. Never raises."""
+        with self._cond:
+            self._suspended = True
+            ready, self._ready = self._ready, []
+            starting = list(self._starting)
+            self._cond.notify_all()
+        for w in starting:
+            w.abort()
+        for w in ready:
+            REAPER.submit(w)
+
+    def resume(self) -> None:
+        """Pre-spawn again, from a clean slate (no backoff, no give-up)."""
+        with self._cond:
+            self._suspended = False
+            self._spawn_succeeded()
+            self._cond.notify_all()
+
+    @property
+    def suspended(self) -> bool:
+        return self._suspended
+
     def close(self) -> None:
         """Stop pre-spawning, destroy every worker, remove the staged artifact."""
         with self._cond:
             self._closed = True
             ready, self._ready = self._ready, []
+            starting = list(self._starting)
             self._cond.notify_all()
+        for w in starting:
+            w.abort()
         try:
             if self._thread is not None:
                 self._thread.join(timeout=self.config.limits.startup_s + 1)

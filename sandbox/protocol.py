@@ -24,7 +24,10 @@ before reading and accepts only a JSON object with an ``op``; anything else is a
 ``tenant_bad_output``; the text of an ``error``/``load_error`` is cleaned
 (:func:`error_message`). What the host sends is checked whole before it is sent
 (:mod:`sandbox.batch`), so a send can fail only because the worker is gone.
-Time: ``deadline`` arguments are absolute ``time.monotonic()`` values.
+Time: ``deadline`` arguments are absolute ``time.monotonic()`` values. A ``watch`` given
+to :func:`recv_frame` is called at least every :data:`WATCH_EVERY_S` of the wait (bytes
+arriving or not: a tenant cannot hold it off by writing a byte at a time); when it
+answers True the wait ends with :attr:`RecvError.CUT` (the host's CPU budget).
 """
 
 from __future__ import annotations
@@ -44,6 +47,8 @@ HEADER = struct.Struct(">I")
 #: A frame this small fits an empty UNIX socket's send buffer (~208 KiB by default):
 #: sending it never waits for the reader.
 NEVER_BLOCKS = 64 * 1024
+#: How often a receive's ``watch`` is asked whether to give up the wait.
+WATCH_EVERY_S = 0.1
 
 
 class RecvError(enum.StrEnum):
@@ -51,6 +56,7 @@ class RecvError(enum.StrEnum):
     EOF = "eof"
     OVERSIZE = "oversize"
     MALFORMED = "malformed"
+    CUT = "cut"  # the caller's watch ended the wait (the worker's CPU budget is spent)
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,7 +100,31 @@ def send_frame(
         return f"{type(exc).__name__}: {exc}"
 
 
-def _recv_exact(sock: socket.socket, n: int, deadline: float) -> bytes | RecvError:
+class _Watch:
+    """Asks ``check`` at most every :data:`WATCH_EVERY_S` whether to give up a wait."""
+
+    def __init__(self, check: Callable[[], bool] | None) -> None:
+        self.check = check
+        self.next_at = time.monotonic() + WATCH_EVERY_S
+
+    def timeout(self, remaining: float) -> float:
+        """The socket timeout for the next read: never past the next look."""
+        if self.check is None:
+            return remaining
+        return max(0.001, min(remaining, self.next_at - time.monotonic()))
+
+    def cut(self) -> bool:
+        """True when the check says stop (asked only once its interval is over)."""
+        if self.check is None or time.monotonic() < self.next_at:
+            return False
+        self.next_at = time.monotonic() + WATCH_EVERY_S
+        return bool(self.check())
+
+
+def _recv_exact(
+    sock: socket.socket, n: int, deadline: float, watch: _Watch | None = None
+) -> bytes | RecvError:
+    watch = watch or _Watch(None)
     buf = bytearray(n)
     view = memoryview(buf)
     got = 0
@@ -102,28 +132,41 @@ def _recv_exact(sock: socket.socket, n: int, deadline: float) -> bytes | RecvErr
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             return RecvError.TIMEOUT
-        sock.settimeout(remaining)
+        sock.settimeout(watch.timeout(remaining))
         try:
             k = sock.recv_into(view[got:], n - got)
         except TimeoutError:
-            return RecvError.TIMEOUT
+            if watch.check is None:
+                return RecvError.TIMEOUT
+            k = -1  # only the watch's interval ended: look, then wait on
         except OSError:
             return RecvError.EOF
         if k == 0:
             return RecvError.EOF
-        got += k
+        if watch.cut():
+            return RecvError.CUT
+        got += max(0, k)
     return bytes(buf)
 
 
-def recv_frame(sock: socket.socket, deadline: float, max_bytes: int) -> Frame:
-    """Receive one frame before ``deadline``, refusing bodies over ``max_bytes`` unread."""
-    head = _recv_exact(sock, HEADER.size, deadline)
+def recv_frame(
+    sock: socket.socket,
+    deadline: float,
+    max_bytes: int,
+    watch: Callable[[], bool] | None = None,
+) -> Frame:
+    """Receive one frame before ``deadline``, refusing bodies over ``max_bytes`` unread.
+
+    ``watch`` (optional) is asked every :data:`WATCH_EVERY_S` of the wait; True ends it
+    with :attr:`RecvError.CUT`."""
+    looks = _Watch(watch)
+    head = _recv_exact(sock, HEADER.size, deadline, looks)
     if isinstance(head, RecvError):
         return Frame(None, head)
     (length,) = HEADER.unpack(head)
     if length > max_bytes:
         return Frame(None, RecvError.OVERSIZE, f"reply of {length} bytes > cap {max_bytes}")
-    body = _recv_exact(sock, length, deadline)
+    body = _recv_exact(sock, length, deadline, looks)
     if isinstance(body, RecvError):
         return Frame(None, body)
     try:

@@ -14,6 +14,12 @@ Default action: allow. Denied with EPERM (so tenant code sees a clean error, not
   ``keyctl``/``add_key``/``request_key``, module load/unload, ``kexec_*``, ``reboot``,
   ``swapon/off``, ``syslog``, ``acct``, ``quotactl``, clock setters, ``personality``,
   ``open_by_handle_at``/``name_to_handle_at``, ``lookup_dcookie``, ``vhangup``.
+- host information: ``sysinfo`` (the host's load averages, free and total RAM, uptime and
+  host-wide process count, everything the /proc masks hide; its ``procs`` let one tenant
+  watch another fork: a cross-tenant channel). glibc's ``sysconf(_SC_PHYS_PAGES)`` and
+  ``_SC_AVPHYS_PAGES`` read it, so they no longer describe the host either.
+  ``CLOCK_BOOTTIME`` (host uptime) is read through the vDSO, with no system call to
+  filter; without a time namespace it stays visible (``docs/threat-model.md``).
 
 ``execve`` stays allowed: the verifier tier runs further code by definition. The filter
 is loaded by bubblewrap (``--seccomp FD``) right before the worker interpreter starts, so
@@ -84,6 +90,9 @@ DENIED_SYSCALLS: tuple[str, ...] = (
     "inotify_add_watch",
     "fanotify_init",
     "fanotify_mark",
+    # host load, RAM, uptime and the host-wide process count, past the /proc masks; the
+    # count let tenant A watch tenant B fork (security review, 2026-11-27)
+    "sysinfo",
 )
 
 #: Every CLONE_NEW* flag: user, mount, net, pid, ipc, uts, cgroup, time.

@@ -28,7 +28,8 @@ class ArtifactKind(enum.StrEnum):
 #: isolation with reset/teardown in the contract) are declared so the boundary fits them.
 Tier = Literal["function", "verifier", "reward_model", "environment"]
 BUILT_TIERS: tuple[Tier, ...] = ("function", "verifier")
-#: Tiers that run hostile code: every isolation layer is mandatory, no degraded mode.
+#: Tiers whose code is known to run further code: a fresh sandbox per batch. (Every built
+#: tier requires the same isolation layers: :data:`sandbox.features.REQUIRED_LAYERS`.)
 HOSTILE_TIERS: frozenset[str] = frozenset({"verifier", "environment"})
 
 
@@ -92,11 +93,17 @@ ALL_LAYERS: tuple[Layer, ...] = get_args(Layer)
 class ResourceLimits:
     """The resource contract of one worker. Memory caps apply per worker (process tree).
 
-    ``cpu_seconds`` is RLIMIT_CPU for the worker's whole life (a recycled function-tier
-    worker accumulates CPU across its batches); the per-batch bound is ``deadline_s``,
-    wall clock, measured on the host. ``cpu_cores`` is the rate cap (cgroup CFS quota:
-    ``cpu_cores`` x 100 ms of CPU per 100 ms period for the worker's whole tree), so a
-    tenant thread left spinning can never take more than that share of the host.
+    ``cpu_seconds`` bounds the CPU of the worker's whole tree over its whole life (a
+    recycled function-tier worker accumulates CPU across its batches, and so do the
+    processes its batches fork): the host reads the tree's cgroup CPU time
+    (``cpuacct.usage``) every 0.1 s while a batch or the import runs and after each reply;
+    over the limit, the batch fails ``tenant_resource_exceeded`` and the worker is
+    retired. RLIMIT_CPU (the same value) bounds each process on top. Without a cpu or
+    cpuacct cgroup only RLIMIT_CPU holds: a limit per process, not per tree. The per-batch
+    bound is ``deadline_s``, wall clock, measured on the host. ``cpu_cores`` is the rate
+    cap (cgroup CFS quota: ``cpu_cores`` x 100 ms of CPU per 100 ms period for the
+    worker's whole tree), so a tenant thread left spinning can never take more than that
+    share of the host.
     """
 
     deadline_s: float = 10.0
@@ -123,11 +130,13 @@ class ScoreRange:
 class SandboxConfig:
     """How workers for one tenant artifact are built and recycled.
 
-    ``layers`` lists the isolation layers to apply; the default is all of them. A hostile
-    tier refuses to start unless every layer in :data:`ALL_LAYERS` is both requested and
-    usable on this kernel (see :mod:`sandbox.features`). Dropping a layer is for proofs
-    that one layer alone holds (tests) and for the function tier on a weaker kernel,
-    where each batch outcome names the missing layers.
+    ``layers`` lists the isolation layers to apply; the default is all of them. Every
+    built tier refuses to start unless each layer without an equivalent fallback is both
+    requested and usable on this kernel (see :mod:`sandbox.features`): the tier comes from
+    a scan of the tenant's own code, so it picks recycling and the failure policy, never
+    how much isolation. Only layers with a fallback (the cgroups, the scratch tmpfs) may
+    be dropped, and each batch outcome names them. Proofs that one layer alone holds
+    (tests) start a :class:`sandbox.worker.SandboxWorker` directly, below the gate.
     """
 
     tier: Tier = "function"
@@ -153,6 +162,12 @@ class AttemptResult:
     duration_s: float
     message: str = ""
     examples: tuple[str, ...] = ()
+    #: not the tenant's attempt: its worker was killed from outside the sandbox (found
+    #: dead while stopped, before tenant code could run, or its bubblewrap monitor killed
+    #: by a signal, which nothing inside can send), with no cgroup or rlimit evidence
+    #: against the tenant. Cause ``platform_error``; the client first retries it on a
+    #: fresh worker without booking it
+    killed_outside: bool = False
 
     @property
     def ok(self) -> bool:

@@ -9,16 +9,26 @@ is stopped (SIGSTOP): tenant code runs only while a batch of its own is being sc
 :meth:`close` unwinds the stack: kill the process tree, close the socket, unmount and
 delete scratch, kill-and-remove the cgroups, release the uid.
 
+Every launch forks from one long-lived thread (:mod:`sandbox.spawner`): bubblewrap's
+``--die-with-parent`` fires when the forking *thread* exits, so a worker's life is tied
+to its host process, never to a caller's thread.
+
 Cause attribution (host-side evidence wins over what the worker says, and nothing the
 tenant sends can put a failure in the platform's column):
 
 - no reply before the deadline -> ``tenant_timeout`` (the sandbox is killed);
-- the pids cgroup refused a fork, the memory cgroup OOM-killed, or the process died of
-  SIGXCPU/SIGXFSZ, or the worker reports MemoryError/EAGAIN/EFBIG... ->
-  ``tenant_resource_exceeded``;
+- the pids cgroup refused a fork, the memory cgroup OOM-killed, the process died of
+  SIGXCPU/SIGXFSZ, the worker's tree spent its ``cpu_seconds`` (cgroup CPU time), or the
+  worker reports MemoryError/EAGAIN/EFBIG... -> ``tenant_resource_exceeded``;
 - the worker reports an exception, or the process dies -> ``tenant_crash``;
 - an oversized, malformed or off-contract reply -> ``tenant_bad_output``;
-- failures before tenant code ran (spawn, handshake up to ``hello``) -> ``platform_error``.
+- failures before tenant code ran (spawn, handshake up to ``hello``) -> ``platform_error``;
+- without such evidence, the sandbox killed from outside is not the tenant's: bubblewrap's
+  monitor killed by a signal (it lives outside the sandbox's pid namespace: nothing
+  inside can signal it), or a worker found dead before its batch while it was stopped (no
+  tenant code ran since the host stopped it; only SIGKILL ends a stopped process, and
+  the kernel drops one sent to a namespace's pid 1 from inside) -> ``platform_error``
+  marked ``killed_outside``, which the client retries on a fresh worker without booking.
 """
 
 from __future__ import annotations
@@ -26,11 +36,13 @@ from __future__ import annotations
 import contextlib
 import itertools
 import os
+import select
 import signal
 import socket
 import subprocess
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -56,6 +68,7 @@ from sandbox.protocol import (
     send_frame,
 )
 from sandbox.seccomp_policy import compiled_filter
+from sandbox.spawner import SPAWNER
 from sandbox.text import clean_text
 from sandbox.types import AttemptResult, AttemptStatus, Cause, SandboxConfig
 
@@ -73,6 +86,19 @@ def _failed(
 ) -> AttemptResult:
     return AttemptResult(
         AttemptStatus.FAILED, cause, None, time.monotonic() - started, clean_text(message), examples
+    )
+
+
+def _killed_outside(started: float, message: str) -> AttemptResult:
+    """The worker was killed from outside the sandbox and nothing points at the tenant:
+    the platform's, and the client retries it on a fresh worker before booking it."""
+    return AttemptResult(
+        AttemptStatus.FAILED,
+        Cause.PLATFORM_ERROR,
+        None,
+        time.monotonic() - started,
+        clean_text(message),
+        killed_outside=True,
     )
 
 
@@ -95,9 +121,13 @@ class SandboxWorker:
         self._stat_fd: int | None = None  # the worker's /proc/<pid>/stat: its thread count
         self._status_fd: int | None = None  # its /proc/<pid>/status: its context switches
         self._wchan_fd: int | None = None  # its /proc/<pid>/wchan: off its run queue?
+        self._cpu_fd: int | None = None  # its tree's cpuacct.usage: the CPU budget
         self.batches = 0
         self.alive = False
         self.dirty = False  # tenant code left threads behind: retire after this batch
+        self._stopped = False  # stopped by the host and not continued since
+        self._gone_while_stopped = False  # found dead before it was continued
+        self._aborted = False  # start-up called off from another thread (abort())
         self._stack = contextlib.ExitStack()
         self._ids = itertools.count(1)
         self._stderr: Any = None
@@ -111,10 +141,17 @@ class SandboxWorker:
         tenant_id: str,
         bundle: ArtifactBundle,
         features: KernelFeatures,
+        *,
+        on_create: Callable[[SandboxWorker], None] | None = None,
     ) -> tuple[SandboxWorker | None, AttemptResult | None]:
-        """Start a worker; returns (worker, None) or (None, failed attempt)."""
+        """Start a worker; returns (worker, None) or (None, failed attempt).
+
+        ``on_create`` gets the worker before it starts, so another thread can
+        :meth:`abort` the start-up (a pool suspended while it pre-spawns)."""
         started = time.monotonic()
         worker = cls(config, tenant_id, bundle)
+        if on_create is not None:
+            on_create(worker)
         try:
             failure = worker._start(features, started)
         except Exception as exc:
@@ -134,6 +171,9 @@ class SandboxWorker:
         elif "unprivileged_uid" in layers and features.is_root:
             return _failed(Cause.PLATFORM_ERROR, started, "no free sandbox uid")
         self.cgroups = st.enter_context(worker_cgroups(self.name, limits, features, layers))
+        self._cpu_fd = self._open_cpu_usage()
+        if self._cpu_fd is not None:
+            st.callback(os.close, self._cpu_fd)
         self.scratch = st.enter_context(
             scratch_dir(
                 self.name, uid if uid is not None else os.getuid(), limits, features, layers
@@ -168,7 +208,9 @@ class SandboxWorker:
         try:
             pass_fds = (child_sock.fileno(), artifact_fd, runtime_fd)
             pass_fds += (seccomp_fd,) if seccomp_fd is not None else ()
-            self.proc = subprocess.Popen(
+            # forked by the process's one spawner thread: --die-with-parent follows the
+            # forking thread, and a caller's thread may end while the worker waits
+            self.proc = SPAWNER.popen(
                 argv,
                 env={},
                 stdin=subprocess.DEVNULL,
@@ -184,6 +226,8 @@ class SandboxWorker:
                 if extra is not None:
                     os.close(extra)
         st.callback(self._kill)
+        if self._aborted:  # abort() ran before the process existed to kill
+            return _failed(Cause.PLATFORM_ERROR, started, "start-up called off")
         deadline = started + limits.startup_s
         # the limits travel over the socket, not argv: /proc/1/cmdline shows nothing of ours
         err = send_frame(host_sock, {"op": "limits", **asdict(limits), "nproc": nproc}, deadline)
@@ -198,8 +242,12 @@ class SandboxWorker:
         err = send_frame(host_sock, {"op": "go"}, deadline)
         if err:
             return _failed(Cause.PLATFORM_ERROR, started, f"handshake failed: {err}")
-        ready = recv_frame(host_sock, deadline, limits.max_output_bytes)
+        ready = recv_frame(host_sock, deadline, limits.max_output_bytes, self._cpu_watch())
         msg = ready.message
+        if ready.error is not RecvError.CUT and self._over_cpu_budget():
+            return _failed(
+                Cause.TENANT_RESOURCE_EXCEEDED, started, "loading the artifact: " + self._cpu_note()
+            )
         if msg is not None and msg.get("op") == "ready":
             self.alive = True
             self.worker_pid = self._leaf(self.baseline)
@@ -232,6 +280,7 @@ class SandboxWorker:
                     self.dirty = True  # and processes: one batch only
             if stopped_at is not None and not self._still_stopped(stopped_at):
                 return _failed(Cause.TENANT_CRASH, started, "the stopped worker was continued")
+            self._stopped = stopped_at is not None
             return None
         if msg is not None and msg.get("op") == "load_error":
             cause = KIND_TO_CAUSE[error_kind(msg)]
@@ -248,18 +297,33 @@ class SandboxWorker:
         with contextlib.suppress(Exception):
             self._stack.close()
 
+    def abort(self) -> None:
+        """Call off a start-up from another thread (the pool was suspended or closed):
+        the sandbox's processes are killed, so the starting thread's handshake ends at
+        once and :meth:`spawn` returns a failure. Never raises, never waits."""
+        self._aborted = True  # before reading proc: _start reads it after setting proc
+        with contextlib.suppress(Exception):
+            self._signal_tree()
+
+    def _signal_tree(self) -> None:
+        """SIGKILL every process of the sandbox (its cgroups, then its process group)."""
+        proc = self.proc
+        if proc is None:
+            return
+        for cg in self.cgroups.values():
+            cg.kill_all()
+        if proc.poll() is None:
+            with contextlib.suppress(OSError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            with contextlib.suppress(OSError):
+                proc.kill()
+
     def _kill(self) -> None:
         proc = self.proc
         if proc is None:
             return
         try:
-            for cg in self.cgroups.values():
-                cg.kill_all()
-            if proc.poll() is None:
-                with contextlib.suppress(OSError):
-                    os.killpg(proc.pid, signal.SIGKILL)
-                with contextlib.suppress(OSError):
-                    proc.kill()
+            self._signal_tree()
         finally:
             with contextlib.suppress(Exception):
                 proc.wait(timeout=5)
@@ -275,18 +339,29 @@ class SandboxWorker:
         self._counters_before = self._resource_counters()
         deadline = started + self.config.limits.deadline_s
         rid = next(self._ids)
+        if self._stopped and self._exited():
+            # dead while stopped, before this batch: no tenant code ran since the stop
+            self.alive = False
+            return self._gone_before_batch(started, "found dead while it waited")
         # the stopped worker is continued once its batch is in the socket (a large batch:
         # before the send, which would wait for it to read)
         msg_out = {"op": "score", "id": rid, "batch": batch}
         err = send_frame(self.sock, msg_out, deadline, before_blocking=self._thaw)
         if err:
             self.alive = False
-            return _failed(self._death_cause(), started, f"worker gone before the batch: {err}")
-        frame = recv_frame(self.sock, deadline, self.config.limits.max_output_bytes)
+            return self._gone_before_batch(started, err)
+        frame = recv_frame(
+            self.sock, deadline, self.config.limits.max_output_bytes, self._cpu_watch()
+        )
         msg = frame.message
         if msg is None:
             self.alive = False
             return self._frame_failure(frame, started, "scoring")
+        if self._over_cpu_budget():
+            # the tree's CPU over the worker's life, children included (RLIMIT_CPU alone is
+            # per process: a fresh child per batch never reached it)
+            self.alive = False
+            return _failed(Cause.TENANT_RESOURCE_EXCEEDED, started, "scoring: " + self._cpu_note())
         op = msg.get("op")
         if op == "error" and msg.get("id") == rid:
             self.alive = False
@@ -344,6 +419,7 @@ class SandboxWorker:
             # worker then stopped itself again: retired, whatever it did meanwhile
             if stopped_at is not None and not self._still_stopped(stopped_at):
                 return False
+            self._stopped = stopped_at is not None
             return self.proc is not None and self.proc.poll() is None
         except Exception:
             return False
@@ -404,9 +480,25 @@ class SandboxWorker:
         return found
 
     def _thaw(self) -> None:
+        """Continue the stopped worker; first note whether it was already dead (then no
+        tenant code ran since the host stopped it: see :meth:`_gone_before_batch`)."""
+        if self._stopped:
+            self._gone_while_stopped = self._exited()
+            self._stopped = False
         if self._pidfd is not None:
             with contextlib.suppress(OSError):
                 signal.pidfd_send_signal(self._pidfd, signal.SIGCONT)
+
+    def _exited(self) -> bool:
+        """The worker process has exited (its pidfd is readable); False when unknown."""
+        if self._pidfd is None:
+            return False
+        try:
+            poller = select.poll()
+            poller.register(self._pidfd, select.POLLIN)
+            return bool(poller.poll(0))
+        except (OSError, ValueError):
+            return False
 
     def _switches(self) -> bytes:
         """The worker's context-switch counters from the host's ``/proc/<pid>/status``
@@ -509,6 +601,13 @@ class SandboxWorker:
         return cause
 
     def _death_cause(self) -> Cause:
+        """Why the sandbox died: resource evidence first, then who could have killed it.
+
+        bubblewrap's monitor (``self.proc``) exits with its child's status (128 + the
+        signal that killed it); a negative return code means the monitor itself was
+        killed by a signal, which nothing inside the sandbox can send (the monitor is
+        outside its pid namespace): the platform's (PDEATHSIG, an operator, the host's
+        OOM killer), unless a cgroup or rlimit says the tenant ran out of something."""
         rc = None
         if self.proc is not None:
             try:
@@ -521,9 +620,63 @@ class SandboxWorker:
             # RLIMIT_CPU at its hard limit kills with SIGKILL (and the sandbox's pid 1
             # ignores SIGXCPU): the group's CPU time is the evidence
             return Cause.TENANT_RESOURCE_EXCEEDED
-        return self._resource_evidence(Cause.TENANT_CRASH)
+        if self._over_cpu_budget():
+            return Cause.TENANT_RESOURCE_EXCEEDED
+        cause = self._resource_evidence(Cause.TENANT_CRASH)
+        if cause is Cause.TENANT_CRASH and rc is not None and rc < 0:
+            return Cause.PLATFORM_ERROR
+        return cause
+
+    def _gone_before_batch(self, started: float, why: str) -> AttemptResult:
+        """The worker was gone before its batch was in its socket (``why``: the send's
+        error, or how it was found): see :meth:`_died`."""
+        return self._died(started, f"worker gone before the batch: {why}")
+
+    def _died(self, started: float, message: str) -> AttemptResult:
+        """The worker died. Resource evidence books the tenant; one that died while
+        stopped (no tenant code ran since the host stopped it), or whose monitor was
+        killed by a signal, was killed from outside: the platform's, ``killed_outside``
+        (retried on a fresh worker before it is booked); any other death, the tenant's."""
+        cause = self._death_cause()
+        rc = self.proc.returncode if self.proc is not None else None
+        if cause is Cause.TENANT_RESOURCE_EXCEEDED:
+            return _failed(cause, started, f"{message} (exit {rc})")
+        if self._gone_while_stopped or self._stopped or cause is Cause.PLATFORM_ERROR:
+            return _killed_outside(started, f"{message}: killed outside the sandbox (exit {rc})")
+        return _failed(cause, started, f"{message} (exit {rc})")
+
+    def _cpu_watch(self) -> Callable[[], bool] | None:
+        """What a receive asks every 0.1 s: is the CPU budget spent? None without a cgroup
+        that counts CPU (then RLIMIT_CPU, per process, is the only bound)."""
+        if self._cpu_fd is None and not any(key in self.cgroups for key in ("cpuacct", "cpu")):
+            return None
+        return self._over_cpu_budget
+
+    def _over_cpu_budget(self) -> bool:
+        """The worker's tree (every process it ever had) used more than ``cpu_seconds``."""
+        return self._cpu_used() > self.config.limits.cpu_seconds
+
+    def _cpu_note(self) -> str:
+        used, limit = self._cpu_used(), self.config.limits.cpu_seconds
+        return (
+            f"cpu_seconds exhausted: the worker's processes used {used:.2f} CPU-s "
+            f"of {limit} (its whole life, children included)"
+        )
+
+    def _open_cpu_usage(self) -> int | None:
+        """An fd on the tree's ``cpuacct.usage`` (kept open: one pread per look)."""
+        for key in ("cpuacct", "cpu"):
+            if key in self.cgroups:
+                with contextlib.suppress(OSError):
+                    return os.open(self.cgroups[key].path / "cpuacct.usage", os.O_RDONLY)
+        return None
 
     def _cpu_used(self) -> float:
+        """CPU seconds of the worker's tree so far, exited processes included (0.0 when
+        no cgroup counts them)."""
+        if self._cpu_fd is not None:
+            with contextlib.suppress(OSError, ValueError):
+                return int(os.pread(self._cpu_fd, 64, 0)) / 1e9
         for key in ("cpuacct", "cpu"):
             if key in self.cgroups:
                 used = self.cgroups[key].cpu_seconds()
@@ -532,14 +685,15 @@ class SandboxWorker:
         return 0.0
 
     def _frame_failure(self, frame: Frame, started: float, what: str) -> AttemptResult:
+        if frame.error is RecvError.CUT:
+            self._kill()
+            return _failed(Cause.TENANT_RESOURCE_EXCEEDED, started, f"{what}: {self._cpu_note()}")
         if frame.error is RecvError.TIMEOUT:
             self._kill()
             cause = self._resource_evidence(Cause.TENANT_TIMEOUT)
             return _failed(cause, started, f"{what}: no reply within the deadline")
         if frame.error is RecvError.EOF:
-            cause = self._death_cause()
-            rc = self.proc.returncode if self.proc is not None else None
-            return _failed(cause, started, f"{what}: worker died (exit {rc})")
+            return self._died(started, f"{what}: worker died")
         cause = self._resource_evidence(Cause.TENANT_BAD_OUTPUT)
         return _failed(
             cause,

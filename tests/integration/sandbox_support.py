@@ -4,12 +4,19 @@
 sandbox and scores ``result`` (default 1.0): an assertion that fails inside the sandbox
 comes back as a ``tenant_crash`` whose message carries the traceback, so every isolation
 check is written as plain Python that runs *in* the sandbox.
+
+``ungated_worker`` starts one real worker *below* the tier gate, with the layers asked
+for: the controls that prove one layer is what holds (the same attack succeeding
+without it) need a sandbox no tier may run (every tier requires every layer without a
+fallback, ``sandbox.features.REQUIRED_LAYERS``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import textwrap
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
@@ -17,7 +24,9 @@ import pytest
 
 from sandbox.client import FailurePolicy, RewardClient
 from sandbox.features import probe, tier_gate
-from sandbox.types import ResourceLimits, SandboxConfig
+from sandbox.isolation import stage_artifact, unstage_artifact
+from sandbox.types import ALL_LAYERS, ResourceLimits, SandboxConfig
+from sandbox.worker import SandboxWorker
 
 PROBE = """
 def reward(batch):
@@ -73,3 +82,32 @@ def make_client(
 
 def item(code: str) -> dict[str, str]:
     return {"prompt": textwrap.dedent(code), "completion": ""}
+
+
+@contextlib.contextmanager
+def ungated_worker(
+    tmp_path: Path,
+    source: str,
+    *,
+    without: frozenset[str],
+    tier: str = "function",
+    limits: ResourceLimits = FAST_LIMITS,
+) -> Iterator[SandboxWorker]:
+    """One real sandbox worker running ``source`` with every layer but ``without``,
+    started directly (no tier gate, no pool): for controls only. Closed on exit."""
+    require_sandbox()
+    config = SandboxConfig(
+        tier=tier,  # type: ignore[arg-type]
+        limits=limits,
+        layers=frozenset(ALL_LAYERS) - without,
+    )
+    bundle = stage_artifact(write_reward(tmp_path, source))
+    try:
+        worker, failure = SandboxWorker.spawn(config, "tenant-control", bundle, probe())
+        assert worker is not None, failure
+        try:
+            yield worker
+        finally:
+            worker.close()
+    finally:
+        unstage_artifact(bundle)

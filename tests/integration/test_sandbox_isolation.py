@@ -16,13 +16,15 @@ from pathlib import Path
 import pytest
 
 from sandbox.client import RewardClient
-from sandbox.types import ALL_LAYERS, Cause, OutcomeStatus
+from sandbox.types import ALL_LAYERS, Cause, OutcomeStatus, Tier
+from sandbox.worker import SandboxWorker
 from tests.integration.sandbox_support import (
     FAST_LIMITS,
     PROBE,
     item,
     make_client,
     require_sandbox,
+    ungated_worker,
 )
 
 pytestmark = pytest.mark.timeout(60)
@@ -48,6 +50,14 @@ def run_ok(client: RewardClient, *codes: str) -> tuple[float, ...]:
     assert out.status is OutcomeStatus.OK, f"{out.cause.value}: {out.message}"
     assert out.scores is not None
     return out.scores
+
+
+def worker_ok(worker: SandboxWorker, *codes: str) -> tuple[float, ...]:
+    """``run_ok`` for a worker started below the gate (``ungated_worker``)."""
+    res = worker.score([item(c) for c in codes])
+    assert res.ok, f"{res.cause.value}: {res.message}"
+    assert res.scores is not None
+    return res.scores
 
 
 @pytest.fixture
@@ -185,14 +195,14 @@ def test_tcp_udp_dns_egress_refused_including_host_loopback(
 def test_network_namespace_alone_blocks_host_loopback(
     tmp_path: Path, loopback_tcp: tuple[int, list[object]]
 ) -> None:
-    """Without seccomp (function tier on a weaker kernel) the netns still blocks egress."""
+    """Without seccomp the netns still blocks egress (a worker started below the tier
+    gate: no tier runs without seccomp any more)."""
     require_sandbox()
     port, accepted = loopback_tcp
-    layers = frozenset(ALL_LAYERS) - {"seccomp"}
-    with make_client(tmp_path, PROBE, tier="function", layers=layers) as c:
-        assert "seccomp" in c.missing_layers
-        run_ok(
-            c,
+    with ungated_worker(tmp_path, PROBE, without=frozenset({"seccomp"})) as w:
+        assert "seccomp" not in w.config.layers
+        worker_ok(
+            w,
             f"""
             import socket
             s = socket.socket()  # allowed: no seccomp in this configuration
@@ -239,13 +249,87 @@ def test_seccomp_denies_ptrace_mount_unshare_bpf(client: RewardClient) -> None:
     )
 
 
+SYSINFO = """
+import ctypes, ctypes.util, errno
+libc = ctypes.CDLL(ctypes.util.find_library('c') or 'libc.so.6', use_errno=True)
+buf = ctypes.create_string_buffer(256)  # struct sysinfo: uptime, loads, RAM, procs, ...
+rc = libc.sysinfo(buf)
+assert rc == -1 and ctypes.get_errno() == errno.EPERM, (rc, ctypes.get_errno())
+assert buf.raw == bytes(256), 'sysinfo wrote host figures'
+"""
+
+
+@pytest.mark.parametrize("tier", ["verifier", "function"])
+def test_sysinfo_is_denied_so_host_load_memory_and_process_count_stay_hidden(
+    tmp_path: Path, tier: str
+) -> None:
+    """sysinfo(2) gave what the /proc masks hide: the host's load averages, free and total
+    RAM, uptime and host-wide process count; tenant A watched tenant B's 20 forks come and
+    go in it (security review 2026-11-27, ``t1``, ``t1b``). Denied with EPERM."""
+    require_sandbox()
+    with make_client(tmp_path, PROBE, tier=tier) as c:
+        run_ok(c, SYSINFO)
+
+
+def test_without_seccomp_sysinfo_shows_the_host(tmp_path: Path) -> None:
+    """Control for the test above: it is the filter that denies sysinfo."""
+    with ungated_worker(tmp_path, PROBE, without=frozenset({"seccomp"})) as w:
+        worker_ok(
+            w,
+            """
+            import ctypes, ctypes.util
+            libc = ctypes.CDLL(ctypes.util.find_library('c') or 'libc.so.6', use_errno=True)
+            buf = ctypes.create_string_buffer(256)
+            assert libc.sysinfo(buf) == 0 and buf.raw != bytes(256)
+            """,
+        )
+
+
+SNEAKY = """
+import builtins
+imp = getattr(builtins, "__imp" + "ort__")
+ct = imp("ct" + "ypes")
+def reward(batch):
+    return [float(ct.CDLL(None).unshare(0x10000000 | 0x40000000))] * len(batch)
+"""
+
+
+@pytest.mark.parametrize("explicit_tier", [None, "function"])
+def test_no_tier_runs_where_the_verifier_tier_is_refused(
+    tmp_path: Path, explicit_tier: Tier | None
+) -> None:
+    """An import hidden from the classifier (``getattr(builtins, "__imp"+"ort__")``) gets
+    an artifact the function tier; on a host without seccomp that tier ran it without
+    the filter (unshare(NEWUSER|NEWNET) = 0) where the verifier tier was refused
+    (security review 2026-11-27, ``t4``). Every tier now requires the same layers."""
+    from dataclasses import replace as rep
+
+    from sandbox.classify import classify_path
+    from sandbox.features import probe
+
+    require_sandbox()
+    feats = probe()
+    no_seccomp = rep(
+        feats,
+        usable={**feats.usable, "seccomp": False},
+        why={**feats.why, "seccomp": "libseccomp missing (simulated)"},
+    )
+    path = tmp_path / "reward.py"
+    path.write_text(SNEAKY)
+    assert classify_path(path).tier == "function"  # the scan is evaded
+    with RewardClient(path, "tenant-x", tier=explicit_tier, features=no_seccomp) as c:
+        assert c.tier == "function"
+        out = c.score([item("")])
+        assert c._pool is None  # refused before any worker started
+    assert out.status is OutcomeStatus.REFUSED and out.cause is Cause.PLATFORM_ERROR
+    assert "refusing the function tier" in out.message and "seccomp" in out.message
+
+
 def test_without_seccomp_the_same_unshare_would_succeed(tmp_path: Path) -> None:
     """Control for the test above: it is the filter, not something else, that denies."""
-    require_sandbox()
-    layers = frozenset(ALL_LAYERS) - {"seccomp"}
-    with make_client(tmp_path, PROBE, tier="function", layers=layers) as c:
-        run_ok(
-            c,
+    with ungated_worker(tmp_path, PROBE, without=frozenset({"seccomp"})) as w:
+        worker_ok(
+            w,
             """
             import ctypes, ctypes.util
             libc = ctypes.CDLL(ctypes.util.find_library('c') or 'libc.so.6', use_errno=True)

@@ -23,6 +23,7 @@ from tests.integration.sandbox_support import (
     item,
     make_client,
     require_sandbox,
+    ungated_worker,
 )
 
 pytestmark = pytest.mark.timeout(90)
@@ -227,13 +228,10 @@ def test_control_without_own_pid1_bubblewraps_init_is_foreign_and_unlimited(
     tmp_path: Path,
 ) -> None:
     """The layer is what holds: without it pid 1 is bubblewrap, writable through
-    /proc/1/mem by the tenant's uid, and without the tenant's file-size cap."""
-    require_sandbox()
-    from sandbox.types import ALL_LAYERS
-
-    layers = frozenset(ALL_LAYERS) - {"own_pid1"}
-    with make_client(tmp_path, PROBE, tier="function", layers=layers) as client:
-        out = client.score(
+    /proc/1/mem by the tenant's uid, and without the tenant's file-size cap. (A worker
+    started below the tier gate: no tier runs without the layer any more.)"""
+    with ungated_worker(tmp_path, PROBE, without=frozenset({"own_pid1"})) as worker:
+        out = worker.score(
             [
                 item(
                     f"""
@@ -248,4 +246,4 @@ def test_control_without_own_pid1_bubblewraps_init_is_foreign_and_unlimited(
                 )
             ]
         )
-        assert out.status is OutcomeStatus.OK, out.message
+        assert out.ok, out.message

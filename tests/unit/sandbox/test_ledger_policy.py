@@ -87,3 +87,15 @@ def test_policies() -> None:
     assert FailurePolicy("pause").final_action() == "pause"
     assert default_policy("function").name == "retry"
     assert default_policy("verifier").name == "skip"
+
+
+def test_background_start_ups_back_off_then_give_up() -> None:
+    """A pool whose pre-spawns keep failing (an artifact that never finishes its import)
+    waits longer after each, and stops after a few: it runs tenant code on its own
+    at most MAX_BACKGROUND_FAILURES times (security review, 2026-11-27)."""
+    from sandbox.pool import BACKOFF_MAX_S, MAX_BACKGROUND_FAILURES, backoff_s
+
+    waits = [backoff_s(n) for n in range(1, 8)]
+    assert waits[:3] == [5.0, 10.0, 20.0]
+    assert waits == sorted(waits) and max(waits) == BACKOFF_MAX_S
+    assert 1 <= MAX_BACKGROUND_FAILURES <= 5

@@ -5,9 +5,10 @@ from __future__ import annotations
 import json
 import socket
 import struct
+import threading
 import time
 
-from sandbox.protocol import RecvError, encode_frame, recv_frame, send_frame
+from sandbox.protocol import WATCH_EVERY_S, RecvError, encode_frame, recv_frame, send_frame
 
 
 def pair() -> tuple[socket.socket, socket.socket]:
@@ -62,3 +63,57 @@ def test_host_never_sends_nan() -> None:
     except ValueError:
         return
     raise AssertionError("NaN encoded")
+
+
+def test_a_watch_ends_the_wait_even_while_bytes_trickle_in() -> None:
+    """The host's CPU budget is asked every WATCH_EVERY_S of a receive; a peer that writes
+    a byte at a time (the worker's socket is the tenant's to write) cannot hold it off."""
+    a, b = pair()
+    with a, b:
+        stop = threading.Event()
+
+        def trickle() -> None:
+            a.sendall(struct.pack(">I", 1000))
+            while not stop.is_set():
+                a.sendall(b" ")
+                time.sleep(WATCH_EVERY_S / 4)
+
+        looks: list[float] = []
+        t = threading.Thread(target=trickle)
+        t.start()
+        try:
+            start = time.monotonic()
+
+            def watch() -> bool:
+                looks.append(time.monotonic() - start)
+                return len(looks) >= 3
+
+            f = recv_frame(b, start + 5.0, 4096, watch)
+        finally:
+            stop.set()
+            t.join()
+        assert f.error is RecvError.CUT and f.message is None
+        assert len(looks) == 3 and looks[-1] < 10 * WATCH_EVERY_S, looks
+
+
+def test_a_watch_that_never_fires_changes_nothing() -> None:
+    a, b = pair()
+    with a, b:
+        calls: list[int] = []
+
+        def watch() -> bool:
+            calls.append(1)
+            return False
+
+        def later() -> None:
+            time.sleep(0.35)
+            send_frame(a, {"op": "result", "id": 1}, time.monotonic() + 1)
+
+        t = threading.Thread(target=later)
+        t.start()
+        f = recv_frame(b, time.monotonic() + 2, 1024, watch)
+        t.join()
+        assert f.message == {"op": "result", "id": 1} and calls  # asked while it waited
+        t0 = time.monotonic()
+        assert recv_frame(b, t0 + 0.25, 100, watch).error is RecvError.TIMEOUT
+        assert time.monotonic() - t0 < 0.6
