@@ -179,12 +179,14 @@ def create_app(
         try:
             end_offset = await log().end_offset(topic, partition)
             if start < end_offset:
-                async for rec in log().read(topic, partition, start, until_end=True):
-                    position, scanned = rec.offset + 1, scanned + 1
-                    if readable(tenant_id, rec.value):
-                        out.append(_record(rec))
-                    if scanned >= SCAN_BUDGET or position >= end_offset:
-                        break
+                reading = log().read(topic, partition, start, until_end=True)
+                async with contextlib.aclosing(reading):  # a Kafka reader closed at once
+                    async for rec in reading:
+                        position, scanned = rec.offset + 1, scanned + 1
+                        if readable(tenant_id, rec.value):
+                            out.append(_record(rec))
+                        if scanned >= SCAN_BUDGET or position >= end_offset:
+                            break
             else:
                 position = max(start, end_offset)
         except Exception as exc:
