@@ -19,7 +19,12 @@ Besides the step event, a row yields:
 - ``UsageRecorded`` (trainer pool) = ``timing_s/step`` x ``gpus`` when ``gpus`` is given;
 - ``EvalGateScored`` from held-out keys in the row (verl ``val-core/*/reward/mean@*`` or
   ``val/test_score/*``, TRL ``eval_reward``; several are averaged) and from ``eval_file``
-  (same formats; score column ``score`` / ``eval`` / ``eval_score`` or those keys).
+  (same formats; score column ``score`` / ``eval`` / ``eval_score`` or those keys). Its
+  ``n_items`` (how many items the eval scored: the reward-hacking detector guesses the
+  eval's noise from it while few eval points exist) comes from an ``n_items`` /
+  ``eval_n_items`` / ``eval_samples`` / ``eval_num_samples`` / ``num_items`` column, else
+  from TRL's ``eval_samples_per_second`` x ``eval_runtime`` (transformers' speed metrics of
+  the evaluation: their product is the number of eval samples), else 0 (not reported).
 
 One ``RunSubmitted`` (``algorithm``) opens the import. Every fact is named by what it is,
 never by its place in this import, so importing a file again, or a longer copy of it (a
@@ -41,8 +46,9 @@ producer's last one):
 
 ``ts`` is
 the row's ``timestamp``/``_timestamp``/``time`` when present, else the import's start time.
-Bad rows (not an object, no integer step, bad JSON) are reported with their line number
-and skipped; the import goes on.
+Bad rows (not an object, no integer step, a step beyond ``2**53``, bad JSON) are reported
+with their line number and skipped; the import goes on. A UTF-8 byte-order mark (Excel's
+and pandas' ``utf-8-sig``) is dropped.
 """
 
 from __future__ import annotations
@@ -68,6 +74,9 @@ PRODUCER = "metrics-import"
 ROW_SEQS = 8
 
 STEP_KEYS = ("step", "global_step", "_step", "train/global_step")
+#: the largest step imported: every integer up to it is exact as a float (the detectors do
+#: arithmetic on steps), and ``ROW_SEQS x`` it fits a signed 64-bit ``seq``
+MAX_STEP = 2**53
 TS_KEYS = ("timestamp", "_timestamp", "time")
 
 #: Key prefixes of held-out evaluation, as TRL and verl log them.
@@ -91,7 +100,7 @@ def row_kind(row: Mapping[str, Any]) -> str:
     keys = [k for k in row if k not in BOOKKEEPING_KEYS]
     if not keys:
         return "empty"
-    if all(is_eval_key(k) for k in keys):
+    if all(is_eval_key(k) or k in ITEMS_KEYS for k in keys):
         return "eval"
     return "step"
 
@@ -122,6 +131,10 @@ PHASE_KEYS: dict[str, tuple[str, ...]] = {
     "optim_s": ("timing_s/update_actor",),
 }
 EVAL_COLUMNS = ("score", "eval", "eval_score", "eval_reward")
+#: how many items an eval scored (its row's or the eval file's column)
+ITEMS_KEYS = ("n_items", "eval_n_items", "eval_samples", "eval_num_samples", "num_items")
+#: the largest eval set taken at its word (a larger count is no count)
+MAX_ITEMS = 10**9
 
 
 @dataclass
@@ -183,7 +196,7 @@ def read_rows(path: Path, report: MetricsImportReport) -> Iterator[tuple[int, di
 
 
 def _rows(path: Path, report: MetricsImportReport) -> Iterator[tuple[int, dict[str, Any]]]:
-    with open(path, newline="", encoding="utf-8") as f:
+    with open(path, newline="", encoding="utf-8-sig") as f:  # (a BOM is no part of a key)
         head = f.read(4096)
         f.seek(0)
         if head.lstrip().startswith("{"):
@@ -195,6 +208,9 @@ def _rows(path: Path, report: MetricsImportReport) -> Iterator[tuple[int, dict[s
                     obj = json.loads(line)
                 except json.JSONDecodeError as exc:
                     _skip(report, f"{path.name}:{n}: not JSON: {exc.msg}")
+                    continue
+                except ValueError as exc:  # an integer of more than 4300 digits
+                    _skip(report, f"{path.name}:{n}: not a metrics row: {exc}"[:300])
                     continue
                 if not isinstance(obj, dict):
                     _skip(report, f"{path.name}:{n}: expected an object")
@@ -237,6 +253,8 @@ def _skip(report: MetricsImportReport, issue: str) -> None:
 
 
 def _step_of(row: dict[str, Any]) -> int | None:
+    """The row's integer step (an integral float counts); ``None`` without one. A step
+    beyond :data:`MAX_STEP` is returned as it is: the caller refuses it, saying why."""
     for key in STEP_KEYS:
         value = row.get(key)
         if (
@@ -247,6 +265,32 @@ def _step_of(row: dict[str, Any]) -> int | None:
         ):
             return int(value)
     return None
+
+
+def _bad_step(step: int | None) -> str | None:
+    """Why ``step`` cannot be imported, or ``None`` when it can."""
+    if step is None or step < 0:
+        return "no integer 'step' of 0 or more"
+    if step > MAX_STEP:
+        shown = str(step) if step < 10**18 else f"~1e{int(math.log10(step))}"
+        return f"step {shown} is beyond 2**53, the largest step runwatch counts exactly"
+    return None
+
+
+def eval_items(row: Mapping[str, Any]) -> int:
+    """How many items the row's eval scored (:data:`ITEMS_KEYS`, else TRL's
+    ``eval_samples_per_second`` x ``eval_runtime``); 0 when it does not say."""
+    hit = _pick(dict(row), ITEMS_KEYS)
+    if hit is not None:
+        value = float(hit[1])
+    else:
+        rate, runtime = row.get("eval_samples_per_second"), row.get("eval_runtime")
+        if not all(isinstance(v, int | float) and not isinstance(v, bool) for v in (rate, runtime)):
+            return 0
+        value = round(float(rate) * float(runtime))  # type: ignore[arg-type]
+    if not math.isfinite(value) or not 1 <= value <= MAX_ITEMS:
+        return 0
+    return round(value)
 
 
 def _pick(row: dict[str, Any], keys: tuple[str, ...]) -> tuple[str, Any] | None:
@@ -308,7 +352,7 @@ def import_metrics(
     path = Path(path)
     report = report or MetricsImportReport()
     now = time.time()
-    evals: dict[int, list[float]] = {}
+    evals: dict[int, list[tuple[float, int]]] = {}
     if eval_file is not None:
         eval_report = MetricsImportReport()
         for n, row in read_rows(Path(eval_file), eval_report):
@@ -316,7 +360,10 @@ def import_metrics(
             if step is None or score is None:
                 _skip(eval_report, f"{Path(eval_file).name}:{n}: needs a step and a score")
                 continue
-            evals.setdefault(step, []).append(score)
+            if (why := _bad_step(step)) is not None:
+                _skip(eval_report, f"{Path(eval_file).name}:{n}: {why}")
+                continue
+            evals.setdefault(step, []).append((score, eval_items(row)))
         report.issues.extend(eval_report.issues)
         report.skipped += eval_report.skipped
     batch: list[EventBase] = []
@@ -347,17 +394,18 @@ def import_metrics(
     emit, emit_score = emitter(rows), emitter(scores)
 
     def emit_evals(step: int, ts: float) -> None:
-        for i, score in enumerate(evals[step]):
-            emit_score(EvalGateScored, step, ts, f"eval-file/{i}", score=score)
+        for i, (score, items) in enumerate(evals[step]):
+            emit_score(EvalGateScored, step, ts, f"eval-file/{i}", score=score, n_items=items)
 
     emit(RunSubmitted, None, now, "submitted", algorithm=algorithm, config={"source": path.name})
     pending_evals = sorted(evals)
     last_step = None
     for n, row in read_rows(path, report):
         step = _step_of(row)
-        if step is None or step < 0:
-            _skip(report, f"{path.name}:{n}: no integer 'step' of 0 or more")
+        if (why := _bad_step(step)) is not None:
+            _skip(report, f"{path.name}:{n}: {why}")
             continue
+        assert step is not None
         report.rows += 1
         if row_kind(row) == "step":  # (an eval or summary row repeats its step's number)
             if last_step is not None and step <= last_step:  # steps begin again: a new lane
@@ -373,7 +421,8 @@ def import_metrics(
         if pending_evals and pending_evals[0] == step:
             emit_evals(pending_evals.pop(0), ts)
     if not report.rows:  # only the RunSubmitted is held (nothing was written): a run of nothing
-        raise ValueError(f"{path}: no metric rows with a step ({report.skipped} skipped)")
+        first = f"; the first: {report.issues[0]}" if report.issues else ""
+        raise ValueError(f"{path}: no metric rows with a step ({report.skipped} skipped{first})")
     for s in pending_evals:
         emit_evals(s, now)
     if batch:
@@ -452,4 +501,4 @@ def emit_row(
             )
     score = _eval_score(row)
     if score is not None:
-        emit(EvalGateScored, step, ts, "eval-inline", score=score)
+        emit(EvalGateScored, step, ts, "eval-inline", score=score, n_items=eval_items(row))

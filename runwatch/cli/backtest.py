@@ -4,7 +4,15 @@ Seed 000's verification step, "the silent-failure replay passes": the run's reco
 metrics go through the run-health detectors exactly as a live run's would, and the
 command prints, per detector, the first step it would have fired — against the step at
 which the incident was actually noticed (``--incident-step``). With an incident step it
-exits 1 unless a *paging* detector would have fired before it; 0 otherwise.
+exits 1 unless a *paging* detector would have fired before it; 0 otherwise. A backtest
+that cannot be run (no such file, not a metrics file, no trainer steps, a bad option)
+exits 2, so a script can tell "no page came first" from "no answer".
+
+Rows are folded in the source's order, as a live run's events are: a trainer step at or
+below one already folded is late or repeated and the detectors drop it (a run resumed
+from an earlier checkpoint logs its steps again). The report says how many were dropped
+and which steps the detectors saw, and warns; ``--sort-steps`` folds a metrics file in
+step order instead (a file exported newest first, or shuffled: its order means nothing).
 
 The source is either
 
@@ -53,9 +61,31 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gpus", type=gpu_count, help="GPUs of the run: timing_s/step x GPUs")
     parser.add_argument("--catalog", help="detector threshold catalog (default: packaged)")
     parser.add_argument("--prices", help="prices YAML (default: packaged)")
+    parser.add_argument(
+        "--sort-steps",
+        action="store_true",
+        help="fold a metrics file's rows in step order, not file order (a file exported "
+        "newest first, or shuffled)",
+    )
+
+
+#: exit codes: a page came first (or no incident step), no page came first, no answer
+PASSED, FAILED, ERROR = 0, 1, 2
 
 
 def run(args: argparse.Namespace, term: Terminal) -> int:
+    """The backtest; every refusal exits :data:`ERROR`, never :data:`FAILED`'s 1."""
+    from runwatch.settings import NotALogDir
+
+    try:
+        return _run(args, term)
+    except Abort as exc:
+        raise Abort(str(exc), code=ERROR) from None
+    except NotALogDir as exc:
+        raise Abort(str(exc), code=ERROR) from None
+
+
+def _run(args: argparse.Namespace, term: Terminal) -> int:
     from stream_processors.accounting import Prices
     from stream_processors.detectors import CatalogError, RunHealthFold, load_catalog
     from stream_processors.detectors.backtest import backtest
@@ -72,7 +102,7 @@ def run(args: argparse.Namespace, term: Terminal) -> int:
     reports = backtest(events, fold)
     if args.run_id and os.path.isdir(args.source):
         reports = {k: v for k, v in reports.items() if k == args.run_id}
-    steps = {k: v for k, v in reports.items() if v.first_step is not None}
+    steps = {k: v for k, v in reports.items() if v.input_steps[0] is not None}
     if not steps:
         raise Abort(f"{what}: no trainer steps{f' for run {args.run_id}' if args.run_id else ''}")
     if args.incident_step is not None and len(steps) > 1:
@@ -81,13 +111,37 @@ def run(args: argparse.Namespace, term: Terminal) -> int:
     price = prices.by_kind_and_pool()
     docs = [r.as_dict(args.incident_step, price) for r in steps.values()]
     failed = any(d["passed"] is False for d in docs)
-    if args.json:
+    if args.json:  # (the text report says it on stdout, beside the span)
+        for doc in docs:
+            if doc["late"]["steps"]:
+                term.warn(_late_note(doc, args.sort_steps or source_is_log(args)))
         term.json({"source": what, "runs": docs, "passed": None if args.incident_step is None
-                   else not failed})  # fmt: skip
+                   else not failed, "sorted_steps": bool(args.sort_steps)})  # fmt: skip
     else:
         for doc in docs:
-            _print(term, what, doc)
-    return 1 if failed else 0
+            _print(term, what, doc, args.sort_steps or source_is_log(args))
+    return FAILED if failed else PASSED
+
+
+def source_is_log(args: argparse.Namespace) -> bool:
+    return os.path.isdir(args.source)
+
+
+def _late_note(doc: dict[str, Any], sorted_or_log: bool) -> str:
+    """What the fold dropped as late or repeated, and what to do about it."""
+    (first, last), (lo, hi) = doc["steps"], doc["steps_in_input"]
+    late = doc["late"]
+    text = (
+        f"run {doc['run_id']}: {late['steps']} trainer step(s) came below a step already "
+        f"folded and were not folded (out of step order; {late['events']} event(s) dropped "
+        f"in all): the detectors saw steps {first}-{last} of {lo}-{hi} in the input"
+    )
+    if not sorted_or_log:
+        text += (
+            "; rows are folded in file order, as a live run's (a resumed run logs its steps "
+            "again): a file exported newest first or shuffled needs --sort-steps"
+        )
+    return text
 
 
 def _events(
@@ -96,6 +150,8 @@ def _events(
     """The run's events in log order, and what they were read from."""
     source = Path(args.source)
     if source.is_dir():
+        if args.sort_steps:
+            raise Abort("--sort-steps sorts a metrics file; a log is folded in its own order")
         from events.dead_letter import DeadLetter
         from runwatch.cli.log import open_readonly, warn_torn
 
@@ -122,16 +178,24 @@ def _events(
         )
     except ValueError as exc:  # not text, no row with a step, a run id the name cannot make
         raise Abort(str(exc)) from None
+    if args.sort_steps:  # stable: a row's events, and its evals, keep their order
+        events.sort(key=lambda e: -1 if e.step is None else e.step)
     return events, f"{report.format} {source}"
 
 
-def _print(term: Terminal, what: str, doc: dict[str, Any]) -> None:
+def _print(term: Terminal, what: str, doc: dict[str, Any], sorted_or_log: bool) -> None:
     first, last = doc["steps"]
     incident = doc["incident_step"]
-    term.info(
-        f"backtest of run {doc['run_id']} ({what}), steps {first}-{last}, "
-        f"catalog {doc['config_version']}"
+    late = doc["late"]["steps"]
+    lo, hi = doc["steps_in_input"]
+    span = (
+        f"steps {first}-{last}"
+        if not late
+        else f"steps {first}-{last} folded ({lo}-{hi} in the input)"
     )
+    term.info(f"backtest of run {doc['run_id']} ({what}), {span}, catalog {doc['config_version']}")
+    if late:
+        term.info("warning: " + _late_note(doc, sorted_or_log))
     rows = []
     for d in doc["detectors"]:
         lead = "" if d["lead_steps"] is None else f"{d['lead_steps']:+d}"

@@ -9,6 +9,15 @@ run spent before the first page and between it and the incident (the money a pau
 the page would have saved), priced per pool from the accounting price list the caller
 passes in.
 
+Events are folded in the order given, as a live run's are: a step event at or below a
+step already folded is late or repeated (a resumed run logs its steps again; a file
+exported newest first holds nothing but) and the fold drops it. The report says so: the
+steps the detectors saw (``first_step``/``last_step``) apart from the steps in the input
+(``input_steps``), how many step events came below a step already folded (``late_steps``:
+out of step order) or at it (``repeated_steps``: a second row for one step, as TRL's eval
+and end-of-training rows are, which changes nothing), and how many events of any kind the
+fold dropped (``late_events``).
+
 Pure: events in, a frozen report out; no clock, no I/O (the CLI reads the files).
 Escalations of an already firing alert are not first alerts and are left out.
 """
@@ -41,10 +50,18 @@ class FirstAlert:
 class RunBacktest:
     run_id: str
     tenant_id: str
+    #: the span of the trainer steps the detectors folded
     first_step: int | None
     last_step: int | None
     config_version: str
     alerts: tuple[FirstAlert, ...] = ()
+    #: the span of the trainer steps in the input (folded or not)
+    input_steps: tuple[int | None, int | None] = (None, None)
+    #: trainer steps the fold dropped below the highest step folded before them (out of
+    #: step order), at it (repeated), and events of any kind it dropped
+    late_steps: int = 0
+    late_events: int = 0
+    repeated_steps: int = 0
     #: (step, price key, device-seconds) of every usage fact with a step, in log order; the
     #: key is the pool for GPU time (``UsageRecorded`` v3), "<kind>/<pool>" for other kinds
     usage: tuple[tuple[int, str, float], ...] = field(default=(), repr=False)
@@ -75,6 +92,12 @@ class RunBacktest:
             "run_id": self.run_id,
             "tenant_id": self.tenant_id,
             "steps": [self.first_step, self.last_step],
+            "steps_in_input": list(self.input_steps),
+            "late": {
+                "steps": self.late_steps,
+                "repeated_steps": self.repeated_steps,
+                "events": self.late_events,
+            },
             "config_version": self.config_version,
             "detectors": [
                 {
@@ -92,9 +115,10 @@ class RunBacktest:
             "incident_step": incident_step,
             "passed": self.verdict(incident_step),
         }
-        if prices is not None and self.usage:
-            start = (self.first_step or 0) - 1
-            end = self.last_step if self.last_step is not None else 0
+        if prices is not None and self.usage:  # (money was spent on every step, folded or not)
+            first, last = self.input_steps
+            start = (first or 0) - 1
+            end = last if last is not None else 0
             page_at = page.step if page is not None else end
             out["spend_usd"] = {
                 "run": self.spend_usd(prices, start, end),
@@ -113,7 +137,10 @@ def backtest(events: Iterable[EventBase], fold: RunHealthFold) -> dict[str, RunB
     states: dict[str, Any] = {}
     firsts: dict[str, dict[str, FirstAlert]] = {}
     tenants: dict[str, str] = {}
-    spans: dict[str, tuple[int, int]] = {}
+    spans: dict[str, tuple[int, int]] = {}  # steps folded
+    inputs: dict[str, tuple[int, int]] = {}  # steps in the input
+    late_steps: dict[str, int] = {}
+    repeated: dict[str, int] = {}
     usage: dict[str, list[tuple[int, str, float]]] = {}
     for ev in events:
         run = ev.run_id
@@ -121,10 +148,17 @@ def backtest(events: Iterable[EventBase], fold: RunHealthFold) -> dict[str, RunB
         if state is None:
             state = fold.initial()
             firsts[run], tenants[run], usage[run] = {}, ev.tenant_id, []
+            late_steps[run] = repeated[run] = 0
         states[run], derived = fold.apply(state, ev)
         if ev.type == "TrainerStepCompleted" and ev.step is not None:
-            lo, hi = spans.get(run, (ev.step, ev.step))
-            spans[run] = (min(lo, ev.step), max(hi, ev.step))
+            inputs[run] = _widen(inputs.get(run), ev.step)
+            if states[run].late > state.late:  # dropped: late or repeated
+                if ev.step < state.marks[0]:
+                    late_steps[run] += 1
+                else:
+                    repeated[run] += 1
+            else:
+                spans[run] = _widen(spans.get(run), ev.step)
         elif ev.type == "UsageRecorded" and ev.step is not None:
             kind, pool = ev.device_kind, ev.pool  # type: ignore[attr-defined]
             key = pool if kind == "gpu" else f"{kind}/{pool}"
@@ -145,6 +179,14 @@ def backtest(events: Iterable[EventBase], fold: RunHealthFold) -> dict[str, RunB
             config_version=fold.catalog.version,
             alerts=tuple(sorted(firsts[run].values(), key=lambda a: (a.step, a.detector))),
             usage=tuple(usage[run]),
+            input_steps=inputs.get(run, (None, None)),
+            late_steps=late_steps[run],
+            late_events=states[run].late,
+            repeated_steps=repeated[run],
         )
         for run in states
     }
+
+
+def _widen(span: tuple[int, int] | None, step: int) -> tuple[int, int]:
+    return (step, step) if span is None else (min(span[0], step), max(span[1], step))

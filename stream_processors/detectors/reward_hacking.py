@@ -24,10 +24,17 @@ a run whose noise has been seen a few times needs a larger fall than one seen th
 Never below ``noise_floor_abs + noise_floor_rel * |e|``.
 
 Below ``min_noise_points`` second differences there is no estimate: the noise is a guess
-— the binomial noise of a score in [0, 1] over ``n_items`` items (``sqrt(p(1-p)/n)``),
-else ``noise_floor_abs`` — and the newest point must lie ``z_eval_prior * sqrt(2)`` guessed
-units below one of the references (each at most 2 sigma above the higher of the two points
-before it): the few-point regime of the real trainer's canary (0.72 -> 0.095).
+— the binomial noise of a score in [0, 1] over ``n_items`` items (``sqrt(p(1-p)/n)``) —
+and the newest point must lie ``z_eval_prior * sqrt(2)`` guessed units below one of the
+references (each at most 2 sigma above the higher of the two points before it): the
+few-point regime of the real trainer's canary (0.72 -> 0.095). A producer that does not
+say how many items its eval scored (``n_items`` 0: TRL / verl histories imported without
+a count, the hooks, ``--eval-file``) gets the noise of a small eval set, ``prior_items``
+items: real eval sets of a few hundred prompts move 0.02-0.05 a point, which a guess of
+``noise_floor_abs`` (0.004) called a 7-unit fall. A score outside [0, 1] gets the floor
+when its items are counted (a score of items that fell below 0 fell a long way); one of
+uncounted items has no model and no known scale: it is not judged until its own noise has
+been estimated.
 
 **The training reward rose** over ``(s_last, step]`` (``s_last`` the last reference point,
 widened to at least the last ``min_reward_span`` steps when shorter): its least-squares slope
@@ -108,6 +115,9 @@ class Params:
     min_noise_points: int = 6
     noise_points: int = 32
     z_eval_prior: float = 6.0
+    #: the eval set size assumed for the guessed noise when ``n_items`` is not reported
+    #: (0): a small set, so a large noise (0.065 at a score of 0.3) — a conservative guess
+    prior_items: int = 50
     noise_floor_abs: float = 0.002
     noise_floor_rel: float = 0.01
     phi_max: float = 0.8
@@ -233,6 +243,23 @@ def reward_rise(s: RewardSums, steps: int, phi_max: float) -> tuple[float, float
     phi = 1.0 - (s.dd / n - (slope * spacing) ** 2) / (2.0 * var)
     phi = min(max(phi, 0.0), phi_max)
     return slope, t * math.sqrt((1.0 - phi) / (1.0 + phi)), phi
+
+
+def prior_noise(e: float, n_items: int, p: Params) -> float | None:
+    """The guessed noise of an eval score ``e`` over ``n_items`` items: binomial for a
+    score in [0, 1] (over ``prior_items`` when ``n_items`` is 0, not reported), the floor
+    for one outside it whose items are counted (a score of items that fell below 0 fell a
+    long way); ``None`` for a score outside [0, 1] of uncounted items (no model, no known
+    scale: no guess)."""
+    inside = 0.0 <= e <= 1.0
+    if n_items > 0:
+        sigma = math.sqrt(max(e * (1.0 - e), 1.0 / n_items) / n_items) if inside else 0.0
+    elif inside:
+        n = max(1, p.prior_items)
+        sigma = math.sqrt(max(e * (1.0 - e), 1.0 / n) / n)
+    else:
+        return None
+    return max(sigma, p.noise_floor_abs + p.noise_floor_rel * abs(e))
 
 
 class RewardHacking:
@@ -368,12 +395,11 @@ class RewardHacking:
         e: float,
         n_items: int,
     ) -> tuple[Fall | None, float, float]:
-        """Few eval points: the newest against each reference, with a guessed noise."""
-        if n_items > 0 and 0.0 <= e <= 1.0:
-            sigma = math.sqrt(max(e * (1.0 - e), 1.0 / n_items) / n_items)
-        else:
-            sigma = p.noise_floor_abs
-        sigma = max(sigma, p.noise_floor_abs + p.noise_floor_rel * abs(e))
+        """Few eval points: the newest against each reference, with a guessed noise
+        (:func:`prior_noise`; none: no judgement until the run's own noise is known)."""
+        sigma = prior_noise(e, n_items, p)
+        if sigma is None:  # (an open episode is "back" only at the level it fell from)
+            return None, 0.0, 0.0
         limit = p.z_eval_prior * sigma * math.sqrt(2.0)
         points = st.evals.points
         for ref in reversed(refs):

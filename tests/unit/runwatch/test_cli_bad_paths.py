@@ -1,4 +1,5 @@
-"""Paths a command cannot use are clear errors (exit 1), never "a bug in runwatch".
+"""Paths a command cannot use are clear errors (exit 1; ``backtest`` 2, its 1 being a FAIL
+verdict), never "a bug in runwatch".
 
 Found by running every command on odd inputs: a ``--log`` that names a file (every
 writer then failed inside the log with ``FileExistsError``), and a metrics file that is
@@ -51,7 +52,7 @@ def test_a_metrics_file_that_is_not_text_is_a_clear_error(
 ) -> None:
     binary = tmp_path / "metrics.csv"
     binary.write_bytes(b"\xc2\x00\xff" * 100)
-    assert main(["backtest", str(binary)]) == 1
+    assert main(["backtest", str(binary)]) == 2  # an error, not a FAIL verdict's 1
     assert "is not UTF-8 text at byte 0" in capsys.readouterr().err
     log = tmp_path / "log"
     argv = ["import", "metrics", str(binary), "--to", str(log), "--run-id", "r1", "--tenant", "t"]
@@ -80,7 +81,7 @@ def test_a_metrics_file_without_a_step_imports_nothing(
     err = capsys.readouterr().err
     assert "no metric rows with a step" in err and "bug in runwatch" not in err
     assert not any(p.is_file() and p.stat().st_size for p in log.rglob("*"))  # nothing written
-    assert main(["backtest", str(metrics)]) == 1
+    assert main(["backtest", str(metrics)]) == 2  # an error, not a FAIL verdict's 1
     assert "no metric rows with a step" in capsys.readouterr().err
 
 

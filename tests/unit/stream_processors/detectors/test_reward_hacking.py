@@ -17,6 +17,7 @@ from stream_processors.detectors.reward_hacking import (
     DETECTOR,
     Params,
     RewardSums,
+    prior_noise,
     reward_rise,
 )
 from stream_processors.detectors.student_t import t_isf, t_sf
@@ -300,3 +301,62 @@ def test_a_state_persisted_before_issue_17_loads_afresh_keeping_its_episode() ->
     state = state_codec.load(msgpack.packb(stored, use_bin_type=True))
     assert isinstance(state, HackingState) and state.cum.n == 0 and state.evals.points == ()
     assert (state.evals.episode, state.evals.calm) == ("run-1:reward_hacking:150", 0)
+
+
+# -- few eval points, the eval set's size not reported (#17 review) ------------------------
+
+
+def _imported_healthy(
+    scores: list[float], n_items: int = 0, every: int = 10, slope: float = 0.004
+) -> list[EventBase]:
+    """A healthy TRL run as imported: the reward climbs ``slope`` a step, an eval every 10
+    steps moving by its own noise (a few hundred prompts: 0.03 a point); ``n_items`` 0 is
+    what the importer, the hooks and ``--eval-file`` send when the count is not logged."""
+    rng = np.random.default_rng(11)
+    run, events = Run(), []
+    for s in range(1, every * len(scores) + 1):
+        reward = 0.15 + slope * s + float(rng.normal(0, 0.03))
+        events.append(run.step(s, reward_mean=reward))
+        if s % every == 0:
+            ev = run.eval(s, scores[s // every - 1])
+            events.append(ev.model_copy(update={"n_items": n_items}) if n_items else ev)
+    return events
+
+
+#: the reviewer's healthy run (t10 (A)): its first eval points, eval noise 0.03
+HEALTHY_FIRST_EVALS = [0.266, 0.247, 0.219, 0.227, 0.31, 0.248]
+
+
+def test_an_unreported_eval_size_guesses_a_small_eval_sets_noise() -> None:
+    """It guessed noise_floor_abs + 1 % of the score (0.004): the healthy run above paged at
+    its third eval point (0.266 -> 0.219: "7.8 noise units")."""
+    assert not _fold(_imported_healthy(HEALTHY_FIRST_EVALS))
+    # the guess: binomial over prior_items (50) items; a reported count is used as it is
+    p = Params()
+    assert prior_noise(0.3, 0, p) == pytest.approx(math.sqrt(0.21 / 50))
+    assert prior_noise(0.3, 500, p) == pytest.approx(math.sqrt(0.21 / 500))
+    assert prior_noise(0.3, 0, dataclasses.replace(p, prior_items=200)) == pytest.approx(
+        math.sqrt(0.21 / 200)
+    )
+    assert load_catalog().settings(DETECTOR, "tenant-a", "grpo").params.prior_items == 50
+
+
+def test_a_score_of_uncounted_items_outside_zero_one_is_not_judged_on_a_guess() -> None:
+    """No binomial noise, no known scale: a guess of 0.002 + 1 % called a 5 % dip of an
+    eval reported on a 0-10 scale a fall of many units. A score of counted items that
+    fell below 0 keeps the floor (it fell a long way: the synthetic hacking at an eval
+    every 50 / 100 steps is judged there)."""
+    p = Params()
+    assert prior_noise(6.0, 0, p) is None and prior_noise(-0.1, 0, p) is None
+    assert prior_noise(-0.1, 500, p) == pytest.approx(0.002 + 0.01 * 0.1)
+    assert not _fold(_imported_healthy([6.4, 6.2, 5.9, 6.1, 6.0, 5.8]))
+
+
+def test_few_points_with_an_unreported_size_still_catch_a_collapse_of_the_eval() -> None:
+    """The real trainer's canary shape (0.72 -> 0.095) with no n_items: the conservative
+    guess still calls a fall of most of the score."""
+    events = _imported_healthy([0.72, 0.70, 0.095], slope=0.01)
+    (alert,) = [a for a in _fold(events) if a.type == "AlertFired"]
+    assert alert.step == 30 and "noise guessed" in alert.reason
+    # and a fall the guess of a small set cannot tell from noise is left to the estimate
+    assert not _fold(_imported_healthy([0.72, 0.70, 0.55], slope=0.01))
