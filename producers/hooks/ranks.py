@@ -13,9 +13,18 @@ world's default process group:
   (``TrainingArguments.ddp_timeout``, 1,800 s by default; ``heartbeat_s`` is a quarter of
   it, at most :data:`HEARTBEAT_S`).
 
-Assumptions: every rank calls :meth:`WorldVerdict.share` at the same step boundaries (the
-framework's callbacks run on every rank, in lockstep); the default process group is
-initialized (the framework did it) and rank 0 is process zero. The tensor lives where the
+Every rank must hold the callback: a broadcast of process zero's that another rank does
+not make would pair with that rank's own next collective (DDP's, accelerate's) and kill
+the job. So before the first verdict the ranks that hold it say so in the process group's
+store (a key-value store every rank already reaches; no collective): process zero waits up
+to :data:`JOIN_WAIT_S` for all of them and writes whether the verdict is shared. If a rank
+lacks the callback, none broadcasts and process zero says so (the run's commands are then
+not followed there: put the callback on every rank).
+
+Assumptions: every rank holding the callback calls :meth:`WorldVerdict.share` at the same
+step boundaries (the framework's callbacks run on every rank, in lockstep); the default
+process group is initialized (the framework did it), has a store, and rank 0 is process
+zero. The tensor lives where the
 backend wants it: on the current CUDA device for NCCL, on the CPU otherwise. Cost: one
 broadcast of one integer per step (it synchronizes the ranks at the step's end, where DDP
 has already synchronized them).
@@ -23,14 +32,19 @@ has already synchronized them).
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from typing import Any
+
+log = logging.getLogger("runwatch.hooks")
 
 #: what process zero says at a step boundary
 GO, HOLD, STOP = 0, 1, 2
 #: the longest time between two ``HOLD`` broadcasts of a paused process zero (seconds)
 HEARTBEAT_S = 10.0
+#: how long process zero waits for every rank to say it holds the callback (seconds)
+JOIN_WAIT_S = 30.0
 
 
 def world_size() -> int:
@@ -97,11 +111,49 @@ class WorldVerdict:
                 return word == STOP
 
 
-def world_verdict(args: Any) -> WorldVerdict | None:
+def world_verdict(args: Any, name: str, join_wait_s: float = JOIN_WAIT_S) -> WorldVerdict | None:
     """The verdict sharer of a run launched as several processes (``args``: the
     framework's ``TrainingArguments``; its ``ddp_timeout`` sets the heartbeat), or None
-    for one process or a world without an initialized process group."""
+    for one process, a world without an initialized process group, or one where not every
+    rank holds the callback (:func:`all_ranks_join`). ``name``: the same on every rank
+    and new for every training run of the processes (the run id and a count)."""
     if world_size() <= 1:
+        return None
+    if not all_ranks_join(name, join_wait_s):
         return None
     timeout = getattr(args, "ddp_timeout", None)
     return WorldVerdict(float(timeout) if timeout else None)
+
+
+def all_ranks_join(name: str, wait_s: float = JOIN_WAIT_S) -> bool:
+    """Does every rank hold the callback? Each rank that does adds itself under ``name``
+    in the process group's store; process zero waits up to ``wait_s`` for all and writes
+    the answer, which the others read (the store's own timeout bounds their wait). No
+    collective: a rank without the callback takes no part. False, said by process zero,
+    when a rank is missing or there is no store."""
+    import torch.distributed as dist
+
+    try:
+        store = dist.distributed_c10d._get_default_store()
+    except Exception as exc:  # no store: nothing to agree through
+        log.warning("runwatch: no process group store (%s): commands are not followed", exc)
+        return False
+    members, answer = f"runwatch/{name}/members", f"runwatch/{name}/shared"
+    size = dist.get_world_size()
+    joined = store.add(members, 1)
+    if dist.get_rank() != 0:
+        return store.get(answer) == b"1"
+    deadline = time.monotonic() + wait_s
+    while joined < size and time.monotonic() < deadline:
+        time.sleep(0.05)
+        joined = store.add(members, 0)
+    store.set(answer, b"1" if joined >= size else b"0")
+    if joined < size:
+        log.warning(
+            "runwatch: the callback is on %d of %d ranks: the run's commands are not "
+            "followed (a pause or cancel of process zero alone would hang the others); "
+            "add RunwatchCallback on every rank",
+            joined,
+            size,
+        )
+    return joined >= size

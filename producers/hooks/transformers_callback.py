@@ -41,7 +41,7 @@ from transformers import TrainerCallback
 
 from producers.hooks.hook import RunwatchHook
 from producers.hooks.obey import RunCancelledByRunwatch
-from producers.hooks.ranks import WorldVerdict, world_verdict
+from producers.hooks.ranks import JOIN_WAIT_S, WorldVerdict, world_verdict
 
 log = logging.getLogger("runwatch.hooks")
 
@@ -77,18 +77,23 @@ class RunwatchCallback(TrainerCallback):
         hook: RunwatchHook | None = None,
         close_on_end: bool = True,
         flush_timeout_s: float = 30.0,
+        join_wait_s: float = JOIN_WAIT_S,
         **hook_kwargs: Any,
     ) -> None:
+        """``join_wait_s``: in a multi-process run, how long process zero waits at the
+        start of training for every rank to say it holds this callback (:mod:`.ranks`)."""
         if hook is None and run_id is None:
             raise ValueError("RunwatchCallback needs run_id= (or hook=)")
         self._hook = hook
         self._run_id = run_id if run_id is not None else hook.run_id  # type: ignore[union-attr]
         self._world: WorldVerdict | None = None
+        self._trainings = 0  # train() calls so far: each agrees on its verdict anew
         self._said_alone = False
         self._tenant_id = tenant_id
         self._hook_kwargs = hook_kwargs
         self.close_on_end = close_on_end
         self.flush_timeout_s = flush_timeout_s
+        self.join_wait_s = join_wait_s
 
     @property
     def hook(self) -> RunwatchHook | None:
@@ -102,7 +107,8 @@ class RunwatchCallback(TrainerCallback):
         return self._hook
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        self._world = world_verdict(args)
+        self._trainings += 1
+        self._world = world_verdict(args, f"{self._run_id}/{self._trainings}", self.join_wait_s)
         if state.is_world_process_zero:
             self._start(args, state, kwargs.get("model"))
         # a run paused when this process started stays paused (before its first step); a
@@ -141,12 +147,13 @@ class RunwatchCallback(TrainerCallback):
 
         if self._world is not None:
             return self._world.share(decide)
-        if getattr(args, "world_size", 1) != 1:  # several processes, no process group
+        if getattr(args, "world_size", 1) != 1:  # several processes, no shared verdict
             if not self._said_alone and state.is_world_process_zero:
                 self._said_alone = True
                 log.warning(
-                    "runwatch: run %s has %s processes but no torch.distributed process "
-                    "group: its commands are not followed (the run state still says them)",
+                    "runwatch: run %s has %s processes and no verdict shared by all (no "
+                    "process group, or the callback not on every rank): its commands are "
+                    "not followed (the run state still says them)",
                     self._run_id,
                     args.world_size,
                 )

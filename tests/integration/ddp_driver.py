@@ -1,7 +1,9 @@
 """A customer's multi-process training job: a plain ``transformers.Trainer`` under
 ``torchrun`` (two CPU processes, gloo), with :class:`producers.hooks.RunwatchCallback`.
 
-argv: MODEL_DIR LOG_DIR OUT_DIR RUN_ID MAX_STEPS DDP_TIMEOUT_S. The process group is made
+argv: MODEL_DIR LOG_DIR OUT_DIR RUN_ID MAX_STEPS DDP_TIMEOUT_S [rank0-only]. With
+``rank0-only`` the hook's callback is on process zero alone (a misconfigured job: it must
+still train, its commands unfollowed). The process group is made
 here with that timeout (on the CPU transformers leaves ``ddp_timeout`` out of it; on GPUs it
 passes it to NCCL as this does), and ``ddp_timeout`` says the same. Every rank appends
 ``<step>`` to ``OUT_DIR/steps-rank<R>.txt`` at each step's end (before the hook's own
@@ -34,6 +36,7 @@ def main() -> None:
 
     model_dir, log_dir, out, run_id = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3]), sys.argv[4]
     max_steps, timeout = int(sys.argv[5]), int(sys.argv[6])
+    rank0_only = sys.argv[7:] == ["rank0-only"]
     rank = int(os.environ["RANK"])
     dist.init_process_group("gloo", timeout=timedelta(seconds=timeout))
     steps_file = out / f"steps-rank{rank}.txt"
@@ -65,12 +68,13 @@ def main() -> None:
         gpus=2,
         install_exit_hooks=False,
         command_poll_s=0.05,
+        join_wait_s=3.0,
     )
     trainer = Trainer(
         model=AutoModelForCausalLM.from_pretrained(model_dir),
         args=args,
         train_dataset=Dataset.from_dict({"input_ids": ids, "labels": ids}),
-        callbacks=[Marker(), hooked],
+        callbacks=[Marker()] if rank0_only and rank != 0 else [Marker(), hooked],
     )
     trainer.train()
     print(f"done rank={rank} step={trainer.state.global_step}", flush=True)

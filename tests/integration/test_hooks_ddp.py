@@ -36,7 +36,7 @@ def _steps(out: Path, rank: int) -> list[int]:
     return [int(x) for x in path.read_text().split()] if path.exists() else []
 
 
-def test_every_rank_of_a_torchrun_job_pauses_and_stops_with_process_zero(tmp_path: Path) -> None:
+def _launch(tmp_path: Path, steps: int, *extra: str) -> tuple[subprocess.Popen[str], Path, Path]:
     model = tiny_model_dir(tmp_path / "model")
     log_dir, out = tmp_path / "log", tmp_path / "out"
     out.mkdir()
@@ -44,11 +44,16 @@ def test_every_rank_of_a_torchrun_job_pauses_and_stops_with_process_zero(tmp_pat
     cmd = [
         sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
         str(ROOT / "tests/integration/ddp_driver.py"),
-        str(model), str(log_dir), str(out), RUN, "5000", str(DDP_TIMEOUT_S),
+        str(model), str(log_dir), str(out), RUN, str(steps), str(DDP_TIMEOUT_S), *extra,
     ]  # fmt: skip
     job = subprocess.Popen(
         cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
+    return job, log_dir, out
+
+
+def test_every_rank_of_a_torchrun_job_pauses_and_stops_with_process_zero(tmp_path: Path) -> None:
+    job, log_dir, out = _launch(tmp_path, 5000)
 
     def answers() -> list[str]:
         if not log_dir.is_dir():
@@ -91,3 +96,19 @@ def test_every_rank_of_a_torchrun_job_pauses_and_stops_with_process_zero(tmp_pat
     last = _steps(out, 0)[-1]
     assert done == [f"done rank=0 step={last}", f"done rank=1 step={last}"], output[-3000:]
     assert last < 5000 and _steps(out, 1)[-1] == last  # stopped together, by the cancel
+
+
+def test_a_callback_on_process_zero_alone_shares_no_verdict_and_kills_nothing(
+    tmp_path: Path,
+) -> None:
+    """Found by review: with the callback on process zero only, its verdict broadcast paired
+    with the other rank's own collectives and the job died before its first step. Now the
+    ranks agree through the group's store first: the job trains to its end, and process
+    zero says why the run's commands are not followed."""
+    job, log_dir, out = _launch(tmp_path, 20, "rank0-only")
+    output, _ = job.communicate(timeout=300)
+    assert job.returncode == 0, output[-3000:]
+    assert _steps(out, 0)[-1] == _steps(out, 1)[-1] == 20
+    assert "the callback is on 1 of 2 ranks" in output, output[-3000:]
+    kinds = [e.type for e in embedded_events(log_dir, RUN)]
+    assert kinds.count("StepPhaseTimed") == 20 and kinds[-1] == "RunCompleted"
