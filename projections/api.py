@@ -221,6 +221,16 @@ class CommandRate:
         self._buckets[who] = (tokens, now)
         return (need - tokens) / self.rate
 
+    def debit(self, who: str, n: float) -> None:
+        """Take ``n`` more tokens from ``who`` after the fact (a cost known only once the
+        work is done), into debt if need be: its next :meth:`wait` waits it off."""
+        if n <= 0:
+            return
+        now = self.clock()
+        tokens, then = self._buckets.get(who, (float(self.burst), now))
+        tokens = min(float(self.burst), tokens + (now - then) * self.rate)
+        self._buckets[who] = (tokens - n, now)
+
 
 def create_app(
     store: ReadModel,

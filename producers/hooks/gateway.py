@@ -7,10 +7,13 @@ credentials in the customer's process. :class:`GatewayLog` is what the hook's pu
 writes to and its command reader reads from, so spooling, retries and the command
 protocol are the same as on Kafka:
 
-- ``append_many``: one ``POST`` per chunk of at most :data:`CHUNK_BYTES`; a transport
-  error or a 5xx raises (the publisher spools and retries); a record the gateway refused
-  (it dead-lettered it) is said once in the log and is not retried: its ``Appended`` has
-  partition and offset -1;
+- ``append_many``: one ``POST`` per chunk of at most :data:`CHUNK_BYTES`. A transport
+  error, a 5xx, a 429 (over the tenant's rate) or a 401/403 (a key the gateway does not
+  take now: the keys file may be fixed) raises: the publisher spools and retries. What the
+  gateway refuses for good is not retried, and said once in the log: a record it
+  dead-lettered, a request it answers 404/413/422, a record over
+  :data:`MAX_RECORD_BYTES` (not sent: it could never be). The gateway tells no offsets
+  (they would tell of other tenants' writes): every ``Appended`` has -1;
 - ``partitions`` / ``end_offset`` / ``read``: the gateway's answers for the control and
   lifecycle topics (the tenant's own records only, at their real offsets). Between the
   tenant's records the gateway scans other tenants' too; this client remembers where each
@@ -34,6 +37,10 @@ log = logging.getLogger("runwatch.hooks")
 
 #: The largest request body this client sends (the gateway takes up to 4 MiB).
 CHUNK_BYTES = 1 << 20
+#: The largest record the gateway takes (``runwatch.apps.ingest_policy.MAX_RECORD_BYTES``).
+MAX_RECORD_BYTES = 512 << 10
+#: Answers that refuse a request for good (a retry gets the same): not an outage.
+FINAL_REFUSALS = frozenset({404, 413, 422})
 #: The most records in one request (the gateway's own limit).
 CHUNK_RECORDS = 5_000
 
@@ -45,7 +52,11 @@ class GatewayRefused(Exception):
 class GatewayLog(LogBackend):
     """The log as the ingest gateway at ``url`` shows it to ``api_key``'s tenant."""
 
-    def __init__(self, url: str, api_key: str, *, timeout_s: float = 10.0) -> None:
+    def __init__(
+        self, url: str, api_key: str, *, timeout_s: float = 10.0, only_key: str | None = None
+    ) -> None:
+        """``only_key``: read only that key's records (a run's own: the gateway skips the
+        others unread)."""
         if not url.startswith(("http://", "https://")):
             raise ValueError(f"the gateway is an http(s) URL, not {url[:100]!r}")
         if not api_key:
@@ -53,6 +64,7 @@ class GatewayLog(LogBackend):
         self.url = url.rstrip("/")
         self._key = api_key
         self.timeout_s = timeout_s
+        self.only_key = only_key
         self.tenant_id: str | None = None
         self._client: Any = None
         #: (topic, partition) -> (where the last scan started, where it ended)
@@ -85,22 +97,26 @@ class GatewayLog(LogBackend):
     async def append_many(
         self, topic: str, records: Sequence[tuple[bytes | None, bytes]], *, spread: bool = False
     ) -> list[Appended]:
-        out: list[Appended] = []
-        for chunk in _chunks(records):
+        sendable = [r for r in records if len(r[1]) <= MAX_RECORD_BYTES]
+        if len(sendable) < len(records):
+            self._say(
+                "too-large",
+                f"runwatch: {len(records) - len(sendable)} event(s) over {MAX_RECORD_BYTES} "
+                f"bytes not sent to the gateway (it takes none that large)",
+            )
+        for chunk in _chunks(sendable):
             body = {
                 "records": [
                     {"key": k.decode() if k is not None else None, "value": v.decode()}
                     for k, v in chunk
                 ]
             }
-            answer = await self._call("POST", f"/v1/ingest/{topic}", json=body)
-            landed: list[Appended] = [Appended(topic, -1, -1)] * len(chunk)
-            for a in answer["appended"]:
-                landed[a["index"]] = Appended(topic, a["partition"], a["offset"])
+            answer = await self._call("POST", f"/v1/ingest/{topic}", json=body, final_ok=True)
+            if answer is None:
+                continue  # refused for good (said once): never retried
             for r in answer["refused"]:
                 self._say(r["kind"], f"runwatch: the gateway refused an event: {r['reason']}")
-            out.extend(landed)
-        return out
+        return [Appended(topic, -1, -1)] * len(records)
 
     # -- reading (the control and lifecycle topics) -----------------------------------
     async def partitions(self, topic: str) -> list[int]:
@@ -120,8 +136,11 @@ class GatewayLog(LogBackend):
         if began <= position < ended:  # this reader saw everything up to there already
             position = ended
         while True:
+            params: dict[str, Any] = {"start": position}
+            if self.only_key is not None:
+                params["key"] = self.only_key
             page = await self._get(
-                f"/v1/ingest/{topic}/partitions/{partition}/records", params={"start": position}
+                f"/v1/ingest/{topic}/partitions/{partition}/records", params=params
             )
             for r in page["records"]:
                 key = r["key"].encode() if r["key"] is not None else None
@@ -140,14 +159,23 @@ class GatewayLog(LogBackend):
     async def _get(self, path: str, params: dict[str, Any] | None = None) -> dict[str, Any]:
         return await self._call("GET", path, params=params)
 
-    async def _call(self, method: str, path: str, **kwargs: Any) -> dict[str, Any]:
+    async def _call(
+        self, method: str, path: str, *, final_ok: bool = False, **kwargs: Any
+    ) -> dict[str, Any]:
+        """The answer's JSON. ``final_ok``: a final refusal (:data:`FINAL_REFUSALS`) is
+        said once and answered None instead of raised."""
         if self._client is None:
             raise ConnectionError("the gateway client is not started")
         response = await self._client.request(method, path, **kwargs)
-        if response.status_code >= 500:
-            raise ConnectionError(f"gateway {response.status_code}: {response.text[:200]}")
-        if response.status_code >= 400:
-            raise GatewayRefused(f"gateway {response.status_code}: {response.text[:200]}")
+        status = response.status_code
+        if status >= 500 or status == 429:
+            raise ConnectionError(f"gateway {status}: {response.text[:200]}")
+        if final_ok and status in FINAL_REFUSALS:
+            self._say(f"http-{status}", f"runwatch: the gateway refused {path}: {status} "
+                      f"{response.text[:200]} (not retried)")  # fmt: skip
+            return None  # type: ignore[return-value]
+        if status >= 400:
+            raise GatewayRefused(f"gateway refused {path}: {status} {response.text[:200]}")
         return response.json()
 
     def _say(self, key: str, message: str) -> None:

@@ -83,6 +83,8 @@ log = logging.getLogger("runwatch.hooks")
 DigestAlgo = Literal["crc32", "sha256", "none"]
 #: Config values kept on ``RunSubmitted`` (scalars only, at most this many).
 MAX_CONFIG_KEYS = 64
+#: Characters of one config value kept on RunSubmitted (a long list is cut, and says so).
+MAX_CONFIG_CHARS = 2_000
 
 
 def default_log_dir() -> Path:
@@ -194,7 +196,10 @@ class RunwatchHook:
                 f"{self.producer[:80]!r}"
             )
         GatewayLog(url, key)  # a bad URL is refused here, not on the worker thread
-        return Target.gateway(url, key, timeout_s), lambda: GatewayLog(url, key, timeout_s=5.0)
+        run = self.run_id
+        return Target.gateway(url, key, timeout_s), lambda: GatewayLog(
+            url, key, timeout_s=5.0, only_key=run
+        )
 
     # -- facts (training thread: each call is a queue put) ------------------------------------
     def start(
@@ -415,7 +420,7 @@ def _file_digest(path: Path, algo: DigestAlgo) -> str:
 
 def _config_attributes(config: Mapping[str, Any]) -> dict[str, Any]:
     """Scalars of ``config`` (nested mappings flattened with ``/``), the first
-    :data:`MAX_CONFIG_KEYS` of them in key order."""
+    :data:`MAX_CONFIG_KEYS` of them in key order, each at most :data:`MAX_CONFIG_CHARS`."""
     flat: dict[str, Any] = {}
 
     def walk(prefix: str, value: Any) -> None:
@@ -423,7 +428,10 @@ def _config_attributes(config: Mapping[str, Any]) -> dict[str, Any]:
             for k, v in value.items():
                 walk(f"{prefix}/{k}" if prefix else str(k), v)
         else:
-            flat[prefix] = scalar(value)
+            found = scalar(value)
+            if isinstance(found, str) and len(found) > MAX_CONFIG_CHARS:  # a list of 200k files
+                found = found[:MAX_CONFIG_CHARS] + f"... ({len(found)} characters, cut)"
+            flat[prefix] = found
 
     walk("", config)
     return dict(sorted(flat.items())[:MAX_CONFIG_KEYS])

@@ -75,6 +75,9 @@ LIFECYCLE = "runwatch.lifecycle"
 RETRY_S = 30.0
 #: the longest one Kafka call of the reader may take
 KAFKA_WAIT_S = 5.0
+#: the longest the reader's first read may take (the run's lifecycle and every command
+#: so far, on a log that may hold every tenant's: it runs on the reader's own thread)
+OPEN_WAIT_S = 300.0
 #: the longest the hook's start (or its first look) waits for the reader's first answer
 START_WAIT_S = 0.2
 #: how the ``RunPaused`` of a process started while its run was paused begins
@@ -243,7 +246,8 @@ class CommandFollower:
                     for cmd in feed.poll():
                         self._inbox.put(cmd)
                 except Exception as exc:  # the target is away: no command this time
-                    self._say("poll", f"runwatch: cannot read run {self.run_id}'s commands: {exc}")
+                    why = f"{type(exc).__name__}: {exc}".rstrip(": ")
+                    self._say("poll", f"runwatch: cannot read run {self.run_id}'s commands: {why}")
             self._stop.wait(self.poll_s)
 
     def _open(self) -> CommandFeed | None:
@@ -269,6 +273,9 @@ class CommandFollower:
                 reader = EmbeddedLog(self.log_dir, readonly=True)
                 reader.open_sync()
                 self._sink = EmbeddedSink(reader)
+            backend = self._sink if isinstance(self._sink, BackendSink) else None
+            if backend is not None:
+                backend.timeout_s = OPEN_WAIT_S  # the first read may be long; polls are not
             facts = _lifecycle(self._sink, self.run_id, self.tenant_id, self.producer)
             answered = answered_requests(facts)
             paused = paused_reason(facts)
@@ -278,6 +285,10 @@ class CommandFollower:
             self._feed = CommandFeed(
                 self._sink, self.run_id, answered=answered, tenant_id=self.tenant_id
             )
+            for cmd in self._feed.poll():  # every command so far, read with the long wait
+                self._inbox.put(cmd)
+            if backend is not None:
+                backend.timeout_s = KAFKA_WAIT_S
             self._ready.set()
         except Exception as exc:  # (on the reader thread: it tries again later)
             sink, self._sink = self._sink, None
@@ -285,7 +296,8 @@ class CommandFollower:
                 with contextlib.suppress(Exception):
                     sink.close()
             self._retry_at = time.monotonic() + RETRY_S
-            self._say("open", f"runwatch: cannot follow run {self.run_id}'s commands: {exc}")
+            why = f"{type(exc).__name__}: {exc}".rstrip(": ")
+            self._say("open", f"runwatch: cannot follow run {self.run_id}'s commands: {why}")
             return None
         return self._feed
 

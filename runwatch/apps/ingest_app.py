@@ -11,15 +11,21 @@ credentials. This app owns the log client and, for each request:
   each refused one was refused (``200`` either way: a refusal is the record's, not the
   request's; a retry of a refused record is refused again);
 - ``GET /v1/ingest/{topic}/partitions``, ``.../partitions/{p}/end``,
-  ``.../partitions/{p}/records?start=N``: the control and lifecycle topics only, records
-  of the key's tenant only (their real offsets), scanning at most :data:`SCAN_BUDGET`
-  records per request and saying where the scan stopped (``next``);
+  ``.../partitions/{p}/records?start=N[&key=RUN]``: the control and lifecycle topics
+  only, records of the key's tenant only (of one run's key with ``key``: the others are
+  skipped unread), at their offsets, scanning at most :data:`SCAN_BUDGET` records
+  (:data:`KEY_SCAN_BUDGET` with ``key``) or a page of :data:`PAGE_BYTES` per request and
+  saying where the scan stopped (``next``). The offsets tell how many records other
+  tenants wrote to these two topics, and when (not what): ``docs/threat-model.md``;
 - ``GET /v1/ingest/whoami``: the key's tenant (a hook checks its key at start).
 
 No key or an unknown one: ``401``; an operator key: ``403`` (operators command runs
-through the query API). Each tenant may write ``record_burst`` records at once, then
-``record_rate`` a second, and read ``read_burst`` pages at once, then ``read_rate`` a
-second: beyond them ``429`` with ``Retry-After`` (the hook spools and retries). Bodies
+through the query API). Each tenant may write ``record_burst`` records and
+``byte_burst`` bytes at once, then ``record_rate`` and ``byte_rate`` a second, and make
+``read_burst`` reads at once, then ``read_rate`` a second (a read costs one more per
+:data:`SCAN_COST` records it decoded): beyond them ``429`` with ``Retry-After`` (the hook
+spools and retries). A record over :data:`~runwatch.apps.ingest_policy.MAX_RECORD_BYTES`
+is refused (its dead letter keeps its first 64 KiB). Bodies
 need a valid key before a byte is read and stay under :data:`MAX_BODY_BYTES`
 (:class:`projections.auth.KeyedBodies`). The log is opened at startup and closed at
 shutdown; a log that fails a request answers ``503`` (the hook spools and retries).
@@ -48,12 +54,20 @@ from runwatch.apps.ingest_policy import READABLE_TOPICS, admit, readable
 MAX_BODY_BYTES = 4 << 20
 #: Records in one request at most.
 MAX_RECORDS = 5_000
-#: Records one read request scans at most (the caller goes on from ``next``).
-SCAN_BUDGET = 5_000
+#: Records one read request scans at most, and bytes of records one answer holds at most
+#: (the caller goes on from ``next``).
+SCAN_BUDGET, PAGE_BYTES = 5_000, 1 << 20
+#: Records of one key (``?key=``: a run's own) one read request scans at most: skipping
+#: another key's record is a byte comparison, not a decode.
+KEY_SCAN_BUDGET = 200_000
 #: Each tenant's records written per second, and at once (a hook writes ~5 per step).
 RECORD_RATE, RECORD_BURST = 5_000.0, 50_000
-#: Each tenant's read requests per second, and at once (a hook polls ~6 a second).
+#: Each tenant's bytes written per second, and at once.
+BYTE_RATE, BYTE_BURST = float(5 << 20), 50 << 20
+#: Each tenant's read requests per second, and at once (a hook polls ~6 a second); a
+#: request also costs one more per :data:`SCAN_COST` records it decoded.
 READ_RATE, READ_BURST = 100.0, 1_000
+SCAN_COST = 1_000
 
 
 class IngestRecord(BaseModel):
@@ -73,13 +87,23 @@ def create_app(
     *,
     record_rate: float = RECORD_RATE,
     record_burst: int = RECORD_BURST,
+    byte_rate: float = BYTE_RATE,
+    byte_burst: int = BYTE_BURST,
     read_rate: float = READ_RATE,
     read_burst: int = READ_BURST,
 ) -> FastAPI:
     """The gateway over the log ``open_log()`` makes (opened at startup), for ``keys``,
-    with each tenant's write and read limits (module docstring)."""
+    with each tenant's write and read limits (module docstring). A burst must hold one
+    whole request (``record_burst`` >= :data:`MAX_RECORDS`, ``byte_burst`` >=
+    :data:`MAX_BODY_BYTES`), or a full request would be charged only the burst."""
+    if record_burst < MAX_RECORDS or byte_burst < MAX_BODY_BYTES:
+        raise ValueError(
+            f"the record burst must be at least {MAX_RECORDS} and the byte burst at least "
+            f"{MAX_BODY_BYTES} (one whole request)"
+        )
     state: dict[str, LogBackend] = {}
     writes, reads = CommandRate(record_rate, record_burst), CommandRate(read_rate, read_burst)
+    written = CommandRate(byte_rate, byte_burst)
 
     def limited(bucket: CommandRate, tenant_id: str, n: float = 1.0) -> None:
         wait = bucket.wait(tenant_id, n)
@@ -119,29 +143,28 @@ def create_app(
     ) -> dict[str, Any]:
         if topic not in TOPICS:
             raise HTTPException(404, f"no topic {topic[:100]!r}")
-        limited(writes, tenant_id, len(batch.records))
+        values = [rec.value.encode("utf-8", "surrogatepass") for rec in batch.records]
+        limited(writes, tenant_id, len(values))
+        limited(written, tenant_id, sum(map(len, values)))
         admitted: list[tuple[int, tuple[bytes | None, bytes]]] = []
         refused: list[tuple[int, DeadLetter]] = []
-        for i, rec in enumerate(batch.records):
+        for i, (rec, value) in enumerate(zip(batch.records, values, strict=True)):
             key = rec.key.encode() if rec.key is not None else None
-            value = rec.value.encode("utf-8", "surrogatepass")
             verdict = admit(tenant_id, topic, key, value)
             if isinstance(verdict, DeadLetter):
                 refused.append((i, verdict.model_copy(update={"source_topic": topic})))
             else:
                 admitted.append((i, (key, value)))
         try:
-            landed = await log().append_many(topic, [r for _, r in admitted]) if admitted else []
+            if admitted:
+                await log().append_many(topic, [r for _, r in admitted])
             if refused:
                 letters = [(None, letter.encode()) for _, letter in refused]
                 await log().append_many(DEAD_LETTER_TOPIC, letters)
         except Exception as exc:  # the log is away: the hook keeps the records and retries
             raise HTTPException(503, f"the log refused the write: {type(exc).__name__}") from None
-        return {
-            "appended": [
-                {"index": i, "partition": a.partition, "offset": a.offset}
-                for (i, _), a in zip(admitted, landed, strict=True)
-            ],
+        return {  # no offsets: where a record landed tells of other tenants' writes
+            "appended": [i for i, _ in admitted],
             "refused": [
                 {"index": i, "kind": letter.kind, "reason": letter.reason} for i, letter in refused
             ],
@@ -171,11 +194,17 @@ def create_app(
         partition: int,
         tenant_id: Annotated[str, Depends(tenant)],
         start: int = 0,
+        key: str | None = None,
     ) -> dict[str, Any]:
+        """The tenant's records from ``start`` (``key``: only that key's, a run's own),
+        scanning until the end, the scan budget or a full page; ``next``: where it stopped."""
         readable_topic(topic, tenant_id)
         if start < 0 or partition < 0:
             raise HTTPException(422, "start and partition are offsets (>= 0)")
-        out, scanned, position = [], 0, start
+        wanted = key.encode() if key is not None else None
+        budget = KEY_SCAN_BUDGET if wanted is not None else SCAN_BUDGET
+        out: list[dict[str, Any]] = []
+        scanned, decoded, size, position = 0, 0, 0, start
         try:
             end_offset = await log().end_offset(topic, partition)
             if start < end_offset:
@@ -183,14 +212,18 @@ def create_app(
                 async with contextlib.aclosing(reading):  # a Kafka reader closed at once
                     async for rec in reading:
                         position, scanned = rec.offset + 1, scanned + 1
-                        if readable(tenant_id, rec.value):
-                            out.append(_record(rec))
-                        if scanned >= SCAN_BUDGET or position >= end_offset:
+                        if wanted is None or rec.key == wanted:
+                            decoded += 1
+                            if readable(tenant_id, rec.value):
+                                out.append(_record(rec))
+                                size += len(rec.value)
+                        if scanned >= budget or size >= PAGE_BYTES or position >= end_offset:
                             break
             else:
                 position = max(start, end_offset)
         except Exception as exc:
             raise HTTPException(503, f"the log refused the read: {type(exc).__name__}") from None
+        reads.debit(tenant_id, decoded // SCAN_COST)  # decoding is what a read costs
         return {"records": out, "next": position, "end": end_offset}
 
     return app

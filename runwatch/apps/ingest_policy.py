@@ -7,7 +7,8 @@ tenant, fire alerts, forge state changes, command runs. Behind the gateway
 (:mod:`runwatch.apps.ingest_app`) the caller's API key names its tenant, and each record is
 judged here before it reaches a topic:
 
-- it decodes as an event (else the codec's own dead letter);
+- it is at most :data:`MAX_RECORD_BYTES` and decodes as an event (else the codec's own
+  dead letter);
 - its type is one a hook publishes (:data:`HOOK_EVENTS`: a run's lifecycle as its
   process sees it, its steps, timings, rollouts, evals, usage, checkpoints), on that
   type's topic, keyed by its run id;
@@ -31,6 +32,7 @@ from events.catalog.control import CONTROL_TOPIC
 from events.codec import decode
 from events.dead_letter import DeadLetter
 from events.envelope import EventBase
+from events.fast_decode import decode_fast
 
 #: The event types a hook publishes (``producers.hooks``: hook, obey, mapping).
 HOOK_EVENTS = frozenset(
@@ -53,6 +55,11 @@ HOOK_EVENTS = frozenset(
 #: Every producer name a hook writes under begins so (``RunwatchHook``'s default).
 HOOK_PRODUCER_PREFIX = "hook/"
 LIFECYCLE_TOPIC = "runwatch.lifecycle"
+#: The largest record a hook may publish (under a broker's default 1 MB message, as its
+#: dead letter too): a step, a config, a checkpoint's file list are far below it.
+MAX_RECORD_BYTES = 512 << 10
+#: What the dead letter of an oversized record keeps of it.
+KEPT_BYTES = 64 << 10
 #: The topics a hook reads back: its run's commands, and its run's lifecycle (to resume
 #: paused, or stop when cancelled, after a restart).
 READABLE_TOPICS = frozenset({CONTROL_TOPIC, LIFECYCLE_TOPIC})
@@ -64,6 +71,12 @@ def _refused(raw: bytes, reason: str, event_type: str | None, kind: str = "refus
 
 def admit(tenant_id: str, topic: str, key: bytes | None, value: bytes) -> EventBase | DeadLetter:
     """The event a record of ``tenant_id``'s hook carries to ``topic``, or why not."""
+    if len(value) > MAX_RECORD_BYTES:
+        why = (
+            f"a record of {len(value)} bytes is over the {MAX_RECORD_BYTES} a hook may "
+            f"publish (this dead letter keeps its first {KEPT_BYTES})"
+        )
+        return _refused(value[:KEPT_BYTES], why, None)
     event = decode(value)
     if isinstance(event, DeadLetter):
         return event
@@ -86,7 +99,7 @@ def admit(tenant_id: str, topic: str, key: bytes | None, value: bytes) -> EventB
 def readable(tenant_id: str, value: bytes) -> bool:
     """May ``tenant_id``'s hook read this record (of a :data:`READABLE_TOPICS` topic)?
     Only an event naming its tenant (a record that does not decode: no)."""
-    event = decode(value)
+    event = decode_fast(value)
     return isinstance(event, EventBase) and event.tenant_id == tenant_id
 
 

@@ -5,7 +5,8 @@
 127.0.0.1:8790), appending to Kafka or the embedded log. Hooks then take
 ``gateway=http://H:P`` and a tenant's API key instead of broker credentials
 (``docs/hooks.md``). Each tenant's writes and reads are rate-limited (``--record-rate``,
-``--record-burst``, ``--read-rate``, ``--read-burst``: 429 with ``Retry-After`` beyond).
+``--record-burst``, ``--byte-rate``, ``--byte-burst``, ``--read-rate``, ``--read-burst``:
+429 with ``Retry-After`` beyond; a burst holds at least one whole request).
 The keys file is watched as the query API's is (an edit applies at the next request;
 SIGHUP reads it at once). Connections are bounded as for every runwatch server
 (:mod:`runwatch.apps.serving`).
@@ -35,6 +36,12 @@ def add_ingest_arguments(parser: argparse.ArgumentParser) -> None:
         "--record-burst", type=int, default=50_000, help="records a tenant may write at once"
     )
     parser.add_argument(
+        "--byte-rate", type=float, default=float(5 << 20), help="bytes a tenant may write a second"
+    )
+    parser.add_argument(
+        "--byte-burst", type=int, default=50 << 20, help="bytes a tenant may write at once"
+    )
+    parser.add_argument(
         "--read-rate", type=float, default=100.0, help="read requests a tenant may make a second"
     )
     parser.add_argument(
@@ -56,8 +63,8 @@ def serve(args: argparse.Namespace, term: Terminal) -> int:
         keys = ApiKeys.load(args.keys)
     except ValueError as exc:
         raise Abort(str(exc)) from None
-    if min(args.record_rate, args.read_rate) <= 0 or min(args.record_burst, args.read_burst) < 1:
-        raise Abort("the rates must be positive and the bursts at least 1")
+    if min(args.record_rate, args.byte_rate, args.read_rate) <= 0 or args.read_burst < 1:
+        raise Abort("the rates must be positive and the read burst at least 1")
     watch_keys(keys, term.progress, term.error)
     kafka = None
     if args.kafka is not None:
@@ -70,9 +77,14 @@ def serve(args: argparse.Namespace, term: Terminal) -> int:
     limits = {
         "record_rate": args.record_rate,
         "record_burst": args.record_burst,
+        "byte_rate": args.byte_rate,
+        "byte_burst": args.byte_burst,
         "read_rate": args.read_rate,
         "read_burst": args.read_burst,
     }
-    app = install(create_app(lambda: open_backend(kafka, log_dir), keys, **limits))
+    try:
+        app = install(create_app(lambda: open_backend(kafka, log_dir), keys, **limits))
+    except ValueError as exc:  # a burst below one whole request
+        raise Abort(str(exc)) from None
     serving.serve(app, args.host, args.port, args, term.progress, term.warn, log_level="warning")
     return 0

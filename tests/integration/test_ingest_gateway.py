@@ -268,3 +268,27 @@ def test_a_hook_behind_a_gateway_on_kafka_is_paused_and_cancelled(
     assert lifecycle[-2:] == ["RunPaused", "RunCancelled"], lifecycle
     assert {e.tenant_id for e in events} == {"tenant-a"}
     assert len([e for e in events if e.type == "TrainerStepCompleted"]) == len(steps)
+
+
+def test_an_event_the_gateway_can_never_take_does_not_block_the_rest(
+    gateway: Gateway, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Found by review: one event over the gateway's body cap was answered 413, taken for
+    an outage, spooled and re-sent forever, and every event after it (and the next
+    process's, shipping the same spool) stayed stuck behind it."""
+    hook = _hook(gateway, tmp_path, "gw-poison", "tenant-a", A)
+    hook.start({"data_files": [f"/data/shard-{i:06d}.parquet" for i in range(200_000)]})
+    for step in range(1, 51):
+        row = {"reward": 0.01 * step}
+        if step == 10:
+            row["note"] = "x" * (600 << 10)  # one row over the 512 KiB a hook may publish
+        hook.log(row, step=step)
+    stats = hook.close(60)
+    assert stats.left_in_spool == 0 and stats.spooled == 0, stats
+    events = embedded_events(gateway.log_dir, "gw-poison")
+    steps = sorted(e.step for e in events if e.type == "TrainerStepCompleted")
+    assert steps == [s for s in range(1, 51) if s != 10]  # all but the one it cannot take
+    (submitted,) = [e for e in events if e.type == "RunSubmitted"]
+    files = dict(submitted.config)["data_files"]
+    assert len(files) < 2_100 and files.endswith("characters, cut)")  # the config is cut
+    assert any("not sent to the gateway" in r.getMessage() for r in caplog.records)

@@ -20,7 +20,7 @@ from events.envelope import EventBase
 from events.log.embedded import EmbeddedLog
 from events.topics import DEAD_LETTER_TOPIC
 from projections.keys import ApiKeys
-from runwatch.apps.ingest_app import create_app
+from runwatch.apps.ingest_app import MAX_RECORDS, create_app
 from runwatch.apps.ingest_policy import HOOK_EVENTS, admit, readable
 from tests.event_samples import sample
 
@@ -134,7 +134,7 @@ def test_the_app_appends_a_tenants_events_and_dead_letters_the_rest(
     r = client.post("/v1/ingest/runwatch.lifecycle", json=_body(own, forged), headers=_h(A))
     assert r.status_code == 200, r.text
     answer = r.json()
-    assert [a["index"] for a in answer["appended"]] == [0]
+    assert answer["appended"] == [0]  # no offsets: they would tell of others' writes
     assert answer["refused"] == [
         {"index": 1, "kind": "foreign_tenant", "reason": answer["refused"][0]["reason"]}
     ]
@@ -192,22 +192,45 @@ def test_a_tenant_over_its_rate_is_told_when_to_retry(tmp_path: Path) -> None:
             {"keys": [{"key": A, "tenant": "tenant-a"}, {"key": B, "tenant": "tenant-b"}]}
         )
     )
+    with pytest.raises(ValueError, match="one whole request"):  # a burst below a request
+        create_app(lambda: EmbeddedLog(tmp_path / "log"), ApiKeys.load(keys), record_burst=3)
     app = create_app(
         lambda: EmbeddedLog(tmp_path / "log"), ApiKeys.load(keys),
-        record_rate=1.0, record_burst=3, read_rate=1.0, read_burst=2,
+        record_rate=1.0, record_burst=MAX_RECORDS, read_rate=1.0, read_burst=2,
     )  # fmt: skip
     with TestClient(app) as client:
-        body = _body(*(_hooked(RunStarted, run=f"r-{i}") for i in range(3)))
+        many = _body(*(_hooked(RunStarted, run=f"r-{i}") for i in range(MAX_RECORDS)))
         assert (
-            client.post("/v1/ingest/runwatch.lifecycle", json=body, headers=_h(A)).status_code
+            client.post("/v1/ingest/runwatch.lifecycle", json=many, headers=_h(A)).status_code
             == 200
         )
-        r = client.post("/v1/ingest/runwatch.lifecycle", json=body, headers=_h(A))
+        one = _body(_hooked(RunStarted, run="r-last"))
+        r = client.post("/v1/ingest/runwatch.lifecycle", json=one, headers=_h(A))
         assert r.status_code == 429 and int(r.headers["Retry-After"]) >= 1
         other = _body(_hooked(RunStarted, tenant="tenant-b", run="b"))
         assert (
             client.post("/v1/ingest/runwatch.lifecycle", json=other, headers=_h(B)).status_code
             == 200
         )
-        url = "/v1/ingest/runwatch.lifecycle/partitions"
-        assert [client.get(url, headers=_h(A)).status_code for _ in range(3)] == [200, 200, 429]
+        # a read of one run's key skips the other records unread: cheap
+        url = "/v1/ingest/runwatch.lifecycle/partitions/0/records"
+        page = client.get(url, params={"key": "r-7"}, headers=_h(A)).json()
+        assert [decode(r["value"].encode()).run_id for r in page["records"]] == ["r-7"]
+        assert page["next"] == page["end"] == MAX_RECORDS + 1
+        # a read that decodes 5,000 records costs 5 more reads: the next one waits
+        assert client.get(url, headers=_h(A)).status_code == 200
+        r = client.get(url, headers=_h(A))
+        assert r.status_code == 429 and int(r.headers["Retry-After"]) >= 4
+
+
+def test_an_oversized_record_is_refused_and_its_dead_letter_kept_small(
+    gateway: tuple[TestClient, Path],
+) -> None:
+    client, log_dir = gateway
+    big = _hooked(TrainerStepCompleted).model_copy(update={"extra": (("note", "x" * (600 << 10)),)})
+    r = client.post("/v1/ingest/runwatch.telemetry", json=_body(big), headers=_h(A))
+    assert r.status_code == 200 and r.json()["refused"][0]["kind"] == "refused_at_ingest"
+    assert "over the 524288" in r.json()["refused"][0]["reason"]
+    (letter,) = [DeadLetter.model_validate_json(v) for v in _on_log(log_dir, DEAD_LETTER_TOPIC)]
+    assert letter.raw == encode(big)[: 64 << 10]
+    assert _on_log(log_dir, "runwatch.telemetry") == []
