@@ -43,27 +43,6 @@ log = logging.getLogger("runwatch.sandbox")
 CGROUP_V1_ROOT = "/sys/fs/cgroup"
 CGROUP_PARENT = "runwatch-sandbox"
 
-#: Layers without which no tier runs: every layer but those with a fallback
-#: (:data:`FALLBACKS`). One set for every tier: the tier is the tenant's to influence.
-REQUIRED_LAYERS: frozenset[str] = frozenset(
-    {
-        "unprivileged_uid",
-        "empty_env",
-        "user_ns",
-        "mount_ns",
-        "net_ns",
-        "pid_ns",
-        "own_pid1",
-        "proc_masked",
-        "seccomp",
-        "rlimits",
-    }
-)
-#: Per tier, for callers that ask by tier: the same set for each (see the module doc).
-REQUIRED_BY_TIER: dict[str, frozenset[str]] = {
-    tier: REQUIRED_LAYERS for tier in ("function", "verifier", "environment", "reward_model")
-}
-
 #: Layers the bubblewrap probe reports on.
 BWRAP_LAYERS = (
     "unprivileged_uid",
@@ -82,6 +61,14 @@ FALLBACKS: dict[str, str] = {
     "cgroup_pids": "RLIMIT_NPROC under the worker's own uid",
     "cgroup_memory": "RLIMIT_AS",
     "scratch_tmpfs": "plain scratch directory bounded by RLIMIT_FSIZE",
+}
+
+#: Layers without which no tier runs: every layer but those with a fallback
+#: (:data:`FALLBACKS`). One set for every tier: the tier is the tenant's to influence.
+REQUIRED_LAYERS: frozenset[str] = frozenset(ALL_LAYERS) - FALLBACKS.keys()
+#: Per tier, for callers that ask by tier: the same set for each (see the module doc).
+REQUIRED_BY_TIER: dict[str, frozenset[str]] = {
+    tier: REQUIRED_LAYERS for tier in ("function", "verifier", "environment", "reward_model")
 }
 
 

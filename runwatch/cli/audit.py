@@ -16,6 +16,7 @@ from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 
 from runwatch import settings
+from runwatch.cli.broker_flag import kafka_flag
 from runwatch.cli.terminal import Abort, Terminal
 
 HELP = "verify a live projection against a from-scratch replay"
@@ -78,9 +79,7 @@ def run(args: argparse.Namespace, term: Terminal) -> int:
     if args.kafka is not None:
         if args.workers > 1:
             raise Abort("--workers applies to an embedded log; a Kafka replay is one process")
-        bootstrap = settings.kafka_bootstrap(args.kafka or None)
-        if not bootstrap:
-            raise Abort("--kafka given but no broker configured (pass BOOTSTRAP)")
+        bootstrap = kafka_flag(args.kafka)
         result = asyncio.run(_verify_kafka(live, bootstrap, policy, prices))
     else:
         result, tails = _verify_log(args, term, live, policy, prices)

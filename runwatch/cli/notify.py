@@ -21,6 +21,7 @@ import signal
 from pathlib import Path
 
 from runwatch import settings
+from runwatch.cli.broker_flag import kafka_flag
 from runwatch.cli.terminal import Abort, Terminal
 
 HELP = "deliver customer alerts and state changes to tenant webhooks (signed, retried)"
@@ -87,9 +88,7 @@ def run(args: argparse.Namespace, term: Terminal) -> int:
     )
 
     if args.kafka is not None:
-        bootstrap = settings.kafka_bootstrap(args.kafka or None)
-        if not bootstrap:
-            raise Abort("--kafka given but no broker configured (pass BOOTSTRAP)")
+        bootstrap = kafka_flag(args.kafka)
         from events.log.kafka import KafkaLog
 
         backend = KafkaLog(bootstrap, client_id="runwatch-notifier")

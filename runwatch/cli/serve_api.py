@@ -26,6 +26,7 @@ import argparse
 from pathlib import Path
 
 from runwatch import settings
+from runwatch.cli.broker_flag import kafka_flag
 from runwatch.cli.terminal import Abort, Terminal
 
 DEFAULT_STORE = Path("runwatch-data") / "projections.sqlite"
@@ -150,11 +151,7 @@ def _follow(args: argparse.Namespace, term: Terminal, store: object, config: tup
     from runwatch.hosting.read_model import read_model_host
 
     policy, prices = config
-    kafka = None
-    if args.kafka is not None:
-        kafka = settings.kafka_bootstrap(args.kafka or None)
-        if not kafka:
-            raise Abort("--kafka given but no broker configured (pass BOOTSTRAP)")
+    kafka = kafka_flag(args.kafka)
     log_dir = settings.log_dir(args.log)
     if not kafka:  # what the follower skips, and keeps
         for tail in open_backend(None, log_dir, readonly=not args.publish).torn_tails():

@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 
 from runwatch import settings
+from runwatch.cli.broker_flag import kafka_flag
 from runwatch.cli.terminal import Abort, Terminal
 
 
@@ -66,11 +67,7 @@ def serve(args: argparse.Namespace, term: Terminal) -> int:
     if min(args.record_rate, args.byte_rate, args.read_rate) <= 0 or args.read_burst < 1:
         raise Abort("the rates must be positive and the read burst at least 1")
     watch_keys(keys, term.progress, term.error)
-    kafka = None
-    if args.kafka is not None:
-        kafka = settings.kafka_bootstrap(args.kafka or None)
-        if not kafka:
-            raise Abort("--kafka given but no broker configured (pass BOOTSTRAP)")
+    kafka = kafka_flag(args.kafka)
     log_dir = settings.log_dir(args.log)
     where = f"Kafka at {kafka}" if kafka else f"embedded log {log_dir}"
     term.progress(f"ingest gateway on http://{args.host}:{args.port}, appending to {where}")
