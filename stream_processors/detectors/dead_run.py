@@ -9,9 +9,14 @@ Two kinds of evidence, the fast one first:
   0 (or whose advantages are all 0) has every group without spread, fraction 1. A reward
   mean that repeats *exactly* from step to step is the same fault seen by a producer that
   reports nothing else (batch means of a sampling policy never repeat bit for bit unless
-  the reward does not depend on the completions). ``zero_std_steps`` steps in a row with
-  the fraction at or above ``zero_std_frac``, or ``constant_steps`` identical reward means
-  in a row, fire: a constant or saturated reward is called within those steps.
+  the reward does not depend on the completions). Rows in a row with the fraction at or
+  above ``zero_std_frac`` covering ``zero_std_steps`` steps (from the first such row's step
+  to the last; at least ``zero_std_rows`` rows), or identical reward means covering
+  ``constant_steps`` steps (at least ``constant_rows`` rows: averaged rows of a binary
+  reward repeat by chance more often than single steps), fire: a constant or saturated
+  reward is called within those steps. Every step logged, that is ``zero_std_steps`` /
+  ``constant_steps`` rows as it always was; a row every 10 steps (TRL's default), the
+  second row without spread (counted in rows: the fifth, 40 steps later).
 - **Flat within noise** (windows). Windows are aligned blocks ``[w·W, (w+1)·W)``; a
   window is *flat* when the reward's standard deviation and its least-squares change over
   the window (|slope|·W) are both within ``reward_flat_abs + reward_flat_rel·|mean|``, and
@@ -64,8 +69,14 @@ class Params:
     kl_flat_abs: float = 1e-3
     kl_flat_rel: float = 0.05
     zero_std_frac: float = 0.98
+    #: steps (not logged rows: TRL logs every 10 steps by default) the fast evidence must
+    #: cover; a run of rows covers the steps from its first row to its last
     zero_std_steps: int = 5
     constant_steps: int = 8
+    #: ... and never fewer rows than this (every step logged: the steps themselves)
+    zero_std_rows: int = 2
+    #: (averaged rows of a binary reward repeat by chance more often than rows of one step)
+    constant_rows: int = 4
     #: a spread at or below this is no spread (and two reward means this close are equal,
     #: relative to max(1, |mean|))
     eps: float = 1e-9
@@ -104,6 +115,22 @@ class DeadRunState(NamedTuple):
     #: spend (GPU-s, USD) when the current run of equal reward means began
     gpu_s_at_const: float = 0.0
     usd_at_const: float = 0.0
+
+
+def _by_zero(p: Params, step: int, rows: int, start: int) -> bool:
+    """Rows without reward spread covering ``zero_std_steps`` steps (and ``zero_std_rows``
+    rows): every step logged, ``zero_std_steps`` rows as it always was."""
+    return rows >= min(p.zero_std_rows, p.zero_std_steps) and step - start + 1 >= p.zero_std_steps
+
+
+def _by_const(p: Params, step: int, rows: int, start: int) -> bool:
+    """Equal reward means covering ``constant_steps`` steps (and ``constant_rows`` rows)."""
+    return rows >= min(p.constant_rows, p.constant_steps) and step - start + 1 >= p.constant_steps
+
+
+def _rows(steps: int, rows: int) -> str:
+    """What the alert says of the rows when fewer rows than steps were logged."""
+    return f" ({rows} logged rows)" if rows != steps else ""
 
 
 def _flat(s: Sums, window: int, abs_tol: float, rel_tol: float) -> bool:
@@ -234,7 +261,9 @@ class DeadRun:
         found = self._evidence(ev, p, st, step, r)
         zero_run, zero_start, const_run, const_start, last, gpu0, usd0, gpu_c, usd_c, dead = found
         if episode is None:
-            if zero_run >= p.zero_std_steps or const_run >= p.constant_steps:
+            if (zero_run and _by_zero(p, step, zero_run, zero_start)) or (
+                const_run > 1 and _by_const(p, step, const_run, const_start)
+            ):
                 return None
         elif fast and (not dead or spread_again):
             return None  # an open fast episode sees the spread return (or stay)
@@ -282,19 +311,22 @@ class DeadRun:
             why = f"the reward has spread again for {spread} steps"
             out.append(resolve(ev, cfg, st.episode, why))
             return st._replace(episode=None, fast=False, spread_again=0, flat=0)
-        by_zero = zero_run >= p.zero_std_steps
-        by_const = const_run >= p.constant_steps
+        by_zero = _by_zero(p, step, zero_run, zero_start)
+        by_const = _by_const(p, step, const_run, const_start)
         if not (by_zero or by_const) or (st.usage_seen and st.gpu_s <= gpu0):
             return st
         start = zero_start if by_zero else const_start
         if by_zero:
             seen = f"{frac:.0%} of the groups" if frac is not None and frac < 1 else "every group"
             evidence = (
-                f"{seen} scored without reward spread for {zero_run} steps in a row "
-                f"(no advantage, no gradient)"
+                f"{seen} scored without reward spread for {step - start + 1} steps in a row"
+                f"{_rows(step - start + 1, zero_run)} (no advantage, no gradient)"
             )
         else:
-            evidence = f"the reward mean was exactly {r:.6g} for {const_run} steps in a row"
+            evidence = (
+                f"the reward mean was exactly {r:.6g} for {step - start + 1} steps in a row"
+                f"{_rows(step - start + 1, const_run)}"
+            )
         observed = {"reward_mean": r, "frac_reward_zero_std": frac, "steps": step - start + 1}
         thresholds = {"zero_std_frac": p.zero_std_frac, "zero_std_steps": p.zero_std_steps}
         thresholds["constant_steps"] = p.constant_steps

@@ -15,6 +15,12 @@ Resolves after ``resolve_steps`` steps with the CUSUM back at zero (the forecast
 up and the entropy no longer falls faster than it). The alert's window starts at the
 change-point estimate (where the CUSUM last left zero). Lag: a collapse at the seed's rate
 (e-folding in 40 steps) fires 5-10 steps after it starts. Time: steps only.
+
+The false-alarm budget is per ``horizon_steps`` steps: logged one row every ``c`` steps
+(TRL's ``logging_steps``, the rows' mean spacing) the CUSUM is judged ``horizon_steps / c``
+times, so its threshold is the one for that many rows (every step logged, unchanged; a row
+every 10 steps pages a collapse a row sooner: 30 steps, not 40). The warm-up is still
+``warmup`` rows.
 """
 
 from __future__ import annotations
@@ -65,6 +71,20 @@ class EntropyState(NamedTuple):
     calm: int = 0
 
 
+def _spacing(f: sequential.Forecast) -> int:
+    """The run's logging cadence: its rows' mean step spacing, rounded (1 every step
+    logged, even with a few steps missing; 10 at TRL's default ``logging_steps``)."""
+    rows = f.n - 1
+    return max(1, (f.last - f.x0 + rows // 2) // rows) if rows > 0 else 1
+
+
+def _horizon_rows(p: Params, f: sequential.Forecast) -> int:
+    """The false-alarm budget's horizon in rows: ``horizon_steps`` steps logged one row
+    every ``c`` steps are ``horizon_steps / c`` judgements, so the same per-run budget
+    allows a lower CUSUM threshold (every step logged: ``horizon_steps``)."""
+    return max(1, p.horizon_steps // _spacing(f))
+
+
 class EntropyCollapse:
     name: ClassVar[str] = "entropy_collapse"
     layer: ClassVar = "algorithmic"
@@ -90,7 +110,7 @@ class EntropyCollapse:
         f = _update(f, step, log(x if x > p.floor else p.floor), -1.0, p)
         s = f.s
         if episode is None:
-            if s == 0.0 or s <= _threshold(p.k, p.fa_per_run, p.horizon_steps):
+            if s == 0.0 or s <= _threshold(p.k, p.fa_per_run, _horizon_rows(p, f)):
                 return record(EntropyState, (f, None, 0)), NO_ALERTS
             span = step - f.start + 1
             rate = (f.start_level - f.level) / span  # log units per step: relative fall
@@ -107,7 +127,7 @@ class EntropyCollapse:
         self, ev: EventBase, cfg: Settings[Params], f: sequential.Forecast, step: int, rate: float
     ) -> tuple[EntropyState, Sequence[AlertEvent]]:
         p = cfg.params
-        h = sequential.threshold(p.k, p.fa_per_run, p.horizon_steps)
+        h = sequential.threshold(p.k, p.fa_per_run, _horizon_rows(p, f))
         was, now = math.exp(f.start_level), math.exp(f.level)
         alert = fire(
             ev,
