@@ -46,7 +46,8 @@ CHUNK_RECORDS = 5_000
 
 
 class GatewayRefused(Exception):
-    """The gateway refused the request itself (a bad key, 4xx): not a passing outage."""
+    """The gateway refused the request itself (a bad key, 4xx), or it is one the gateway
+    does not serve by design (consumer groups, reads that stop short of the end)."""
 
 
 class GatewayLog(LogBackend):
@@ -129,7 +130,7 @@ class GatewayLog(LogBackend):
         self, topic: str, partition: int = 0, from_offset: int = 0, until_end: bool = True
     ) -> AsyncIterator[Record]:
         if not until_end:
-            raise NotImplementedError("a hook reads the gateway up to the end only")
+            raise GatewayRefused("the gateway serves reads up to the end only (by design)")
         where = (topic, partition)
         position = from_offset
         began, ended = self._scanned.get(where, (0, 0))
@@ -153,7 +154,9 @@ class GatewayLog(LogBackend):
             position = page["next"]
 
     async def consumer(self, group_id: str, topics: Sequence[str]) -> LogConsumer:
-        raise NotImplementedError("a hook does not consume as a group through the gateway")
+        raise GatewayRefused(
+            "the gateway serves no consumer groups (by design: a hook follows its own run)"
+        )
 
     # -- transport ---------------------------------------------------------------------
     async def _get(self, path: str, params: dict[str, Any] | None = None) -> dict[str, Any]:
