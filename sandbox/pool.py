@@ -324,15 +324,23 @@ class WarmPool:
         ready workers are retired and the pool's own start-ups in flight are called off
         (their import is tenant code). A batch already running finishes; a worker it
         returns is retired. Never raises."""
+        for w in self._stop_workers(suspend=True):
+            REAPER.submit(w)
+
+    def _stop_workers(self, *, suspend: bool) -> list[SandboxWorker]:
+        """Mark the pool suspended (or closed), call off its start-ups in flight and hand
+        the caller its ready workers to retire (taken under the lock, acted on outside)."""
         with self._cond:
-            self._suspended = True
+            if suspend:
+                self._suspended = True
+            else:
+                self._closed = True
             ready, self._ready = self._ready, []
             starting = list(self._starting)
             self._cond.notify_all()
         for w in starting:
             w.abort()
-        for w in ready:
-            REAPER.submit(w)
+        return ready
 
     def resume(self) -> None:
         """Pre-spawn again, from a clean slate (no backoff, no give-up)."""
@@ -347,13 +355,7 @@ class WarmPool:
 
     def close(self) -> None:
         """Stop pre-spawning, destroy every worker, remove the staged artifact."""
-        with self._cond:
-            self._closed = True
-            ready, self._ready = self._ready, []
-            starting = list(self._starting)
-            self._cond.notify_all()
-        for w in starting:
-            w.abort()
+        ready = self._stop_workers(suspend=False)
         try:
             if self._thread is not None:
                 self._thread.join(timeout=self.config.limits.startup_s + 1)
