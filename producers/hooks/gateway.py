@@ -15,11 +15,16 @@ protocol are the same as on Kafka:
   :data:`MAX_RECORD_BYTES` (not sent: it could never be). The gateway tells no offsets
   (they would tell of other tenants' writes): every ``Appended`` has -1;
 - ``partitions`` / ``end_offset`` / ``read``: the gateway's answers for the control and
-  lifecycle topics (the tenant's own records only, at their real offsets). Between the
-  tenant's records the gateway scans other tenants' too; this client remembers where each
-  partition's last scan ended, so a reader going on from its last record (the command
-  feed) does not have the gateway scan the same stretch again.
-
+  lifecycle topics, the tenant's own records only. The gateway shows no offsets (they
+  would tell how many records other tenants wrote, and when): it hands back a sealed
+  cursor where each scan stopped. This client numbers the records it is shown 0, 1, 2...
+  per partition, in log order, so its readers (the command feed, the lifecycle read at a
+  restart) go on from ``offset + 1`` as on any log. It keeps the records its readers have
+  not yet gone past, and the cursor where its last scan stopped, so following a run scans
+  each stretch of the log once. A cursor the gateway no longer opens (``410``: it
+  restarted with a new secret) sends the scan back to the start; the same records get
+  the same numbers (the log is append-only and the gateway's filter the same), and those
+  already numbered are not shown again.
 ``start`` asks ``/v1/ingest/whoami``: a key the gateway does not know fails the start (the
 publisher then spools and says why). Time semantics: none of its own (the events carry
 theirs); every call waits at most ``timeout_s``.
@@ -50,6 +55,39 @@ class GatewayRefused(Exception):
     does not serve by design (consumer groups, reads that stop short of the end)."""
 
 
+class _CursorGone(Exception):
+    """The gateway no longer opens a cursor it made (a restart with a new secret)."""
+
+
+class _Shown:
+    """What one client has been shown of one partition: its records numbered in log order,
+    those its readers have not gone past, and the cursor where the scan stopped."""
+
+    __slots__ = ("count", "cursor", "kept", "kept_from", "known")
+
+    def __init__(self) -> None:
+        self.cursor: str | None = None
+        self.count = 0  # the number the next record shown gets
+        self.known = 0  # records numbered before a scan started again (not shown twice)
+        self.kept: list[Record] = []
+        self.kept_from = 0  # the number of the first record kept
+
+    def add(self, topic: str, partition: int, key: bytes | None, value: bytes, ts: int) -> None:
+        number, self.count = self.count, self.count + 1
+        if number >= self.known:
+            self.kept.append(Record(topic, partition, number, key, value, ts))
+
+    def restart(self) -> None:
+        """Scan from the start again, numbering as before."""
+        self.cursor, self.known, self.count = None, max(self.known, self.count), 0
+
+    def let_go(self, before: int) -> None:
+        """A reader has gone on from ``before``: keep only the records from there."""
+        if before > self.kept_from:
+            self.kept = [r for r in self.kept if r.offset >= before]
+            self.kept_from = before
+
+
 class GatewayLog(LogBackend):
     """The log as the ingest gateway at ``url`` shows it to ``api_key``'s tenant."""
 
@@ -68,8 +106,8 @@ class GatewayLog(LogBackend):
         self.only_key = only_key
         self.tenant_id: str | None = None
         self._client: Any = None
-        #: (topic, partition) -> (where the last scan started, where it ended)
-        self._scanned: dict[tuple[str, int], tuple[int, int]] = {}
+        #: (topic, partition) -> what this client has been shown of it
+        self._shown: dict[tuple[str, int], _Shown] = {}
         self._said: set[str] = set()
 
     async def start(self) -> None:
@@ -124,34 +162,44 @@ class GatewayLog(LogBackend):
         return list((await self._get(f"/v1/ingest/{topic}/partitions"))["partitions"])
 
     async def end_offset(self, topic: str, partition: int) -> int:
-        return int((await self._get(f"/v1/ingest/{topic}/partitions/{partition}/end"))["end"])
+        """One past the number of the last of the tenant's records (this client's numbers)."""
+        return (await self._scan(topic, partition)).count
 
     async def read(  # type: ignore[override]
         self, topic: str, partition: int = 0, from_offset: int = 0, until_end: bool = True
     ) -> AsyncIterator[Record]:
         if not until_end:
             raise GatewayRefused("the gateway serves reads up to the end only (by design)")
-        where = (topic, partition)
-        position = from_offset
-        began, ended = self._scanned.get(where, (0, 0))
-        if began <= position < ended:  # this reader saw everything up to there already
-            position = ended
+        shown = self._shown.get((topic, partition))
+        if shown is not None and from_offset < shown.kept_from:  # let go of: scan again
+            del self._shown[(topic, partition)]
+        shown = await self._scan(topic, partition)
+        for rec in list(shown.kept):
+            if rec.offset >= from_offset:
+                yield rec
+        shown.let_go(from_offset)
+
+    async def _scan(self, topic: str, partition: int) -> _Shown:
+        """Scan on from where the last scan stopped to the end; number what is shown."""
+        shown = self._shown.setdefault((topic, partition), _Shown())
+        path = f"/v1/ingest/{topic}/partitions/{partition}/records"
         while True:
-            params: dict[str, Any] = {"start": position}
+            params: dict[str, Any] = {}
+            if shown.cursor is not None:
+                params["after"] = shown.cursor
             if self.only_key is not None:
                 params["key"] = self.only_key
-            page = await self._get(
-                f"/v1/ingest/{topic}/partitions/{partition}/records", params=params
-            )
+            try:
+                page = await self._get(path, params=params)
+            except _CursorGone:
+                shown.restart()
+                continue
             for r in page["records"]:
                 key = r["key"].encode() if r["key"] is not None else None
-                yield Record(
-                    topic, partition, r["offset"], key, r["value"].encode(), r["timestamp_ms"]
-                )
-            self._scanned[where] = (from_offset, page["next"])
-            if page["next"] >= page["end"] or page["next"] <= position:
-                return
-            position = page["next"]
+                shown.add(topic, partition, key, r["value"].encode(), r["timestamp_ms"])
+            shown.cursor = page["next"]
+            if page["at_end"]:
+                return shown
 
     async def consumer(self, group_id: str, topics: Sequence[str]) -> LogConsumer:
         raise GatewayRefused(
@@ -171,6 +219,8 @@ class GatewayLog(LogBackend):
             raise ConnectionError("the gateway client is not started")
         response = await self._client.request(method, path, **kwargs)
         status = response.status_code
+        if status == 410:
+            raise _CursorGone(response.text[:200])
         if status >= 500 or status == 429:
             raise ConnectionError(f"gateway {status}: {response.text[:200]}")
         if final_ok and status in FINAL_REFUSALS:

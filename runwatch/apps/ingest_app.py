@@ -7,16 +7,19 @@ credentials. This app owns the log client and, for each request:
   every record judged by :func:`runwatch.apps.ingest_policy.admit` against the key's
   tenant; admitted ones appended in order (durable before the answer: Kafka acks=all, the
   embedded log's append), refused ones written to the dead-letter topic with the reason
-  (nothing lost, nothing reaches a run). Answer: where each admitted record landed and why
+  (nothing lost, nothing reaches a run). Answer: which records were appended (no offsets) and why
   each refused one was refused (``200`` either way: a refusal is the record's, not the
   request's; a retry of a refused record is refused again);
-- ``GET /v1/ingest/{topic}/partitions``, ``.../partitions/{p}/end``,
-  ``.../partitions/{p}/records?start=N[&key=RUN]``: the control and lifecycle topics
-  only, records of the key's tenant only (of one run's key with ``key``: the others are
-  skipped unread), at their offsets, scanning at most :data:`SCAN_BUDGET` records
-  (:data:`KEY_SCAN_BUDGET` with ``key``) or a page of :data:`PAGE_BYTES` per request and
-  saying where the scan stopped (``next``). The offsets tell how many records other
-  tenants wrote to these two topics, and when (not what): ``docs/threat-model.md``;
+- ``GET /v1/ingest/{topic}/partitions``,
+  ``.../partitions/{p}/records[?after=CURSOR][&key=RUN]``: the control and lifecycle
+  topics only, records of the key's tenant only (of one run's key with ``key``: the others
+  are skipped unread), scanning at most :data:`SCAN_BUDGET` records (:data:`KEY_SCAN_BUDGET`
+  with ``key``) or a page of :data:`PAGE_BYTES` per request; ``next`` is a sealed cursor
+  to go on from, ``at_end`` says whether the scan reached the end. No offset is shown (not
+  of the records, not the end, not in a cursor: :mod:`runwatch.apps.ingest_cursor`): they
+  would tell how many records other tenants wrote to these topics, and when. A cursor
+  this gateway did not make for this tenant and partition (one from a gateway with
+  another secret) answers ``410``: read from the start;
 - ``GET /v1/ingest/whoami``: the key's tenant (a hook checks its key at start).
 
 No key or an unknown one: ``401``; an operator key: ``403`` (operators command runs
@@ -39,7 +42,7 @@ import math
 from collections.abc import AsyncIterator, Callable
 from typing import Annotated, Any
 
-from fastapi import Depends, FastAPI, HTTPException
+from fastapi import Depends, FastAPI, HTTPException, Query
 from pydantic import BaseModel, ConfigDict, Field
 
 from events.dead_letter import DeadLetter
@@ -48,6 +51,7 @@ from events.topics import DEAD_LETTER_TOPIC, TOPICS
 from projections.api import CommandRate
 from projections.auth import KeyedBodies, principal_of
 from projections.keys import ApiKeys, Principal
+from runwatch.apps.ingest_cursor import CursorRefused, CursorSeal
 from runwatch.apps.ingest_policy import READABLE_TOPICS, admit, readable
 
 #: The largest request body (a hook sends batches well under this: ``GatewayLog``).
@@ -91,11 +95,14 @@ def create_app(
     byte_burst: int = BYTE_BURST,
     read_rate: float = READ_RATE,
     read_burst: int = READ_BURST,
+    cursor_secret: bytes | None = None,
 ) -> FastAPI:
     """The gateway over the log ``open_log()`` makes (opened at startup), for ``keys``,
     with each tenant's write and read limits (module docstring). A burst must hold one
     whole request (``record_burst`` >= :data:`MAX_RECORDS`, ``byte_burst`` >=
-    :data:`MAX_BODY_BYTES`), or a full request would be charged only the burst."""
+    :data:`MAX_BODY_BYTES`), or a full request would be charged only the burst.
+    ``cursor_secret``: what seals read cursors (shared by the replicas serving the same
+    hooks; ``None``: a fresh random one, so a restart sends readers back to the start)."""
     if record_burst < MAX_RECORDS or byte_burst < MAX_BODY_BYTES:
         raise ValueError(
             f"the record burst must be at least {MAX_RECORDS} and the byte burst at least "
@@ -104,6 +111,7 @@ def create_app(
     state: dict[str, LogBackend] = {}
     writes, reads = CommandRate(record_rate, record_burst), CommandRate(read_rate, read_burst)
     written = CommandRate(byte_rate, byte_burst)
+    seal = CursorSeal(cursor_secret)
 
     def limited(bucket: CommandRate, tenant_id: str, n: float = 1.0) -> None:
         wait = bucket.wait(tenant_id, n)
@@ -180,27 +188,24 @@ def create_app(
     async def partitions(topic: str, tenant_id: Annotated[str, Depends(tenant)]) -> dict[str, Any]:
         return {"partitions": await _guarded(log().partitions(readable_topic(topic, tenant_id)))}
 
-    @app.get("/v1/ingest/{topic}/partitions/{partition}/end")
-    async def end(
-        topic: str, partition: int, tenant_id: Annotated[str, Depends(tenant)]
-    ) -> dict[str, int]:
-        return {
-            "end": await _guarded(log().end_offset(readable_topic(topic, tenant_id), partition))
-        }
-
     @app.get("/v1/ingest/{topic}/partitions/{partition}/records")
     async def records(
         topic: str,
         partition: int,
         tenant_id: Annotated[str, Depends(tenant)],
-        start: int = 0,
-        key: str | None = None,
+        after: Annotated[str | None, Query(max_length=64)] = None,
+        key: Annotated[str | None, Query(max_length=4096)] = None,
     ) -> dict[str, Any]:
-        """The tenant's records from ``start`` (``key``: only that key's, a run's own),
-        scanning until the end, the scan budget or a full page; ``next``: where it stopped."""
+        """The tenant's records from where the cursor ``after`` stopped (none: the start;
+        ``key``: only that key's, a run's own), scanning until the end, the scan budget or
+        a full page. ``next``: the cursor to go on from; ``at_end``: nothing more now."""
         readable_topic(topic, tenant_id)
-        if start < 0 or partition < 0:
-            raise HTTPException(422, "start and partition are offsets (>= 0)")
+        if partition < 0:
+            raise HTTPException(422, "a partition is >= 0")
+        try:
+            start = seal.open(after, tenant_id, topic, partition) if after is not None else 0
+        except CursorRefused as exc:
+            raise HTTPException(410, str(exc)) from None
         wanted = key.encode() if key is not None else None
         budget = KEY_SCAN_BUDGET if wanted is not None else SCAN_BUDGET
         out: list[dict[str, Any]] = []
@@ -224,14 +229,17 @@ def create_app(
         except Exception as exc:
             raise HTTPException(503, f"the log refused the read: {type(exc).__name__}") from None
         reads.debit(tenant_id, decoded // SCAN_COST)  # decoding is what a read costs
-        return {"records": out, "next": position, "end": end_offset}
+        return {
+            "records": out,
+            "next": seal.seal(position, tenant_id, topic, partition),
+            "at_end": position >= end_offset,
+        }
 
     return app
 
 
 def _record(rec: Any) -> dict[str, Any]:
     return {
-        "offset": rec.offset,
         "timestamp_ms": rec.timestamp_ms,
         "key": rec.key.decode("utf-8", "replace") if rec.key is not None else None,
         "value": rec.value.decode("utf-8", "surrogatepass"),

@@ -7,6 +7,9 @@
 (``docs/hooks.md``). Each tenant's writes and reads are rate-limited (``--record-rate``,
 ``--record-burst``, ``--byte-rate``, ``--byte-burst``, ``--read-rate``, ``--read-burst``:
 429 with ``Retry-After`` beyond; a burst holds at least one whole request).
+``--cursor-secret-file F``: the secret that seals read cursors (its bytes, at least 16;
+every replica serving the same hooks needs the same; without it a fresh one each start,
+and hooks read from the start again after a restart).
 The keys file is watched as the query API's is (an edit applies at the next request;
 SIGHUP reads it at once). Connections are bounded as for every runwatch server
 (:mod:`runwatch.apps.serving`).
@@ -48,6 +51,10 @@ def add_ingest_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--read-burst", type=int, default=1000, help="read requests a tenant may make at once"
     )
+    parser.add_argument(
+        "--cursor-secret-file",
+        help="file whose bytes seal read cursors (shared by replicas; default: fresh each start)",
+    )
     from runwatch.apps.serving import add_arguments as add_serving_arguments
 
     add_serving_arguments(parser)
@@ -66,6 +73,7 @@ def serve(args: argparse.Namespace, term: Terminal) -> int:
         raise Abort(str(exc)) from None
     if min(args.record_rate, args.byte_rate, args.read_rate) <= 0 or args.read_burst < 1:
         raise Abort("the rates must be positive and the read burst at least 1")
+    secret = _cursor_secret(args.cursor_secret_file)
     watch_keys(keys, term.progress, term.error)
     kafka = kafka_flag(args.kafka)
     log_dir = settings.log_dir(args.log)
@@ -78,6 +86,7 @@ def serve(args: argparse.Namespace, term: Terminal) -> int:
         "byte_burst": args.byte_burst,
         "read_rate": args.read_rate,
         "read_burst": args.read_burst,
+        "cursor_secret": secret,
     }
     try:
         app = install(create_app(lambda: open_backend(kafka, log_dir), keys, **limits))
@@ -85,3 +94,16 @@ def serve(args: argparse.Namespace, term: Terminal) -> int:
         raise Abort(str(exc)) from None
     serving.serve(app, args.host, args.port, args, term.progress, term.warn, log_level="warning")
     return 0
+
+
+def _cursor_secret(path: str | None) -> bytes | None:
+    if path is None:
+        return None
+    try:
+        with open(path, "rb") as f:
+            secret = f.read(1 << 12).strip()
+    except OSError as exc:
+        raise Abort(f"cannot read the cursor secret {path}: {exc.strerror}") from None
+    if len(secret) < 16:
+        raise Abort(f"the cursor secret in {path} has {len(secret)} bytes: it needs 16 or more")
+    return secret

@@ -6,6 +6,7 @@ with the reason, never appended where a run would see it.
 
 from __future__ import annotations
 
+import uuid
 from pathlib import Path
 
 import pytest
@@ -163,7 +164,12 @@ def test_keys_decide_who_may_write_and_read(gateway: tuple[TestClient, Path]) ->
     assert r.status_code == 403
 
 
-def test_a_tenant_reads_its_own_records_at_their_offsets_and_none_of_anothers(
+def _pages(client: TestClient, key: str, **params: str) -> list[dict[str, object]]:
+    url = "/v1/ingest/runwatch.lifecycle/partitions/0/records"
+    return [client.get(url, params=params, headers=_h(key)).json()]
+
+
+def test_a_tenant_reads_its_own_records_and_none_of_anothers(
     gateway: tuple[TestClient, Path],
 ) -> None:
     client, _ = gateway
@@ -175,14 +181,72 @@ def test_a_tenant_reads_its_own_records_at_their_offsets_and_none_of_anothers(
     assert client.get("/v1/ingest/runwatch.lifecycle/partitions", headers=_h(A)).json() == {
         "partitions": [0]
     }
-    end = client.get("/v1/ingest/runwatch.lifecycle/partitions/0/end", headers=_h(A)).json()
-    assert end == {"end": 6}
-    page = client.get(
-        "/v1/ingest/runwatch.lifecycle/partitions/0/records", params={"start": 1}, headers=_h(A)
-    ).json()
-    assert [r["offset"] for r in page["records"]] == [2, 4]  # a's at offsets 0, 2, 4
-    assert [decode(r["value"].encode()) for r in page["records"]] == mine[1:]
-    assert (page["next"], page["end"]) == (6, 6)
+    (page,) = _pages(client, A)
+    assert [decode(r["value"].encode()) for r in page["records"]] == mine  # type: ignore[union-attr,index]
+    assert page["at_end"] is True
+    (more,) = _pages(client, A, after=page["next"])  # type: ignore[arg-type]
+    assert more["records"] == [] and more["at_end"] is True
+    (page_b,) = _pages(client, B)
+    assert [decode(r["value"].encode()) for r in page_b["records"]] == theirs  # type: ignore[union-attr,index]
+
+
+def test_what_a_tenant_reads_tells_nothing_of_what_other_tenants_wrote(tmp_path: Path) -> None:
+    """Found by review: the gateway answered with the records' offsets and the partition's
+    end, so a tenant polling its reads learned how many lifecycle and control records the
+    other tenants wrote, and when (their runs starting, pausing, being cancelled). Now the
+    same reads answer the same whatever the others wrote, but for the sealed cursors."""
+    keys = tmp_path / "keys.yaml"
+    keys.write_text(
+        yaml.safe_dump(
+            {"keys": [{"key": A, "tenant": "tenant-a"}, {"key": B, "tenant": "tenant-b"}]}
+        )
+    )
+    seen: list[list[dict[str, object]]] = []
+    for others in (0, 40):
+        app = create_app(lambda o=others: EmbeddedLog(tmp_path / f"log-{o}"), ApiKeys.load(keys))
+        with TestClient(app) as client:
+            answers: list[dict[str, object]] = []
+            after: str | None = None
+            for i in range(3):
+                for j in range(others):
+                    ev = _hooked(RunPaused, tenant="tenant-b", run=f"b-{i}-{j}")
+                    client.post("/v1/ingest/runwatch.lifecycle", json=_body(ev), headers=_h(B))
+                ev = _hooked(RunStarted, run=f"a-{i}").model_copy(update={"ts": float(i)})
+                ev = ev.model_copy(update={"event_id": uuid.UUID(int=i + 1)})
+                client.post("/v1/ingest/runwatch.lifecycle", json=_body(ev), headers=_h(A))
+                (page,) = _pages(client, A, **({"after": after} if after else {}))
+                after = page["next"]  # type: ignore[assignment]
+                answers.append(page)
+            seen.append(answers)
+    for quiet, busy in zip(*seen, strict=True):
+        assert set(quiet) == set(busy) == {"records", "next", "at_end"}
+        assert quiet["at_end"] == busy["at_end"] is True
+        strip = [{k: v for k, v in r.items() if k != "timestamp_ms"} for r in quiet["records"]]  # type: ignore[attr-defined]
+        assert strip == [
+            {k: v for k, v in r.items() if k != "timestamp_ms"} for r in busy["records"]
+        ]  # type: ignore[attr-defined]
+        assert all(set(r) == {"key", "value", "timestamp_ms"} for r in busy["records"])  # type: ignore[attr-defined]
+        assert quiet["next"] != busy["next"] and len(quiet["next"]) == len(busy["next"])  # type: ignore[arg-type]
+
+
+def test_a_cursor_opens_only_for_the_tenant_and_partition_it_was_made_for(
+    gateway: tuple[TestClient, Path],
+) -> None:
+    client, _ = gateway
+    client.post("/v1/ingest/runwatch.lifecycle", json=_body(_hooked(RunStarted)), headers=_h(A))
+    (page,) = _pages(client, A)
+    cursor = page["next"]
+    assert isinstance(cursor, str)
+    for key, url, after in [
+        (B, "/v1/ingest/runwatch.lifecycle/partitions/0/records", cursor),  # another tenant
+        (A, "/v1/ingest/runwatch.control/partitions/0/records", cursor),  # another topic
+        (A, "/v1/ingest/runwatch.lifecycle/partitions/0/records", cursor[:-2] + "AA"),
+        (A, "/v1/ingest/runwatch.lifecycle/partitions/0/records", "not-a-cursor"),
+    ]:
+        r = client.get(url, params={"after": after}, headers=_h(key))
+        assert r.status_code == 410, (url, r.text)
+    r = client.get("/v1/ingest/runwatch.lifecycle/partitions/0/end", headers=_h(A))
+    assert r.status_code == 404  # the end is an offset too: not served
 
 
 def test_a_tenant_over_its_rate_is_told_when_to_retry(tmp_path: Path) -> None:
@@ -216,7 +280,7 @@ def test_a_tenant_over_its_rate_is_told_when_to_retry(tmp_path: Path) -> None:
         url = "/v1/ingest/runwatch.lifecycle/partitions/0/records"
         page = client.get(url, params={"key": "r-7"}, headers=_h(A)).json()
         assert [decode(r["value"].encode()).run_id for r in page["records"]] == ["r-7"]
-        assert page["next"] == page["end"] == MAX_RECORDS + 1
+        assert page["at_end"] is True and "end" not in page
         # a read that decodes 5,000 records costs 5 more reads: the next one waits
         assert client.get(url, headers=_h(A)).status_code == 200
         r = client.get(url, headers=_h(A))
