@@ -15,6 +15,8 @@
 
 Keys are looked up by their sha256, so the comparison does not depend on how many
 leading characters of a guessed key match. A key is exactly one of tenant or operator.
+A tenant id holds no ``:`` (behind the ingest gateway a run's id is ``<tenant>:<name>``,
+so one tenant's prefix must never begin another's).
 
 ``expires`` is an ISO 8601 date-time (no offset: UTC), a date (its first instant, UTC)
 or a Unix time in seconds. A key marked ``revoked: true`` anywhere in the file is revoked,
@@ -153,6 +155,8 @@ def parse_entries(data: Any) -> dict[str, Grant]:
         tenant = item.get("tenant")
         if operator == (tenant is not None):
             raise ValueError(f"keys[{i}]: give exactly one of 'tenant' or 'operator: true'")
+        if tenant is not None and ":" in str(tenant):  # a hooked run's id is <tenant>:<name>
+            raise ValueError(f"keys[{i}]: a tenant id holds no ':' (it ends a tenant's prefix)")
         is_revoked = item.get("revoked", False)
         if not isinstance(is_revoked, bool):
             raise ValueError(f"keys[{i}]: 'revoked' must be true or false")

@@ -37,8 +37,9 @@ spool when the log is unreachable). Where events go: ``gateway=URL`` with
 ``api_key=KEY`` (or ``$RUNWATCH_GATEWAY`` / ``$RUNWATCH_API_KEY``: the ingest gateway,
 ``runwatch serve ingest``; what a customer's process should use, as it then holds no
 broker credentials and can only publish its own tenant's hook events:
-:mod:`runwatch.apps.ingest_policy`), else ``kafka=BOOTSTRAP`` (or ``$RUNWATCH_KAFKA``),
-else the embedded log ``log=DIR`` (or ``$RUNWATCH_LOG_DIR``, else
+:mod:`runwatch.apps.ingest_policy`; there a run's id is ``<tenant>:<run_id>``,
+:func:`tenant_run_id`, so no other tenant can take it), else ``kafka=BOOTSTRAP``
+(or ``$RUNWATCH_KAFKA``), else the embedded log ``log=DIR`` (or ``$RUNWATCH_LOG_DIR``, else
 ``./runwatch-data/log``). The spool defaults to ``./runwatch-data/spool/<run>``
 (``$RUNWATCH_SPOOL_DIR`` is its parent).
 """
@@ -91,6 +92,21 @@ def default_log_dir() -> Path:
     return Path(os.environ.get("RUNWATCH_LOG_DIR") or Path("runwatch-data") / "log")
 
 
+#: What separates a tenant from its own name for a run behind the gateway (a tenant id
+#: holds none: :mod:`projections.keys`).
+TENANT_SEPARATOR = ":"
+
+
+def tenant_run_id(tenant_id: str, run_id: str) -> str:
+    """The id of the run the customer calls ``run_id`` behind the ingest gateway:
+    ``<tenant_id>:<run_id>`` (as it is when it already begins so). The gateway takes a
+    hook's events only under its own tenant's prefix, so two customers' ``exp-1`` are two
+    runs, and no tenant can claim another's run id before its first event
+    (:mod:`runwatch.apps.ingest_policy`)."""
+    prefix = f"{tenant_id}{TENANT_SEPARATOR}"
+    return run_id if run_id.startswith(prefix) else prefix + run_id
+
+
 def default_spool(run_id: str) -> Path:
     root = Path(os.environ.get("RUNWATCH_SPOOL_DIR") or Path("runwatch-data") / "spool")
     return root / re.sub(r"[^A-Za-z0-9_.-]", "_", run_id)
@@ -121,11 +137,19 @@ class RunwatchHook:
         follow_commands: bool = True,
         command_poll_s: float = 0.5,
     ) -> None:
+        gateway = gateway or os.environ.get("RUNWATCH_GATEWAY") or None
+        if gateway:  # run ids are per tenant there: no other tenant can take this one
+            named, run_id = run_id, tenant_run_id(tenant_id, run_id)
+            if run_id != named:
+                logging.getLogger("runwatch.hooks").info(
+                    "runwatch: behind the gateway run %r is %r", named[:80], run_id[:120]
+                )
         for what, value in (("run_id", run_id), ("tenant_id", tenant_id)):
             try:
                 check_id(value)  # refused here, not by the first event on the worker thread
             except ValueError as exc:
                 raise ValueError(f"RunwatchHook: bad {what} {value[:80]!r}: {exc}") from None
+        #: the run's id on the log (behind a gateway ``<tenant>:<run_id>``)
         self.run_id = run_id
         self.tenant_id = tenant_id
         self.algorithm = algorithm
@@ -139,7 +163,6 @@ class RunwatchHook:
             raise ValueError(f"RunwatchHook: bad producer {str(producer)[:80]!r}: {exc}") from None
         self.checkpoint_digest = checkpoint_digest
         self.report = MetricsImportReport()
-        gateway = gateway or os.environ.get("RUNWATCH_GATEWAY") or None
         kafka = None if gateway else kafka or os.environ.get("RUNWATCH_KAFKA") or None
         log_dir = Path(log) if log else default_log_dir()
         open_reader: Callable[[], Any] | None = None

@@ -12,7 +12,12 @@ judged here before it reaches a topic:
 - its type is one a hook publishes (:data:`HOOK_EVENTS`: a run's lifecycle as its
   process sees it, its steps, timings, rollouts, evals, usage, checkpoints), on that
   type's topic, keyed by its run id;
-- it names the caller's tenant (else ``foreign_tenant``);
+- it names the caller's tenant (else ``foreign_tenant``), and a run of the tenant's own:
+  ``<tenant>:<name>`` (:data:`RUN_SEPARATOR`). Run ids are what every host keys a run's
+  state by, and a run id is its first tenant's (``runwatch.hosting.tenancy``): with any
+  name allowed, two customers' ``exp-1`` were one run — the second one's every event
+  refused, its run unmonitored and unbilled — and a tenant who guessed another's next
+  run name could take it first;
 - its producer is a hook's (``hook/...``), never one of the platform's own names (the
   trainer's, the processors'), whose ``seq`` accounting trusts.
 
@@ -22,8 +27,8 @@ its own tenant's commands and lifecycle facts, nothing else (:func:`readable`).
 
 Assumptions: the key's tenant is the truth (the keys file, :mod:`projections.keys`);
 operator keys neither write nor read here (an operator commands runs through the query
-API). A run id first claimed by another tenant is the hosts' to refuse (``foreign_tenant``
-at the processors' tenancy pins), as for any producer.
+API). A run id first claimed by another tenant (a platform producer's, say) is the
+hosts' to refuse (``foreign_tenant`` at the processors' tenancy pins), as for any producer.
 """
 
 from __future__ import annotations
@@ -52,6 +57,9 @@ HOOK_EVENTS = frozenset(
         "CheckpointWritten",
     }
 )
+#: Between a tenant and its own name for a run: a hooked run's id is ``<tenant>:<name>``
+#: (``producers.hooks.hook.tenant_run_id``; a tenant id holds no ``:``, ``projections.keys``).
+RUN_SEPARATOR = ":"
 #: Every producer name a hook writes under begins so (``RunwatchHook``'s default).
 HOOK_PRODUCER_PREFIX = "hook/"
 LIFECYCLE_TOPIC = "runwatch.lifecycle"
@@ -88,6 +96,12 @@ def admit(tenant_id: str, topic: str, key: bytes | None, value: bytes) -> EventB
     if event.tenant_id != tenant_id:
         why = f"the API key is tenant {tenant_id!r}'s; the event names {event.tenant_id!r}"
         return _refused(value, why, kind, kind="foreign_tenant")
+    if not event.run_id.startswith(f"{tenant_id}{RUN_SEPARATOR}"):
+        why = (
+            f"behind the gateway a run id is its tenant's, {tenant_id}{RUN_SEPARATOR}<name>, "
+            f"not {event.run_id[:100]!r} (so no other tenant can take it)"
+        )
+        return _refused(value, why, kind)
     if not event.producer.startswith(HOOK_PRODUCER_PREFIX):
         why = f"producer {event.producer!r} is not a hook's ({HOOK_PRODUCER_PREFIX}...)"
         return _refused(value, why, kind)

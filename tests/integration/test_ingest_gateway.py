@@ -24,7 +24,7 @@ import httpx
 import pytest
 import yaml
 
-from events import AlertFired
+from events import AlertFired, RunStarted
 from events.codec import encode
 from events.dead_letter import DeadLetter
 from events.log.embedded import EmbeddedLog
@@ -135,7 +135,7 @@ def test_a_hook_publishes_and_obeys_through_the_gateway_and_forgeries_go_nowhere
             time.sleep(0.02)
 
     def kinds() -> list[str]:
-        return [e.type for e in embedded_events(gateway.log_dir, "gw-run")]
+        return [e.type for e in embedded_events(gateway.log_dir, "tenant-a:gw-run")]
 
     def wait(cond, what: str) -> None:  # type: ignore[no-untyped-def]
         deadline = time.monotonic() + 60
@@ -147,20 +147,20 @@ def test_a_hook_publishes_and_obeys_through_the_gateway_and_forgeries_go_nowhere
     loop.start()
     wait(lambda: len(steps) >= 3 and "TrainerStepCompleted" in kinds(), "the first steps")
     # the controller pauses the run; the loop blocks at a step's end until a resume
-    issue(gateway.log_dir, "gw-run", "pause", actor="controller", principal="run_controller",
-          reason="kl_blowup (page)")  # fmt: skip
+    issue(gateway.log_dir, "tenant-a:gw-run", "pause", actor="controller",
+          principal="run_controller", reason="kl_blowup (page)")  # fmt: skip
     wait(lambda: "RunPaused" in kinds(), "the pause")
     held = len(steps)
     time.sleep(1.0)
     assert len(steps) == held and loop.is_alive()  # paused: no step
-    issue(gateway.log_dir, "gw-run", "resume", actor="customer", principal="tenant-a")
+    issue(gateway.log_dir, "tenant-a:gw-run", "resume", actor="customer", principal="tenant-a")
     wait(lambda: len(steps) >= held + 3, "the resume")
-    issue(gateway.log_dir, "gw-run", "cancel", actor="customer", principal="tenant-a")
+    issue(gateway.log_dir, "tenant-a:gw-run", "cancel", actor="customer", principal="tenant-a")
     loop.join(60)
     assert not loop.is_alive() and steps[-1] < 2000, "the cancel was not followed"
     hook.close(30)
 
-    events = embedded_events(gateway.log_dir, "gw-run")
+    events = embedded_events(gateway.log_dir, "tenant-a:gw-run")
     seen = [e.type for e in events]
     assert {"RunSubmitted", "RunStarted", "TrainerStepCompleted", "UsageRecorded"} <= set(seen)
     assert [k for k in seen if k in ("RunPaused", "RunResumed", "RunCancelled")] == [
@@ -173,18 +173,18 @@ def test_a_hook_publishes_and_obeys_through_the_gateway_and_forgeries_go_nowhere
     forger.start()
     forger.log({"reward": 0.0}, step=1)
     forger.close(30)
-    assert [e for e in embedded_events(gateway.log_dir, "victim-run")] == []
+    assert [e for e in embedded_events(gateway.log_dir, "tenant-b:victim-run")] == []
     letters = _letters(gateway.log_dir)
     assert letters and {d.kind for d in letters} == {"foreign_tenant"}
     # an alert from a hook (to page and pause someone): refused, even under its own tenant
-    alert = sample(AlertFired, run_id="gw-run").model_copy(update={"producer": "hook/x"})
+    alert = sample(AlertFired, run_id="tenant-a:gw-run").model_copy(update={"producer": "hook/x"})
     r = httpx.post(
         f"{gateway.url}/v1/ingest/runwatch.alerts",
-        json={"records": [{"key": "gw-run", "value": encode(alert).decode()}]},
+        json={"records": [{"key": "tenant-a:gw-run", "value": encode(alert).decode()}]},
         headers={"Authorization": f"Bearer {A}"},
     )
     assert r.status_code == 200 and r.json()["refused"][0]["kind"] == "refused_at_ingest"
-    assert "AlertFired" not in [e.type for e in embedded_events(gateway.log_dir, "gw-run")]
+    assert "AlertFired" not in [e.type for e in embedded_events(gateway.log_dir, "tenant-a:gw-run")]
     # tenant b reads none of tenant a's commands or lifecycle facts
     for topic in ("runwatch.control", "runwatch.lifecycle"):
         page = httpx.get(
@@ -208,7 +208,7 @@ def test_the_gateway_killed_mid_run_loses_nothing(gateway: Gateway, tmp_path: Pa
         time.sleep(0.01)
     stats = hook.close(60)
     assert stats.outages >= 1 and stats.spooled > 0 and stats.left_in_spool == 0, stats
-    events = embedded_events(gateway.log_dir, "gw-chaos")
+    events = embedded_events(gateway.log_dir, "tenant-a:gw-chaos")
     unique = {e.event_id: e for e in events}
     seqs = sorted(e.seq for e in unique.values())
     assert seqs == list(range(len(seqs))), "a gap: an event was lost"
@@ -226,7 +226,7 @@ def test_a_hook_behind_a_gateway_on_kafka_is_paused_and_cancelled(
 ) -> None:
     """The same gateway over the real broker: the hook's events land on Kafka under its
     tenant, and it follows a pause and a cancel written to the broker's control topic."""
-    run = f"gw-kafka-{time.time_ns()}"
+    run = f"tenant-a:gw-kafka-{time.time_ns()}"
     gw = Gateway(tmp_path, kafka=kafka_bootstrap)
     gw.start()
     hook = _hook(gw, tmp_path, run, "tenant-a", A)
@@ -285,7 +285,7 @@ def test_an_event_the_gateway_can_never_take_does_not_block_the_rest(
         hook.log(row, step=step)
     stats = hook.close(60)
     assert stats.left_in_spool == 0 and stats.spooled == 0, stats
-    events = embedded_events(gateway.log_dir, "gw-poison")
+    events = embedded_events(gateway.log_dir, "tenant-a:gw-poison")
     steps = sorted(e.step for e in events if e.type == "TrainerStepCompleted")
     assert steps == [s for s in range(1, 51) if s != 10]  # all but the one it cannot take
     (submitted,) = [e for e in events if e.type == "RunSubmitted"]
@@ -323,7 +323,7 @@ def test_a_hook_follows_its_commands_across_a_gateway_restart_and_sees_no_offset
             time.sleep(0.02)
 
     def kinds() -> list[str]:
-        return [e.type for e in embedded_events(gateway.log_dir, "gw-restart")]
+        return [e.type for e in embedded_events(gateway.log_dir, "tenant-a:gw-restart")]
 
     def wait(cond, what: str) -> None:  # type: ignore[no-untyped-def]
         deadline = time.monotonic() + 60
@@ -334,17 +334,17 @@ def test_a_hook_follows_its_commands_across_a_gateway_restart_and_sees_no_offset
     loop = threading.Thread(target=train)
     loop.start()
     wait(lambda: len(steps) >= 3 and "TrainerStepCompleted" in kinds(), "the first steps")
-    issue(gateway.log_dir, "gw-restart", "pause", actor="customer", principal="tenant-a")
+    issue(gateway.log_dir, "tenant-a:gw-restart", "pause", actor="customer", principal="tenant-a")
     wait(lambda: "RunPaused" in kinds(), "the pause")
     gateway.kill()
     for i in range(30, 60):  # written while the gateway is away
         issue(gateway.log_dir, f"b-{i}", "pause", actor="customer", principal="tenant-b",
               tenant_id="tenant-b")  # fmt: skip
     gateway.start()  # a new secret: the hook's cursor no longer opens
-    issue(gateway.log_dir, "gw-restart", "resume", actor="customer", principal="tenant-a")
+    issue(gateway.log_dir, "tenant-a:gw-restart", "resume", actor="customer", principal="tenant-a")
     held = len(steps)
     wait(lambda: len(steps) >= held + 3, "the resume after the restart")
-    issue(gateway.log_dir, "gw-restart", "cancel", actor="customer", principal="tenant-a")
+    issue(gateway.log_dir, "tenant-a:gw-restart", "cancel", actor="customer", principal="tenant-a")
     loop.join(60)
     assert not loop.is_alive(), "the cancel after the restart was not followed"
     hook.close(30)
@@ -360,3 +360,49 @@ def test_a_hook_follows_its_commands_across_a_gateway_restart_and_sees_no_offset
             await reader.close()
 
     assert asyncio.run(numbers()) == [0, 1, 2]  # pause, resume, cancel: no gaps for b's 60
+
+
+def test_two_customers_runs_named_alike_are_two_runs_each_monitored_and_billed(
+    gateway: Gateway, tmp_path: Path
+) -> None:
+    """Found by review: a run id is its first tenant's in every host, and behind the
+    gateway a hook could name any run id, so two customers' ``exp-1`` were one run: the
+    second customer's every event was refused by the processors (its run unmonitored,
+    unbilled, never paused), and a tenant who guessed another's next run name could take
+    it first. Behind the gateway a run is ``<tenant>:<name>``: both runs are folded, each
+    billed to its own tenant, none of them dead-lettered; a hook naming another tenant's
+    prefix is refused at the gateway."""
+    for tenant, key in (("tenant-a", A), ("tenant-b", B)):
+        hook = _hook(gateway, tmp_path, "exp-1", tenant, key)
+        assert hook.run_id == f"{tenant}:exp-1"
+        hook.start()
+        for step in range(1, 21):
+            hook.log({"reward": 0.01 * step, "kl": 0.01}, step=step)
+            hook.step_done(step, wall_s=0.5)
+        hook.finish()
+        assert hook.close(30).left_in_spool == 0
+    squatter = _hook(gateway, tmp_path, "tenant-b:exp-2", "tenant-a", A)  # b's next name
+    assert squatter.run_id == "tenant-a:tenant-b:exp-2"  # its own prefix: not b's run
+    started = sample(RunStarted, run_id="tenant-b:exp-2").model_copy(
+        update={"tenant_id": "tenant-a", "producer": "hook/x"}
+    )
+    r = httpx.post(
+        f"{gateway.url}/v1/ingest/runwatch.lifecycle",
+        json={"records": [{"key": "tenant-b:exp-2", "value": encode(started).decode()}]},
+        headers={"Authorization": f"Bearer {A}"},
+    )
+    assert r.status_code == 200 and r.json()["appended"] == []
+    assert "tenant-a:<name>" in r.json()["refused"][0]["reason"]
+
+    done = subprocess.run(
+        [sys.executable, "-m", "runwatch.cli.main", "process", "--log", str(gateway.log_dir),
+         "--once", "--json"],
+        cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True,
+        text=True, timeout=180,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert [d for d in _letters(gateway.log_dir) if d.kind == "foreign_tenant"] == []
+    log = EmbeddedLog(gateway.log_dir, readonly=True)
+    log.open_sync()
+    bills = {(b.tenant_id, b.run_id) for b in log.iter_events(["runwatch.tenant-usage"])}
+    assert {("tenant-a", "tenant-a:exp-1"), ("tenant-b", "tenant-b:exp-1")} <= bills, bills

@@ -29,7 +29,8 @@ A, B, OPS = "key-of-a", "key-of-b", "key-of-ops"
 
 
 def _hooked(cls: type[EventBase], tenant: str = "tenant-a", run: str = "run-1") -> EventBase:
-    ev = sample(cls, run_id=run)
+    """A hook's event: its run id ``<tenant>:<run>`` (as a hook behind the gateway names it)."""
+    ev = sample(cls, run_id=run if ":" in run else f"{tenant}:{run}")
     return ev.model_copy(update={"tenant_id": tenant, "producer": "hook/run-1/abc"})
 
 
@@ -70,8 +71,29 @@ def test_wrong_topic_wrong_key_and_bad_json_are_refused() -> None:
     assert "belongs on runwatch.telemetry" in _admit(ev, topic="runwatch.lifecycle").reason  # type: ignore[attr-defined]
     letter = admit("tenant-a", "runwatch.telemetry", b"other-run", encode(ev))
     assert isinstance(letter, DeadLetter) and "keyed by its run id" in letter.reason
-    letter = admit("tenant-a", "runwatch.telemetry", b"run-1", b"{not json")
+    letter = admit("tenant-a", "runwatch.telemetry", b"tenant-a:run-1", b"{not json")
     assert isinstance(letter, DeadLetter) and letter.kind == "malformed_json"
+
+
+@pytest.mark.parametrize("run", ["run-1", "tenant-b:run-1", "tenant-a-run-1", "tenant-:x"])
+def test_a_hooks_run_id_is_of_its_own_tenant(run: str) -> None:
+    """Found by review: any run id was taken, and a run id is its first tenant's in every
+    host, so two customers' ``exp-1`` were one run (the second's every event refused: its
+    run unmonitored, unbilled, never paused) and a tenant who guessed another's next run
+    name took it first. Behind the gateway a run is ``<tenant>:<name>``."""
+    ev = _hooked(TrainerStepCompleted).model_copy(update={"run_id": run})
+    letter = admit("tenant-a", "runwatch.telemetry", run.encode(), encode(ev))
+    assert isinstance(letter, DeadLetter) and letter.kind == "refused_at_ingest"
+    assert "tenant-a:<name>" in letter.reason and letter.raw == encode(ev)
+    ok = ev.model_copy(update={"run_id": "tenant-a:" + run})
+    assert admit("tenant-a", "runwatch.telemetry", ok.key(), encode(ok)) == ok
+
+
+def test_a_tenant_id_with_the_separator_is_refused_in_the_keys_file(tmp_path: Path) -> None:
+    keys = tmp_path / "keys.yaml"
+    keys.write_text(yaml.safe_dump({"keys": [{"key": A, "tenant": "acme:eu"}]}))
+    with pytest.raises(ValueError, match="holds no ':'"):
+        ApiKeys.load(keys)
 
 
 def test_every_hook_event_type_is_a_registered_event() -> None:
@@ -278,8 +300,8 @@ def test_a_tenant_over_its_rate_is_told_when_to_retry(tmp_path: Path) -> None:
         )
         # a read of one run's key skips the other records unread: cheap
         url = "/v1/ingest/runwatch.lifecycle/partitions/0/records"
-        page = client.get(url, params={"key": "r-7"}, headers=_h(A)).json()
-        assert [decode(r["value"].encode()).run_id for r in page["records"]] == ["r-7"]
+        page = client.get(url, params={"key": "tenant-a:r-7"}, headers=_h(A)).json()
+        assert [decode(r["value"].encode()).run_id for r in page["records"]] == ["tenant-a:r-7"]
         assert page["at_end"] is True and "end" not in page
         # a read that decodes 5,000 records costs 5 more reads: the next one waits
         assert client.get(url, headers=_h(A)).status_code == 200
