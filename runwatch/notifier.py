@@ -19,11 +19,15 @@ loop at once. A delivery POSTs the body with the signature headers
 read back from the log later is a duplicate and is skipped. If the log refuses an append,
 the notifier stops without saving (a restart makes those attempts again).
 
-Limits: ``timeout_s`` per attempt (connect + send + answer); at most ``max_in_flight``
-POSTs at once, ``per_tenant_in_flight`` per tenant (one slow tenant cannot take every
-slot), and one per run (a run's first attempts leave in log order; a notification in
-backoff does not hold back the run's later ones). Redirects are not followed (a 3xx is a
-failure); an answer body is read up to 64 KiB (to keep the connection alive), no further.
+Limits: ``timeout_s`` per attempt, one deadline over all of it (the destination check,
+connect, send, the answer's headers and its body — not per socket read: an endpoint that
+answers a byte at a time is cut off at ``timeout_s`` like a silent one, a failed attempt
+"timeout: no complete answer within N s", retried and abandoned as usual); at most
+``max_in_flight`` POSTs at once, ``per_tenant_in_flight`` per tenant (one slow tenant
+cannot take every slot), and one per run (a run's first attempts leave in log order; a
+notification in backoff does not hold back the run's later ones). Redirects are not
+followed (a 3xx is a failure); an answer body is read up to 64 KiB (to keep the connection
+alive), no further.
 
 Crash safety (at-least-once, nothing lost): the state file holds the positions and every
 run's pending notifications and attempt counts (a snapshot and a journal of saves beside
@@ -101,6 +105,8 @@ class NotifierSettings:
     group_id: str = DEFAULT_GROUP
     #: Positions + slots (``None``: kept in memory only; a restart starts over).
     state_path: Path | None = None
+    #: One deadline per attempt (seconds from its start: destination check, connect, send,
+    #: the answer's headers and body), not per socket read.
     timeout_s: float = 10.0
     max_in_flight: int = 32
     per_tenant_in_flight: int = 4
@@ -425,7 +431,20 @@ class Notifier:
         self._wake.set()
 
     async def _attempt(self, p: Pending, attempt: int) -> NotificationAttempted:
+        """POST ``p`` once and return what was observed (never raises but on cancellation).
+
+        Time: the whole attempt — the destination check (its DNS lookup), connecting,
+        sending, the answer's status line and headers, and reading its body — runs under one
+        deadline, ``timeout_s`` after the attempt starts (monotonic clock). The HTTP client's
+        own timeout bounds each socket operation only, so an endpoint that answers a byte at
+        a time would otherwise hold the POST, its run and a tenant slot open for ever. When
+        the deadline passes, the request is cancelled (its connection closed, not reused) and
+        the attempt is a failure without a status ("timeout: no complete answer within N s"),
+        even when a 2xx status line had arrived: the fold retries it, then abandons it.
+        ``duration_ms`` is monotonic time from the start to the outcome; ``ts`` is
+        ``clock()`` at the outcome."""
         assert self._client is not None and p.body is not None
+        client = self._client
         hook = self.book.hooks.get(p.tenant_id)
         started = time.monotonic()
         status: int | None = None
@@ -435,20 +454,29 @@ class Notifier:
         else:
             body = p.body.encode()
             headers = headers_for(p, attempt, hook.secret, body, self.clock())
-            refusal = "" if self.settings.allow_private else await destination_refusal(hook.url)
+            timeout_s = self.settings.timeout_s
+            seen: list[int] = []  # the answer's status, once its headers arrived
             try:
-                if refusal:
-                    raise _Refused(refusal)
-                async with self._client.stream(
-                    "POST", hook.url, content=body, headers=headers
-                ) as resp:
-                    status = resp.status_code
-                    retry_after = retry_after_s(resp.headers.get("retry-after"))
-                    await _drain_body(resp)
+                async with asyncio.timeout(timeout_s):
+                    refusal = (
+                        "" if self.settings.allow_private else await destination_refusal(hook.url)
+                    )
+                    if refusal:
+                        raise _Refused(refusal)
+                    async with client.stream(
+                        "POST", hook.url, content=body, headers=headers
+                    ) as resp:
+                        seen.append(resp.status_code)
+                        retry_after = retry_after_s(resp.headers.get("retry-after"))
+                        await _drain_body(resp)
+                status = seen[0]  # a complete answer, in time
             except _Refused as exc:
                 error = str(exc)
-            except httpx.TimeoutException:
-                error = f"timeout after {self.settings.timeout_s:g} s"
+            except (TimeoutError, httpx.TimeoutException):
+                # the deadline (or one socket operation) ran out: no complete answer
+                error = f"timeout: no complete answer within {timeout_s:g} s"
+                if seen:
+                    error += f" (HTTP {seen[0]} headers arrived, the body did not)"
             except Exception as exc:  # refused, reset, DNS, TLS...: a failed attempt
                 error = f"{type(exc).__name__}: {exc}"[:300]
         ok = status is not None and 200 <= status < 300

@@ -4,7 +4,10 @@ with Retry-After, redirects, refused connections and an edited keys file."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import http.server
+import itertools
+import select
 import shutil
 import socket
 import ssl
@@ -18,7 +21,7 @@ import httpx
 import pytest
 import yaml
 
-from events import NotificationAttempted, NotificationDelivered
+from events import NotificationAbandoned, NotificationAttempted, NotificationDelivered
 from events.log.embedded import EmbeddedLog
 from runwatch import webhook_guard
 from runwatch.notifier import Notifier, NotifierSettings, WebhookBook
@@ -251,3 +254,134 @@ async def test_a_restart_learns_what_its_predecessor_recorded_before_sending(
         await run_until(n, lambda: n.stats.delivered == 1)
     assert [r.attempt for r in rx.received] == [2]
     assert [(a.attempt, a.ok) for a in attempts(tmp_path / "log")] == [(1, False), (2, True)]
+
+
+class DripServer:
+    """A real socket server on 127.0.0.1 that answers one notification (``stuck``, an
+    ``X-Runwatch-Delivery`` id) a byte every ``every_s`` and never finishes, and every other
+    one with ``200`` at once. ``mode``: ``"status"`` drips the status line and an endless
+    header; ``"body"`` sends ``200`` headers at once and then drips an endless body. Each
+    byte arrives well inside a per-read timeout: only a deadline on the whole attempt ends
+    it. Records when each POST arrived and when the client closed a dripping connection
+    (``time.monotonic()``)."""
+
+    def __init__(self, stuck: str, mode: str, every_s: float = 0.05) -> None:
+        self.stuck, self.mode, self.every_s = stuck, mode, every_s
+        self.posts: list[tuple[str, float]] = []  # (delivery id, arrival)
+        self.drips: list[tuple[float, float | None]] = []  # (arrival, client closed at)
+        self._sock = socket.create_server(("127.0.0.1", 0))
+        self._done = threading.Event()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self._sock.getsockname()[1]}/hook"
+
+    def close(self) -> None:
+        self._done.set()
+        self._sock.close()
+
+    def _accept(self) -> None:
+        while not self._done.is_set():
+            try:
+                conn, _ = self._sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        with conn:
+            conn.settimeout(10)
+            data = b""
+            try:
+                while b"\r\n\r\n" not in data:
+                    chunk = conn.recv(65536)
+                    if not chunk:
+                        return
+                    data += chunk
+                head, _, body = data.partition(b"\r\n\r\n")
+                fields = dict(
+                    line.split(": ", 1) for line in head.decode().lower().split("\r\n")[1:]
+                )
+                while len(body) < int(fields.get("content-length", 0)):
+                    chunk = conn.recv(65536)
+                    if not chunk:
+                        return
+                    body += chunk
+            except (OSError, ValueError):
+                return
+            delivery, arrived = fields.get("x-runwatch-delivery", ""), time.monotonic()
+            self.posts.append((delivery, arrived))
+            if delivery != self.stuck:
+                with contextlib.suppress(OSError):
+                    conn.sendall(
+                        b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+                    )
+                return
+            self.drips.append((arrived, None))
+            index = len(self.drips) - 1
+            if self.mode == "body":  # the headers at once, then an endless body
+                sent, drip = b"HTTP/1.1 200 OK\r\nContent-Length: 1000000\r\n\r\n", b""
+            else:  # the status line and then an endless header, all a byte at a time
+                sent, drip = b"", b"HTTP/1.1 200 OK\r\nX-Pad: "
+            try:
+                conn.sendall(sent)
+                for i in itertools.count():
+                    if self._done.is_set() or time.monotonic() - arrived > 30:
+                        break
+                    conn.sendall(drip[i : i + 1] or b"a")
+                    readable, _, _ = select.select([conn], [], [], self.every_s)
+                    if readable and not conn.recv(1):  # the client closed the connection
+                        break
+            except OSError:  # reset by the client
+                pass
+            self.drips[index] = (arrived, time.monotonic())
+
+
+@pytest.mark.parametrize("mode", ["status", "body"])
+async def test_a_webhook_that_drips_its_answer_is_timed_out_retried_and_abandoned(
+    tmp_path: Path, mode: str
+) -> None:
+    """An endpoint (or a proxy) that answers a byte at a time, each byte well inside the
+    timeout, must not hold a POST open: ``timeout_s`` bounds the whole attempt (connect,
+    send, headers, body). The attempt is recorded as a failed one about ``timeout_s``
+    after it left, its connection closed; it is retried and abandoned per the policy; and
+    meanwhile the run's later notification (its ``PAUSED_BY_GATE`` state change) and the
+    tenant's other run are delivered: no run and no tenant slot is stuck behind it."""
+    first = state_change("acme", "r1")
+    paused = state_change("acme", "r1", to="PAUSED_BY_GATE")
+    other = state_change("acme", "r2")
+    server = DripServer(stuck=str(first.event_id), mode=mode)
+    try:
+        n = setup(tmp_path, {"acme": server.url()})
+        n.settings.timeout_s = 1.0
+        n.settings.per_tenant_in_flight = 1  # the drip must not keep the tenant's only slot
+        append(tmp_path, first, paused, other)
+        t0 = time.monotonic()
+        await run_until(n, lambda: n.stats.abandoned == 1 and n.stats.delivered == 2)
+        elapsed = time.monotonic() - t0
+    finally:
+        server.close()
+    assert not n._tasks  # no delivery left running
+    events = notifications(tmp_path / "log")
+    tries = [a for a in attempts(tmp_path / "log") if a.notification_id == str(first.event_id)]
+    assert [(a.attempt, a.ok, a.status_code) for a in tries] == [
+        (i, False, None) for i in (1, 2, 3)
+    ]
+    assert all(a.error.startswith("timeout: no complete answer within 1 s") for a in tries), tries
+    # recorded about timeout_s after the POST left, not after the drip would have ended
+    assert all(950 <= a.duration_ms < 2000 for a in tries), [a.duration_ms for a in tries]
+    # the client hung up each dripping connection at its deadline (closed, not leaked)
+    assert len(server.drips) == 3
+    assert all(
+        closed is not None and 0.5 <= closed - arrived < 2.0 for arrived, closed in server.drips
+    )
+    abandoned = [e for e in events if isinstance(e, NotificationAbandoned)]
+    assert [e.notification_id for e in abandoned] == [str(first.event_id)]
+    assert "last: timeout: no complete answer within 1 s" in abandoned[0].reason
+    delivered = {e.notification_id for e in events if isinstance(e, NotificationDelivered)}
+    assert delivered == {str(paused.event_id), str(other.event_id)}
+    # the run's PAUSED_BY_GATE change went out between the stuck one's attempts
+    first_drip = server.drips[0][0]
+    paused_at = next(t for d, t in server.posts if d == str(paused.event_id))
+    assert paused_at - first_drip < 2.5, paused_at - first_drip  # ~1 s
+    assert elapsed < 8.0, elapsed  # 3 attempts of 1 s + backoffs
