@@ -4,7 +4,9 @@ A producer that can be told to stop (the trainer) reads ``runwatch.control`` thr
 :class:`CommandFeed`: :meth:`CommandFeed.poll` returns the run's ``PauseRequested`` /
 ``UnpauseRequested`` / ``CancelRequested`` appended since the last poll, in log order,
 each once, skipping those already answered (a restarted trainer passes the request ids
-its ``RunPaused`` / ``RunResumed`` / ``RunCancelled`` events named). Records that do not
+its ``RunPaused`` / ``RunResumed`` / ``RunCancelled`` events named, and the last of them:
+a pause or unpause before that one on the topic was answered, or passed over by the
+process that read it, and is not acted on by the restart either). Records that do not
 decode, and commands for other runs (or naming another tenant than the run's), are
 skipped: the feed never raises on bad input (the processors' hosts dead-letter them).
 
@@ -62,14 +64,24 @@ class CommandFeed:
         *,
         answered: Iterable[str] = (),
         tenant_id: str | None = None,
+        superseded: str | None = None,
     ) -> None:
         """``tenant_id``: the run's tenant; a command for this run id that names another
         tenant is skipped (only the run's own tenant, or an operator acting in its name,
-        commands it; the processors refuse another tenant's events on a run id)."""
+        commands it; the processors refuse another tenant's events on a run id).
+
+        ``superseded`` (a restarted process: :func:`last_answered`): the request the
+        run's last pause or resume answered. The first poll drops the pauses and unpauses
+        before it on the topic: the process that read them answered them or passed them
+        over (a resume of a running run, a pause of a paused one) — found by review, a
+        second click on Resume, passed over while the run trained, was replayed by the
+        restart of a run a gate had paused since, and lifted the gate's pause. A cancel
+        is never passed over: one not answered is still due."""
         self.sink = sink
         self.run_id = run_id
         self.tenant_id = tenant_id
         self._seen: set[str] = set(answered)
+        self._superseded = superseded
         self._next: dict[int, int] = {}  # partition -> next offset to read
         self._memory_pos = 0
 
@@ -82,10 +94,14 @@ class CommandFeed:
                 continue
             if self.tenant_id is not None and ev.tenant_id != self.tenant_id:
                 continue
-            if str(ev.event_id) in self._seen:
+            eid = str(ev.event_id)
+            if eid == self._superseded:  # what came before it was answered or passed over
+                out = [c for c in out if isinstance(c, CancelRequested)]
+            if eid in self._seen:
                 continue
-            self._seen.add(str(ev.event_id))
+            self._seen.add(eid)
             out.append(ev)
+        self._superseded = None  # the first poll read everything up to the restart
         return out
 
     def _new_records(self) -> list[object]:
@@ -138,6 +154,16 @@ def answered_requests(facts: Iterable[EventBase]) -> set[str]:
     return {e.request_id for e in facts if isinstance(e, answers) and e.request_id}
 
 
+def last_answered(facts: Iterable[EventBase]) -> str | None:
+    """The request the run's last ``RunPaused`` / ``RunResumed`` answered, if any (what a
+    restarted process's :class:`CommandFeed` takes as ``superseded``)."""
+    last = None
+    for e in facts:
+        if isinstance(e, RunPaused | RunResumed) and e.request_id:
+            last = e.request_id
+    return last
+
+
 def paused_reason(facts: Iterable[EventBase]) -> str | None:
     """The reason of a run's pause if it was paused when its last process stopped: its last
     ``RunPaused`` with no resume answering a request and no completion or cancel after it.
@@ -164,17 +190,25 @@ ACTIONS: dict[str, type[EventBase]] = {
 
 def run_phase(facts: Iterable[EventBase]) -> str:
     """Where a run stands for commands, from its lifecycle facts in log order:
-    ``unknown`` (never submitted), ``live``, ``paused`` or ``over``."""
-    phase = "unknown"
+    ``unknown`` (never submitted), ``live``, ``paused`` or ``over``. A failed run is over
+    until a process trains it again (``runwatch resume``, a requeued hooked job): its
+    restart's ``RunStarted``/``RunResumed``/``RunPaused`` make it live (or paused) again,
+    so a person can pause or cancel it; a completed or cancelled run stays over."""
+    phase, failed = "unknown", False
     for ev in facts:
+        if failed and isinstance(ev, RunSubmitted | RunStarted | RunResumed | RunPaused):
+            phase, failed = "live", False  # restarted after its failure
         if isinstance(ev, RunSubmitted | RunStarted):
             phase = "live" if phase in ("unknown", "live") else phase
         elif isinstance(ev, RunPaused):
             phase = "paused" if phase != "over" else phase
         elif isinstance(ev, RunResumed):
             phase = "live" if phase != "over" else phase
-        elif isinstance(ev, RunCompleted | RunFailed | RunCancelled):
+        elif isinstance(ev, RunFailed):
+            failed = failed or phase != "over"
             phase = "over"
+        elif isinstance(ev, RunCompleted | RunCancelled):
+            phase, failed = "over", False
     return phase
 
 

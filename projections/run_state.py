@@ -73,14 +73,17 @@ ACTIVE: frozenset[str] = frozenset({"RUNNING", "DEGRADED"})
 #: from-state -> the states it may move to (``None``: a run never seen before).
 LEGAL: dict[str | None, frozenset[str]] = {
     None: frozenset({"SUBMITTED", "QUEUED", "CANCELLED", "FAILED"}),
-    "SUBMITTED": frozenset({"QUEUED", "PROVISIONING", "CANCELLED", "FAILED"}),
+    # RUNNING: a run whose platform tells no queueing (a customer's hook, an import)
+    "SUBMITTED": frozenset({"QUEUED", "PROVISIONING", "RUNNING", "CANCELLED", "FAILED"}),
     "QUEUED": frozenset({"PROVISIONING", "RUNNING", "CANCELLED", "FAILED"}),
     "PROVISIONING": frozenset({"QUEUED", "RUNNING", "CANCELLED", "FAILED"}),
     "RUNNING": frozenset({"DEGRADED", "PAUSED_BY_GATE", "SUCCEEDED", "FAILED", "CANCELLED"}),
     "DEGRADED": frozenset({"RUNNING", "PAUSED_BY_GATE", "SUCCEEDED", "FAILED", "CANCELLED"}),
     "PAUSED_BY_GATE": frozenset({"RUNNING", "DEGRADED", "SUCCEEDED", "FAILED", "CANCELLED"}),
     "SUCCEEDED": frozenset(),
-    "FAILED": frozenset(),
+    # a failed run may be trained again (``runwatch resume``, a requeued hooked job): its
+    # restart's RunStarted / RunResumed / RunPaused say so (the gates act on it again)
+    "FAILED": frozenset({"RUNNING", "PAUSED_BY_GATE"}),
     "CANCELLED": frozenset(),
 }
 _TARGET: dict[type, str] = {
@@ -94,16 +97,22 @@ _TARGET: dict[type, str] = {
     RunFailed: "FAILED",
     RunCancelled: "CANCELLED",
 }
-#: Canonical tie-break at equal ts: lifecycle progress, checkpoints, alerts, ledger, ends.
+#: Canonical tie-break at equal ts: lifecycle progress (in its own order: a hook's
+#: ``RunSubmitted`` and ``RunStarted`` share one ``ts``), checkpoints, alerts, ledger, ends.
 _RANK: dict[type, int] = {
-    **{t: 0 for t in _TARGET},
-    CheckpointWritten: 1,
-    AlertFired: 2,
-    AlertResolved: 2,
-    RewardBatchFailed: 3,
-    RunCompleted: 4,
-    RunFailed: 4,
-    RunCancelled: 4,
+    RunSubmitted: 0,
+    RunQueued: 1,
+    RunProvisioning: 2,
+    RunStarted: 3,
+    RunPaused: 3,
+    RunResumed: 3,
+    CheckpointWritten: 4,
+    AlertFired: 5,
+    AlertResolved: 5,
+    RewardBatchFailed: 6,
+    RunCompleted: 7,
+    RunFailed: 7,
+    RunCancelled: 7,
 }
 
 

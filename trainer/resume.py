@@ -52,7 +52,13 @@ from events.catalog.lifecycle import (
 from events.catalog.trainer import TrainerStepCompleted, WeightSyncCompleted
 from events.catalog.usage import UsageRecorded
 from events.envelope import EventBase
-from producers.commands import CommandFeed, answered_requests, first_cancel, paused_reason
+from producers.commands import (
+    CommandFeed,
+    answered_requests,
+    first_cancel,
+    last_answered,
+    paused_reason,
+)
 from producers.emitter import Emitter
 from producers.sinks import EventSink
 from trainer import checkpoint as ckpt
@@ -466,8 +472,10 @@ def _resume_locked(
     )
     # the commands this run already answered are not applied twice after a restart; the
     # others came while it was down: a cancel is answered now, the rest by the trainer
-    answered = answered_requests(events)
-    feed = CommandFeed(emitter.sink, run_id, answered=answered, tenant_id=cfg.tenant_id)
+    answered, last = answered_requests(events), last_answered(events)
+    feed = CommandFeed(
+        emitter.sink, run_id, answered=answered, tenant_id=cfg.tenant_id, superseded=last
+    )
     due = feed.poll()
     cancel = first_cancel(due)
     if cancel is not None:

@@ -64,6 +64,7 @@ from producers.commands import (
     CommandFeed,
     answered_requests,
     first_cancel,
+    last_answered,
     paused_reason,
     read_to_end,
 )
@@ -283,7 +284,11 @@ class CommandFollower:
             # a process started for a run cancelled before: it stops at once
             self.cancelled = bool(facts) and isinstance(facts[-1], RunCancelled)
             self._feed = CommandFeed(
-                self._sink, self.run_id, answered=answered, tenant_id=self.tenant_id
+                self._sink,
+                self.run_id,
+                answered=answered,
+                tenant_id=self.tenant_id,
+                superseded=last_answered(facts),
             )
             for cmd in self._feed.poll():  # every command so far, read with the long wait
                 self._inbox.put(cmd)

@@ -33,8 +33,13 @@ Rules:
   make the controller ask twice for one owed alert: the trainer ignores the second, a
   pause of a paused run.)
 - A pause request by anyone makes the run "pausing" until the trainer answers
-  ``RunPaused``; ``RunResumed`` makes it live again; ``RunCompleted``, ``RunFailed`` and
-  ``RunCancelled`` end it (later alerts do nothing).
+  ``RunPaused``; ``RunResumed`` makes it live again; ``RunCompleted`` and ``RunCancelled``
+  end it (later alerts do nothing). ``RunFailed`` ends it too, until a process trains it
+  again: a failed run may be restarted (``runwatch resume``, a requeued hooked job), and
+  its restart's ``RunStarted``/``RunResumed`` (or ``RunPaused``: restarted still paused)
+  makes it live again, gates included. (Before 2026-11-28 a failed run stayed ended: its
+  restart trained with every gate off — 186 steps billed after a page in the review's
+  run.)
 
 The fold does not judge people's commands (the API does, against the projected state, and
 the trainer ignores what does not apply to it); it only avoids asking twice. Time: event
@@ -55,6 +60,7 @@ from events.catalog.lifecycle import (
     RunFailed,
     RunPaused,
     RunResumed,
+    RunStarted,
     RunSubmitted,
 )
 from events.envelope import EventBase, derive_envelope
@@ -76,7 +82,7 @@ class Owed(NamedTuple):
 
 class ControlState(NamedTuple):
     algorithm: str = "default"
-    phase: str = "live"  # live | pausing | paused | over
+    phase: str = "live"  # live | pausing | paused | over | failed (over until restarted)
     acted: tuple[str, ...] = ()  # alert ids this controller paused the run for
     #: who asked for the pause in effect: "controller" (a gate) or "person"
     paused_by: str = ""
@@ -113,6 +119,10 @@ class RunControllerFold:
             return self._alert(state, event)  # type: ignore[arg-type]
         if state.phase == "over":
             return state, ()
+        if state.phase == "failed":  # over, unless a process trains the run again
+            if t not in _RESTARTS:
+                return state, ()
+            state = state._replace(phase="live", paused_by="")
         if t is AlertResolved and (state.owed or state.pending):  # ended: not owed any more
             gone = event.alert_id  # type: ignore[attr-defined]
             return state._replace(
@@ -144,7 +154,9 @@ class RunControllerFold:
             return state._replace(asked=asked), ()
         if t is RunResumed or (t is UnpauseRequested and state.phase == "pausing"):
             return self._live(state._replace(phase="live", paused_by=""), event)
-        if t in (RunCompleted, RunFailed, RunCancelled):
+        if t is RunFailed:
+            return state._replace(phase="failed", owed=(), pending=()), ()
+        if t is RunCompleted or t is RunCancelled:
             return state._replace(phase="over", owed=()), ()
         return state, ()  # CancelRequested: the run ends when the trainer says so
 
@@ -174,7 +186,7 @@ class RunControllerFold:
     def _alert(
         self, state: ControlState, ev: AlertFired
     ) -> tuple[ControlState, Sequence[EventBase]]:
-        if state.phase == "over" or ev.alert_id in state.acted:
+        if state.phase in ("over", "failed") or ev.alert_id in state.acted:
             return state, ()
         if not self.policy.pauses(
             tenant=ev.tenant_id, algorithm=state.algorithm, detector=ev.detector, routing=ev.routing
@@ -232,6 +244,8 @@ class RunControllerFold:
         )
 
 
+#: The lifecycle facts of a process training a failed run again (a restart).
+_RESTARTS = frozenset({RunSubmitted, RunStarted, RunResumed, RunPaused})
 #: How many pause requests a run remembers (who asked each).
 MAX_ASKED = 16
 

@@ -56,6 +56,7 @@ def path_to(f: RunFactory, state: str | None) -> list:
         "RUNNING": start,
         "DEGRADED": [*start, f.fired("dead_run", 5)],
         "PAUSED_BY_GATE": [*start, f.ev(RunPaused, 5, reason="gate")],
+        "FAILED": [*start, f.ev(RunFailed, 5, reason="CUDA error")],
     }[state]
 
 
@@ -97,7 +98,7 @@ def test_every_legal_transition(frm, to):
 
 
 def test_edges_cover_the_whole_table():
-    assert len(EDGES) == sum(len(v) for v in LEGAL.values()) == 31
+    assert len(EDGES) == sum(len(v) for v in LEGAL.values()) == 34
 
 
 ILLEGAL = [
@@ -142,6 +143,43 @@ def test_illegal_transitions_are_rejected_and_reported(frm, cls):
     assert state.machine.state == before.state  # not applied
     assert state.machine.rejected[-1][:2] == (ev.type, str(ev.event_id))
     assert len(state.machine.rejected) == len(before.rejected) + 1
+
+
+def test_a_hooked_run_is_running_paused_and_succeeds():
+    """Found by review: a customer's hook writes ``RunSubmitted`` and ``RunStarted`` with
+    one ``ts`` and nothing between (no queueing it could tell), and neither order was
+    legal (SUBMITTED -> RUNNING was not; at equal ``ts`` the order fell to the random
+    event ids): every hooked run showed SUBMITTED for good — never RUNNING, never
+    PAUSED_BY_GATE when a gate stopped it, never SUCCEEDED."""
+    for seed in range(8):  # both orders of the two ids
+        fold, f = RunStateFold(), RunFactory()
+        sub = f.ev(RunSubmitted)
+        start = f.ev(RunStarted).model_copy(update={"ts": sub.ts})
+        facts = [start, sub] if seed % 2 else [sub, start]
+        facts += [f.ev(RunPaused, 5, reason="paused by controller"), f.ev(RunResumed, 6)]
+        state, out = fold_all(fold, [*facts, f.ev(RunCompleted, 9)])
+        assert [o.to_state for o in out] == [
+            "SUBMITTED", "RUNNING", "PAUSED_BY_GATE", "RUNNING", "SUCCEEDED"
+        ], state.machine.rejected  # fmt: skip
+
+
+def test_a_failed_run_trained_again_is_running_and_gated_again():
+    """Found by review: a failed run may be restarted (``runwatch resume``, a requeued
+    hooked job), but FAILED had no way out: the restarted run showed FAILED while it
+    trained, and commands judged by the state refused to pause or cancel it. A completed
+    or cancelled run stays where it is."""
+    fold = RunStateFold()
+    f = RunFactory()
+    state, _ = fold_all(fold, path_to(f, "FAILED"))
+    state, out = fold_all(fold, [f.ev(RunResumed, 6, reason="restarted from step 5")], state)
+    assert [(o.from_state, o.to_state) for o in out] == [("FAILED", "RUNNING")]
+    state, out = fold_all(fold, [f.ev(RunPaused, 9, reason="paused by controller")], state)
+    assert state.machine.state == "PAUSED_BY_GATE"
+    for end in (RunCompleted, RunCancelled):
+        g = RunFactory()
+        state, _ = fold_all(fold, [*path_to(g, "RUNNING"), g.ev(end, 7)])
+        state, out = fold_all(fold, [g.ev(RunResumed, 8)], state)
+        assert out == [] and state.machine.state in ("SUCCEEDED", "CANCELLED")
 
 
 def test_illegal_list_is_not_trivially_small():

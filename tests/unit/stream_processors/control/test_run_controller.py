@@ -12,9 +12,12 @@ from events import (
     AlertFired,
     AlertResolved,
     PauseRequested,
+    RunCancelled,
     RunCompleted,
+    RunFailed,
     RunPaused,
     RunResumed,
+    RunStarted,
     RunSubmitted,
     UnpauseRequested,
 )
@@ -98,6 +101,29 @@ def test_one_request_while_pausing_or_paused_and_none_after_the_end() -> None:
     assert len(out) == 1
     _, out = fold(f, [ev(RunCompleted), alert(alert_id="a3")])
     assert out == []
+
+
+def test_a_failed_run_trained_again_is_gated_again() -> None:
+    """Found by review: a failed run restarted (``runwatch resume``, a requeued hooked job)
+    trained with every gate off: the controller held it over, and a page asked for no
+    pause (186 steps billed after the page in the review's run). Its restart's
+    ``RunResumed`` (or ``RunStarted``, or ``RunPaused``: restarted still paused) makes it
+    live again; a completed or cancelled run stays over."""
+    f = RunControllerFold(ControlPolicy())
+    failed = [ev(RunSubmitted, algorithm="grpo"), alert(alert_id="a0"), ev(RunPaused),
+              ev(RunFailed, reason="CUDA error")]  # fmt: skip
+    _, out = fold(f, [*failed, alert(alert_id="a1")])
+    assert len(out) == 1  # a0's pause only: a failed run no process trains is not paused
+    for restart in (RunResumed, RunStarted):
+        state, out = fold(f, [*failed, ev(restart), alert(alert_id="a1")])
+        assert [o.alert_id for o in out] == ["a0", "a1"] and state.phase == "pausing"
+    state, out = fold(f, [*failed, ev(RunPaused), ev(RunResumed), alert(alert_id="a1")])
+    assert [o.alert_id for o in out] == ["a0", "a1"]
+    assert f.load_state(f.dump_state(fold(f, failed)[0])).phase == "failed"
+    for end in (RunCompleted, RunCancelled):
+        _, out = fold(f, [ev(RunSubmitted, algorithm="grpo"), ev(end), ev(RunResumed),
+                          alert(alert_id="a1")])  # fmt: skip
+        assert out == []
 
 
 def test_resumed_run_is_not_paused_again_by_the_same_episode_but_is_by_a_new_one() -> None:

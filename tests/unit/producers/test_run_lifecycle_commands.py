@@ -1,0 +1,111 @@
+"""Where a run stands for commands, and which commands a restarted process still owes.
+
+Found by review (each failed before): a failed run restarted (``runwatch resume``, a
+requeued hooked job) stayed "over", so a person's pause or cancel of the training run was
+refused as "the run has already ended"; a restart replayed a command its run had passed
+over, and it lifted a gate's pause.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import pytest
+
+from events.catalog.control import CancelRequested, PauseRequested, UnpauseRequested
+from events.catalog.lifecycle import (
+    RunCancelled,
+    RunCompleted,
+    RunFailed,
+    RunPaused,
+    RunResumed,
+    RunStarted,
+    RunSubmitted,
+)
+from events.envelope import EventBase
+from producers.commands import CommandFeed, answered_requests, last_answered, run_phase
+from producers.sinks import MemorySink
+
+_N = iter(range(1, 1_000_000))
+
+
+def ev(cls: type[EventBase], **kw: Any) -> EventBase:
+    n = next(_N)
+    payload = {"reason": "x"} if cls is RunFailed else {}
+    return cls(event_id=uuid.UUID(int=n), tenant_id="acme", run_id="r1", step=n, ts=float(n),
+               producer="test", seq=n, **{**payload, **kw})  # fmt: skip
+
+
+START = [RunSubmitted, RunStarted]
+
+
+@pytest.mark.parametrize(
+    ("facts", "phase"),
+    [
+        ([], "unknown"),
+        (START, "live"),
+        ([*START, RunPaused], "paused"),
+        ([*START, RunFailed], "over"),
+        ([*START, RunFailed, RunResumed], "live"),  # runwatch resume of a failed run
+        ([*START, RunFailed, RunStarted], "live"),  # a requeued hooked job
+        ([*START, RunFailed, RunPaused], "paused"),  # restarted still paused
+        ([*START, RunFailed, RunResumed, RunFailed], "over"),
+        ([*START, RunCompleted, RunResumed], "over"),
+        ([*START, RunCancelled, RunResumed], "over"),
+        ([*START, RunCancelled, RunFailed, RunResumed], "over"),
+    ],
+)
+def test_a_failed_run_trained_again_can_be_commanded_again(
+    facts: list[type[EventBase]], phase: str
+) -> None:
+    assert run_phase([ev(cls) for cls in facts]) == phase
+
+
+def _commands(sink: MemorySink, *kinds: type[EventBase]) -> list[EventBase]:
+    out = []
+    for cls in kinds:
+        cmd = ev(cls, actor="customer")
+        sink.events.append(cmd)
+        out.append(cmd)
+    return out
+
+
+def test_a_restart_does_not_replay_a_command_its_run_passed_over() -> None:
+    """Found by review: a second click on Resume, passed over while the run trained (a
+    resume of a running run), was never named by an answer; a gate paused the run since,
+    the job died and was restarted, and the restart took the stale resume as the unpause
+    of the gate's pause (the run trained on, "resumed by customer: click 2"). The same
+    for a pause passed over while paused, replayed after the run was resumed."""
+    sink = MemorySink()
+    u1, _u2, p3 = _commands(sink, UnpauseRequested, UnpauseRequested, PauseRequested)
+    facts = [
+        ev(RunResumed, request_id=str(u1.event_id)),
+        ev(RunPaused, request_id=str(p3.event_id)),
+    ]
+    feed = CommandFeed(sink, "r1", answered=answered_requests(facts),
+                       superseded=last_answered(facts))  # fmt: skip
+    assert feed.poll() == []  # u2 was passed over, p3 answered: the gate's pause holds
+    (u4,) = _commands(sink, UnpauseRequested)  # a resume of the gate's pause: acted on
+    assert feed.poll() == [u4]
+
+    sink = MemorySink()  # a pause of a paused run, passed over; the run resumed since
+    p1, _p2, u1 = _commands(sink, PauseRequested, PauseRequested, UnpauseRequested)
+    facts = [
+        ev(RunPaused, request_id=str(p1.event_id)),
+        ev(RunResumed, request_id=str(u1.event_id)),
+    ]
+    feed = CommandFeed(sink, "r1", answered=answered_requests(facts),
+                       superseded=last_answered(facts))  # fmt: skip
+    assert feed.poll() == []
+
+    sink = MemorySink()  # a cancel the process never answered is still due
+    (c0, p1) = _commands(sink, CancelRequested, PauseRequested)
+    facts = [ev(RunPaused, request_id=str(p1.event_id))]
+    feed = CommandFeed(sink, "r1", answered=answered_requests(facts),
+                       superseded=last_answered(facts))  # fmt: skip
+    assert feed.poll() == [c0]
+
+    sink = MemorySink()  # without the restart's rule (a fresh feed): every command, in order
+    cmds = _commands(sink, UnpauseRequested, PauseRequested)
+    assert CommandFeed(sink, "r1").poll() == cmds
