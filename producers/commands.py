@@ -82,13 +82,17 @@ class CommandFeed:
         self.tenant_id = tenant_id
         self._seen: set[str] = set(answered)
         self._superseded = superseded
+        self._key = run_id.encode()  # commands are keyed by their run: others not decoded
         self._next: dict[int, int] = {}  # partition -> next offset to read
         self._memory_pos = 0
 
     def poll(self) -> list[Command]:
         """New commands for this run since the last poll (never raises on bad records)."""
         out: list[Command] = []
+        key = self._key
         for rec in self._new_records():
+            if isinstance(rec, Record) and rec.key is not None and rec.key != key:
+                continue  # another run's (a shared log holds every tenant's commands)
             ev = decode(rec.value) if isinstance(rec, Record) else rec
             if not isinstance(ev, COMMANDS) or ev.run_id != self.run_id:
                 continue

@@ -24,9 +24,12 @@ adapter on the training thread at every step boundary, after the step was report
   paused (its last ``RunPaused`` has no answered resume or end after it; a scheduler
   requeued a job killed while it waited) publishes ``RunPaused`` again at its first look
   (TRL: ``on_train_begin``, before a step; verl: when its logger is made) and waits. The
-  hook's start waits up to ``START_WAIT_S`` for the reader's first answer, to publish no
-  ``RunResumed`` of its own for a run still paused (a reader slower than that: the
-  restart's ``RunResumed`` goes out and ``RunPaused`` follows at the first look).
+  hook's start and its first look wait up to ``RESTART_WAIT_S`` for the reader's first
+  answer, to publish no ``RunResumed`` of its own and train no step for a run still
+  paused (found by review: they waited 0.2 s, then the restart said RUNNING and trained
+  3 steps on a log of 20,000 other runs' facts, 17 on 60,000, before ``RunPaused``); the
+  first read decodes only the run's own records (the lifecycle and control topics are
+  keyed by run). A process that is no restart waits ``START_WAIT_S`` at most.
 - Commands that come together are acted on in order, a cancel first (as the trainer). A
   command this run answered before (a restarted process: its ``RunPaused`` /
   ``RunResumed`` / ``RunCancelled`` name the request) is not acted on again; one written
@@ -81,6 +84,10 @@ KAFKA_WAIT_S = 5.0
 OPEN_WAIT_S = 300.0
 #: the longest the hook's start (or its first look) waits for the reader's first answer
 START_WAIT_S = 0.2
+#: the longest a restarted process (its run may be paused by a gate) waits for the
+#: reader's first answer, at its start and before its first step: a restart trains no
+#: step and says no ``RunResumed`` before it knows (none by then: it trains, and says so)
+RESTART_WAIT_S = 30.0
 #: how the ``RunPaused`` of a process started while its run was paused begins
 STILL_PAUSED = "still paused when its training process started: "
 #: ``publish(event class, step, **payload)``: the hook's way to publish a lifecycle fact
@@ -132,6 +139,8 @@ class CommandFollower:
         self._reader: threading.Thread | None = None
         self._stop = threading.Event()
         self._ready = threading.Event()  # the reader's first answer (paused? cancelled?)
+        #: a restarted process that got no first answer says so at its first look
+        self._restart_unread = False
 
     def obey(self, step: int | None, waiting: Callable[[], None] | None = None) -> bool:
         """Act on the run's new commands; True once it is cancelled (stop training). Takes
@@ -140,6 +149,11 @@ class CommandFollower:
         if self._reader is None:  # the first look: the reader's first answer, briefly
             self._start_reader()
             self._ready.wait(START_WAIT_S)
+        if self._restart_unread and not self._ready.is_set():
+            self._restart_unread = False
+            self._say("restart-wait", f"runwatch: run {self.run_id} restarted and its "
+                      f"commands not read in {RESTART_WAIT_S:g} s: training without "
+                      "knowing whether it is paused")  # fmt: skip
         if self.cancelled:
             return True
         queue: deque[Any] = deque(self._take())
@@ -159,10 +173,11 @@ class CommandFollower:
         return False
 
     def run_is_paused(self) -> bool:
-        """Was the run paused (or cancelled) when this process started? Waits for the
-        reader's first answer up to ``START_WAIT_S`` (none by then: taken as no)."""
+        """Was the run paused (or cancelled) when this restarted process started? Waits
+        for the reader's first answer up to ``RESTART_WAIT_S`` (none by then: taken as
+        no); the first :meth:`obey` then waits no more."""
         self._start_reader()
-        self._ready.wait(START_WAIT_S)
+        self._restart_unread = not self._ready.wait(RESTART_WAIT_S)
         return self.still_paused is not None or self.cancelled
 
     def close(self) -> None:
@@ -318,12 +333,13 @@ def _lifecycle(sink: Any, run_id: str, tenant_id: str, producer: str) -> list[Ev
     from events.codec import decode
     from producers.sinks import EmbeddedSink
 
+    key = run_id.encode()  # lifecycle facts are keyed by their run: others not decoded
     if isinstance(sink, EmbeddedSink):
         names = sink.log.topic_names()
-        facts = sink.log.iter_events([LIFECYCLE]) if LIFECYCLE in names else iter(())
+        records = sink.log.read_sync(LIFECYCLE, 0) if LIFECYCLE in names else iter(())
     else:
         records = sink._call(read_to_end(sink.backend, LIFECYCLE, {}))
-        facts = (decode(r.value) for r in records)
+    facts = (decode(r.value) for r in records if r.key is None or r.key == key)
     return [
         e
         for e in facts

@@ -169,3 +169,65 @@ def test_a_resume_passed_over_is_not_replayed_by_a_restart_to_lift_a_gates_pause
             if proc is not None and proc.poll() is None:
                 proc.kill()
                 proc.wait(30)
+
+
+def test_a_job_requeued_while_paused_on_a_busy_log_trains_nothing_before_it_knows(
+    tmp_path: Path,
+) -> None:
+    """Found by review: a requeued hooked job waited 0.2 s for its first read of the run's
+    commands; on a log shared with other runs (60,000 of their lifecycle facts here: the
+    first read decoded every one of them) it said ``RunResumed`` of its own (the run state
+    and the customer's webhook: RUNNING) and trained 17 steps while a gate held the run
+    paused. Now a restart waits for the first answer (reading only its run's records) and
+    trains nothing, says nothing but ``RunPaused``."""
+    import uuid
+
+    from events.catalog.lifecycle import RunCompleted, RunStarted
+    from producers.commands import issue
+
+    log, run = tmp_path / "log", "busy-restart"
+    writer = EmbeddedLog(log)
+    writer.open_sync()
+    for chunk in range(12):
+        writer.append_events_sync(
+            [
+                (RunStarted if i % 2 == 0 else RunCompleted)(
+                    event_id=uuid.uuid4(),
+                    tenant_id=f"t{i % 50}",
+                    run_id=f"other-{i // 2}",
+                    step=None,
+                    ts=time.time(),
+                    producer="trainer/x",
+                    seq=i,
+                )
+                for i in range(chunk * 5000, (chunk + 1) * 5000)
+            ]
+        )
+    del writer  # appends are durable when they return
+    first = subprocess.Popen(
+        _driver(log, tmp_path / "s1", run, 0, 0.01, 0, 100_000),
+        cwd=ROOT, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    second: subprocess.Popen[str] | None = None
+    try:
+        _wait("no steps", lambda: len(_facts(log, run, "TrainerStepCompleted")) >= 3)
+        issue(log, run, "pause", actor="controller", principal="run_controller",
+              reason="kl_blowup (page)")  # fmt: skip
+        _wait("the gate's pause", lambda: len(_facts(log, run, "RunPaused")) == 1)
+        held = _facts(log, run, "RunPaused")[-1]
+        first.kill()
+        first.wait(30)
+        second = subprocess.Popen(
+            _driver(log, tmp_path / "s2", run, held.step, 0.01, 0, 100_000),
+            cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        _wait("the restart did not say it", lambda: len(_facts(log, run, "RunPaused")) == 2)
+        time.sleep(1.0)
+        assert [e.type for e in _facts(log, run, "RunResumed")] == []
+        billed = [e.step for e in _facts(log, run, "UsageRecorded") if e.step > held.step]
+        assert billed == [], f"billed while the gate held it: {billed}"
+    finally:
+        for proc in (first, second):
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+                proc.wait(30)
