@@ -18,7 +18,11 @@ Rules:
 
   - under the controller's own pause (a gate's), it is the gate's business: the run is
     stopped, and whoever resumes it answers the gate with every open alert in view (the
-    API and the dashboard show them), so the resume covers it;
+    API and the dashboard show them), so the resume covers it — unless it fired from a
+    step after the one the run paused at: that step was trained after a resume this fold
+    has not read yet (Kafka orders no two topics: the alerts topic can be read ahead of
+    the lifecycle's ``RunResumed``), so nobody resuming saw it, and it is owed (found by
+    review: such a page was dropped, and the run trained on);
   - under a person's pause (maintenance, a question), it is *owed*: nobody resuming that
     pause was answering it, so when the run is live again (``RunResumed``, or an unpause
     before the trainer paused) the controller asks for a pause for the owed alerts still
@@ -94,6 +98,8 @@ class ControlState(NamedTuple):
     #: the alerts of this controller's pause request not answered yet: owed if the trainer
     #: answers a person's pause instead (it ignores a pause of a paused run)
     pending: tuple[Owed, ...] = ()
+    #: the step of the ``RunPaused`` in effect (an alert from a later step is not under it)
+    paused_step: int | None = None
 
 
 class RunControllerFold:
@@ -151,7 +157,7 @@ class RunControllerFold:
                 owed = (*owed, *(p for p in state.pending if p not in owed))[-MAX_ACTED:]
             asked = _remember(state.asked, rid, by) if rid else state.asked
             state = state._replace(phase="paused", paused_by=by, owed=owed, pending=())
-            return state._replace(asked=asked), ()
+            return state._replace(asked=asked, paused_step=event.step), ()
         if t is RunResumed or (t is UnpauseRequested and state.phase == "pausing"):
             return self._live(state._replace(phase="live", paused_by=""), event)
         if t is RunFailed:
@@ -199,7 +205,8 @@ class RunControllerFold:
             if state.paused_by == "controller":
                 if state.phase == "pausing" and state.pending:  # our request not answered
                     return state._replace(pending=(*state.pending, this)[-MAX_ACTED:]), ()
-                return state, ()  # under the gate's own pause: the resume covers it
+                if not _after(ev, state.paused_step if state.phase == "paused" else None):
+                    return state, ()  # under the gate's own pause: the resume covers it
             return state._replace(owed=(*state.owed, this)[-MAX_ACTED:]), ()
         request = PauseRequested(
             **derive_envelope(ev, PRODUCER, "pause"),
@@ -224,15 +231,26 @@ class RunControllerFold:
         asked = [list(a) for a in state.asked]
         pending = [list(o) for o in state.pending]
         return json.dumps(
-            [state.algorithm, state.phase, list(state.acted), state.paused_by, owed, asked, pending]
+            [
+                state.algorithm,
+                state.phase,
+                list(state.acted),
+                state.paused_by,
+                owed,
+                asked,
+                pending,
+                state.paused_step,
+            ]
         ).encode()
 
     def load_state(self, raw: bytes) -> ControlState:
         """A state stored before owed alerts (three fields) loads with none owed and the
-        pause in effect taken as a gate's (what it was treated as then)."""
+        pause in effect taken as a gate's (what it was treated as then); one stored before
+        a later field loads with that field's default."""
         algorithm, phase, acted, *rest = json.loads(raw)
         gate = "controller" if phase in ("pausing", "paused") else ""
-        paused_by, owed, asked, pending = (*rest, [], [])[:4] if rest else (gate, [], [], [])
+        defaults = [gate, [], [], [], None]  # fields added later, each with its default
+        paused_by, owed, asked, pending, paused_step = [*rest, *defaults[len(rest) :]]
         return ControlState(
             algorithm,
             phase,
@@ -241,7 +259,15 @@ class RunControllerFold:
             tuple(Owed(*o) for o in owed),
             tuple((str(a[0]), str(a[1])) for a in asked),
             tuple(Owed(*o) for o in pending),
+            paused_step,
         )
+
+
+def _after(ev: AlertFired, paused_step: int | None) -> bool:
+    """Did ``ev`` fire from a step after the one the run paused at (so trained after a
+    resume)? Unknown steps: no (the pause covers it, as before)."""
+    step = ev.step if ev.step is not None else ev.window_end
+    return paused_step is not None and step is not None and step > paused_step
 
 
 #: The lifecycle facts of a process training a failed run again (a restart).

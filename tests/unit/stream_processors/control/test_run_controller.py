@@ -126,6 +126,28 @@ def test_a_failed_run_trained_again_is_gated_again() -> None:
         assert out == []
 
 
+def test_a_page_from_a_step_after_the_pause_read_before_the_resume_is_owed() -> None:
+    """Found by review: on Kafka the controller reads the alerts topic and the lifecycle
+    in no common order. A page fired by a step trained after a person resumed the gate's
+    pause, read before the trainer's ``RunResumed``, was taken as "under the gate's own
+    pause: the resume covers it", and the run trained on past it. An alert from a step
+    after the one the run paused at cannot be under that pause: it is owed."""
+    f = RunControllerFold(ControlPolicy())
+    state, out = fold(f, [ev(RunSubmitted, algorithm="grpo"), alert(alert_id="a1", step=12)])
+    state, _ = f.apply(state, ev(RunPaused, step=13, request_id=str(out[0].event_id)))
+    resumed, later = ev(RunResumed, step=13), alert(alert_id="a2", detector="nan_metric", step=15)
+    for order in ([resumed, later], [later, resumed]):  # log order, and the alerts read first
+        s, derived = state, []
+        for e in order:
+            s, d = f.apply(s, e)
+            derived.extend(d)
+        assert [d.alert_id for d in derived] == ["a2"] and s.phase == "pausing", order
+    # an alert from the paused step itself is under the gate's pause, as before
+    s, d = f.apply(state, alert(alert_id="a3", detector="nan_metric", step=13))
+    assert (d, s.owed) == ((), ())
+    assert f.load_state(f.dump_state(state)) == state and state.paused_step == 13
+
+
 def test_resumed_run_is_not_paused_again_by_the_same_episode_but_is_by_a_new_one() -> None:
     f = RunControllerFold(ControlPolicy())
     events = [alert(alert_id="a1"), ev(RunPaused), ev(RunResumed), alert(alert_id="a1")]
