@@ -17,6 +17,15 @@ executed. The four kinds (seed 002, step 1), each widening the surface:
 - ``environment``: a module with a class defining both ``reset`` and ``step`` (stateful,
   multi-step) and no module-level ``reward`` — tier declared, not built here.
 
+Parsing is host work on tenant bytes, so it is bounded twice (security review, 2026-11-28:
+a 2 MB list literal cost the trainer's process 968 MiB and 8 s inside ``ast.parse``):
+:func:`classify_path` refuses a file over :data:`MAX_ARTIFACT_BYTES` before reading it
+whole (``os.stat``, then a read of at most the cap + 1 bytes), and parses what is left in
+a short-lived child process under ``RLIMIT_AS`` (:data:`PARSE_MEMORY_BYTES`) and
+``RLIMIT_CPU`` (:data:`PARSE_CPU_SECONDS`); a child killed by either, or failing, is an
+``invalid`` artifact ("too complex to parse"), the tenant's. :func:`classify_bytes` stays
+the pure, in-process classifier of bytes already bounded by its caller.
+
 A declared ``ARTIFACT_KIND`` can only move an artifact *up* the ladder, never down. The
 classification picks recycling cadence and failure policy; it is not the security boundary
 (a determined author hides an import: ``getattr(builtins, "__imp" + "ort__")("ctypes")``
@@ -29,10 +38,31 @@ from __future__ import annotations
 
 import ast
 import hashlib
+import json
+import os
+import stat
+import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 from sandbox.types import ArtifactKind, Tier
+
+#: Largest code artifact read, classified or staged (bytes). Larger: ``tenant_bad_artifact``.
+MAX_ARTIFACT_BYTES = 1 << 20
+#: Address space of the child that parses an artifact: ordinary code of 1 MiB parses in
+#: ~75 MiB; a 1 MiB file of one-token statements or a long list literal takes 370-930 MiB.
+PARSE_MEMORY_BYTES = 256 << 20
+#: CPU seconds the parsing child may use (ordinary code of 1 MiB: ~0.5 s).
+PARSE_CPU_SECONDS = 5
+#: Wall-clock bound of the parsing child; past it (a loaded host, not CPU spent) the
+#: platform could not classify the file: not booked to the tenant.
+PARSE_WALL_SECONDS = 60.0
+#: What the parsing child prints once its limits are set and the classifier is imported,
+#: before it reads a byte of the artifact: without it, the child never started (the
+#: platform's); with it, whatever follows is the artifact's doing.
+_CHILD_READY = "rw-classify-ready\n"
+_TOO_COMPLEX = "too complex to parse"
 
 WEIGHT_SUFFIXES = (".safetensors", ".pt", ".pth", ".bin", ".onnx", ".gguf", ".ckpt")
 CODE_RUNNING_MODULES = frozenset(
@@ -75,8 +105,41 @@ class Classification:
     readable: bool = True
 
 
-def classify_path(path: Path) -> Classification:
-    """Classify a file or directory on disk (reads it; never executes it)."""
+class ArtifactTooLarge(ValueError):
+    """The artifact is larger than the cap: refused before it is read whole."""
+
+
+def read_artifact(path: Path, cap: int = MAX_ARTIFACT_BYTES) -> bytes:
+    """The bytes of the file at ``path``, never more than ``cap``.
+
+    Opens without blocking (a FIFO would wait for a writer) and checks the open file with
+    ``os.fstat`` first: a regular file only (else ``OSError``: the platform handed over no
+    file), at most ``cap`` bytes; then reads at most ``cap + 1`` (a file that grew since
+    is caught by the read). Raises :class:`ArtifactTooLarge` past the cap, ``OSError``
+    when unreadable.
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    with os.fdopen(fd, "rb") as fh:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise OSError(f"{path} is not a regular file")
+        if st.st_size > cap:
+            raise ArtifactTooLarge(
+                f"artifact larger than {cap} bytes ({st.st_size} bytes): refused"
+            )
+        data = fh.read(cap + 1)
+    if len(data) > cap:
+        raise ArtifactTooLarge(f"artifact larger than {cap} bytes: refused")
+    return data
+
+
+def classify_path(path: Path, *, max_bytes: int = MAX_ARTIFACT_BYTES) -> Classification:
+    """Classify a file or directory on disk (reads it, bounded; never executes it).
+
+    A code file over ``max_bytes`` is ``invalid`` (the tenant's) without being read
+    whole; one under it is parsed in a bounded child (:func:`classify_isolated`). A
+    weights file is classified by its name, its digest read in chunks. Never raises.
+    """
     path = Path(path)
     if path.is_dir():
         weights = sorted(p.name for p in path.iterdir() if p.suffix in WEIGHT_SUFFIXES)
@@ -95,12 +158,116 @@ def classify_path(path: Path) -> Classification:
             ("directory without weights or reward.py",),
         )
     try:
-        data = path.read_bytes()
+        if path.name.endswith(WEIGHT_SUFFIXES):
+            return _classify_weights(path)
+        data = read_artifact(path, max_bytes)
+    except ArtifactTooLarge as exc:
+        return Classification(ArtifactKind.INVALID, None, "", (str(exc),))
     except OSError as exc:
         return Classification(
             ArtifactKind.INVALID, None, "", (f"cannot read {path}: {exc}",), readable=False
         )
-    return classify_bytes(path.name, data)
+    if not path.name.endswith(".py"):
+        return classify_bytes(path.name, data)  # refused by its name: nothing is parsed
+    return classify_isolated(path.name, data)
+
+
+def _classify_weights(path: Path) -> Classification:
+    """A weights file, by its name; its digest read in 1 MiB chunks (weights are large,
+    and this tier is not built: nothing of them is loaded here)."""
+    sha = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while chunk := fh.read(1 << 20):
+            sha.update(chunk)
+    return Classification(
+        ArtifactKind.REWARD_MODEL,
+        "reward_model",
+        "sha256:" + sha.hexdigest(),
+        (f"weights file ({path.suffix})",),
+    )
+
+
+def classify_isolated(
+    name: str,
+    data: bytes,
+    *,
+    memory_bytes: int = PARSE_MEMORY_BYTES,
+    cpu_seconds: int = PARSE_CPU_SECONDS,
+    wall_seconds: float = PARSE_WALL_SECONDS,
+) -> Classification:
+    """:func:`classify_bytes` run in a short-lived child process under ``RLIMIT_AS`` and
+    ``RLIMIT_CPU``, so parsing costs the caller's process nothing but the bytes.
+
+    Assumes ``data`` is already bounded (:func:`read_artifact`). A child killed by its
+    limits, or ending without a verdict, is ``invalid`` ("too complex to parse"): the
+    tenant's. A child that did not get as far as reading the bytes (:data:`_CHILD_READY`),
+    or ran past ``wall_seconds`` without spending its CPU limit (a loaded host), is the
+    platform's (``readable=False``).
+    Never raises.
+    """
+    digest = "sha256:" + hashlib.sha256(data).hexdigest()
+    argv = [
+        sys.executable or "/usr/bin/python3",
+        "-I",
+        "-S",
+        "-c",
+        _CHILD_BOOT,
+        str(memory_bytes),
+        str(cpu_seconds),
+        str(Path(__file__).resolve().parent.parent),
+        name,
+    ]
+    try:
+        proc = subprocess.run(argv, input=data, capture_output=True, timeout=wall_seconds, env={})
+    except subprocess.TimeoutExpired:
+        why = f"classifier ran past {wall_seconds:.0f} s of wall-clock time"
+        return Classification(ArtifactKind.INVALID, None, digest, (why,), readable=False)
+    except OSError as exc:
+        why = f"classifier could not start: {exc}"
+        return Classification(ArtifactKind.INVALID, None, digest, (why,), readable=False)
+    return _child_verdict(proc, digest)
+
+
+def _child_verdict(proc: subprocess.CompletedProcess[bytes], digest: str) -> Classification:
+    """The classification the parsing child printed, or why there is none."""
+    ready = _CHILD_READY.encode()
+    if not proc.stdout.startswith(ready):
+        why = "classifier could not start: " + proc.stderr.decode(errors="replace")[-300:]
+        return Classification(ArtifactKind.INVALID, None, digest, (why,), readable=False)
+    try:
+        doc = json.loads(proc.stdout[len(ready) :])
+        kind = ArtifactKind(doc["kind"])
+        reasons = tuple(str(r) for r in doc["reasons"])
+    except (ValueError, KeyError, TypeError):
+        how = f"killed by signal {-proc.returncode}" if proc.returncode < 0 else "failed"
+        why = f"does not parse: {_TOO_COMPLEX} (the bounded parser {how})"
+        return Classification(ArtifactKind.INVALID, None, digest, (why,))
+    return Classification(kind, TIER_OF.get(kind), digest, reasons)
+
+
+#: The parsing child: limits first, then the project's classifier, then the tenant's bytes
+#: (stdin, bounded) -> one JSON verdict (stdout), after :data:`_CHILD_READY`.
+_CHILD_BOOT = """
+import resource, sys
+mem, cpu, root, name = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
+resource.setrlimit(resource.RLIMIT_AS, (mem, mem))
+resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
+resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+sys.path.insert(0, root)
+from sandbox.classify import child_main
+child_main(name)
+"""
+
+
+def child_main(name: str) -> None:
+    """Inside the parsing child: classify stdin's bytes, print the verdict as JSON."""
+    sys.stdout.write(_CHILD_READY)
+    sys.stdout.flush()
+    data = sys.stdin.buffer.read()  # the caller's bytes, bounded by it
+    c = classify_bytes(name, data)
+    sys.stdout.write(json.dumps({"kind": c.kind.value, "reasons": list(c.reasons)}))
+    sys.stdout.flush()
+    os._exit(0)
 
 
 def classify_bytes(name: str, data: bytes) -> Classification:
@@ -124,10 +291,13 @@ def classify_bytes(name: str, data: bytes) -> Classification:
         compile(tree, name, "exec", dont_inherit=True)
     except (SyntaxError, ValueError) as exc:
         return Classification(ArtifactKind.INVALID, None, digest, (f"does not parse: {exc}",))
-    except (RecursionError, MemoryError):
+    except RecursionError:
         return Classification(
             ArtifactKind.INVALID, None, digest, ("does not parse: nested too deeply",)
         )
+    except MemoryError:  # the 3.11 parser's stack limit, or the bounded child's RLIMIT_AS
+        why = f"does not parse: nested too deeply or {_TOO_COMPLEX}"
+        return Classification(ArtifactKind.INVALID, None, digest, (why,))
     return _classify_module(tree, digest)
 
 

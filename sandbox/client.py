@@ -44,8 +44,9 @@ Semantics:
   :mod:`sandbox.worker`), is not the tenant's attempt: the batch goes to a fresh worker,
   unbooked; ``platform_error`` if that happens ``OUTSIDE_KILL_RETRIES`` + 1 times in a row.
 - ``REFUSED``: nothing was run, for one of three reasons, each booked to whose it is:
-  the artifact is not a reward artifact (does not parse or compile, no ``def reward(batch)``
-  — classified before scoring, :mod:`sandbox.classify`): ``tenant_bad_artifact``; the
+  the artifact is not a reward artifact (does not parse or compile, no ``def reward(batch)``,
+  larger than ``MAX_ARTIFACT_BYTES`` or too complex for the bounded parser — classified
+  before scoring, :mod:`sandbox.classify`): ``tenant_bad_artifact``; the
   caller's batch cannot cross the JSON boundary (NaN, a non-JSON value, not a list of
   ``{prompt: str, completion: str, ...}``, too large — :mod:`sandbox.batch`): ``bad_input``,
   the caller's, neither the tenant's nor dropped silently; this host cannot run the tier
@@ -74,7 +75,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from sandbox.batch import MAX_BATCH_BYTES, validate_batch
-from sandbox.classify import Classification, classify_path
+from sandbox.classify import ArtifactTooLarge, Classification, classify_path
 from sandbox.features import KernelFeatures, probe, tier_gate
 from sandbox.integrity import (
     CanaryProbe,
@@ -274,7 +275,13 @@ class RewardClient:
             return
         if gate.message:
             log.warning("SANDBOX DEGRADED: %s", gate.message)
-        bundle = stage_artifact(self.artifact_path)
+        try:
+            bundle = stage_artifact(self.artifact_path)
+        except ArtifactTooLarge as exc:  # it grew after it was classified: still the tenant's
+            self._refusal = clean_text(f"invalid artifact: {exc}")
+            self._refusal_cause = Cause.TENANT_BAD_ARTIFACT
+            log.warning("SANDBOX REFUSED the artifact: %s", self._refusal)
+            return
         self.artifact_digest = bundle.digest
         self._pool = WarmPool(bundle, self.config, self.tenant_id, feats, prewarm=prewarm)
 

@@ -17,7 +17,11 @@ and carried on every outcome) rather than dropped in silence.
 Fallbacks that are *not* weaker in kind, and so do not refuse any tier:
 ``cgroup_pids`` -> RLIMIT_NPROC under the worker's own uid; ``cgroup_memory`` -> RLIMIT_AS;
 ``cgroup_cpu`` -> RLIMIT_CPU (per process: neither a rate nor a total for the worker's
-tree); ``scratch_tmpfs`` -> a plain host directory bounded by RLIMIT_FSIZE.
+tree). ``scratch_tmpfs`` has none and is required (security review, 2026-11-28): the
+plain host directory it fell back to was bounded per file only (RLIMIT_FSIZE), not in
+bytes or files, so one batch wrote 646 MB to the host's disk past a 256 MiB memory cap,
+and a tree 1,500 deep then defeated the cleanup. A host that cannot mount a tmpfs
+(not root) refuses every tier.
 
 The probe costs ~50 ms and is cached per process (``probe()``); pass explicit paths to probe
 a different setup (tests use that to prove refusal).
@@ -60,7 +64,6 @@ FALLBACKS: dict[str, str] = {
     "cgroup_cpu": "RLIMIT_CPU (CPU-seconds per process, no rate cap, no total per tree)",
     "cgroup_pids": "RLIMIT_NPROC under the worker's own uid",
     "cgroup_memory": "RLIMIT_AS",
-    "scratch_tmpfs": "plain scratch directory bounded by RLIMIT_FSIZE",
 }
 
 #: Layers without which no tier runs: every layer but those with a fallback

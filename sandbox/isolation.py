@@ -1,15 +1,18 @@
 """Per-worker isolation resources, each acquired by one helper and released in ``finally``.
 
-One worker owns: an unprivileged uid/gid (its own, so RLIMIT_NPROC counts only its tree), a
-pids cgroup and a memory cgroup (v1, when writable), a private scratch directory (a
-size-capped tmpfs when root may mount one) and the bubblewrap command line that stacks the
-namespaces, read-only minimal filesystem view, empty environment and seccomp filter.
+One worker owns: an unprivileged uid/gid (its own on the whole host, :class:`UidAllocator`,
+so every per-uid kernel budget counts only its tree), a pids cgroup and a memory cgroup (v1,
+when writable), a private scratch directory (a size- and inode-capped tmpfs) and the
+bubblewrap command line that stacks the namespaces, read-only minimal filesystem view,
+empty environment and seccomp filter. Trees are removed without recursion
+(:func:`remove_tree`, :func:`empty_dir`): a tenant decides how deep its scratch goes.
 
 Host layout (never visible inside any sandbox)::
 
     <base>/pool-<pid>-<id>/artifact/reward.py     tenant artifact, read-only, root-owned
     <base>/pool-<pid>-<id>/runtime/worker_main.py the in-sandbox loop, read-only copy
     <base>/w-<pid>-<n>/scratch                    one worker's scratch (tmpfs), its uid's
+    <base>/uids/<uid>                             lock file: flock held while a worker has it
 
 ``<pid>`` is the host process that made it, so :func:`reap_stale` can clean up after a
 host process that was killed before its ``finally`` blocks ran.
@@ -22,8 +25,11 @@ Inside a sandbox the filesystem is only: /usr (ro) and its /bin, /lib* links, /e
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import functools
 import hashlib
+import itertools
+import logging
 import os
 import shlex
 import shutil
@@ -32,10 +38,11 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from sandbox.classify import MAX_ARTIFACT_BYTES, read_artifact
 from sandbox.features import (
     CGROUP_PARENT,
     CGROUP_V1_ROOT,
@@ -46,12 +53,16 @@ from sandbox.features import (
 )
 from sandbox.types import ResourceLimits
 
+log = logging.getLogger("runwatch.sandbox")
+
 RUNTIME_SOURCE = Path(__file__).with_name("runtime") / "worker_main.py"
 UID_BASE = 200_000
 CFS_PERIOD_US = 100_000
 #: The cgroup v1 controllers a worker may get, keyed as in :func:`worker_cgroups`.
 CONTROLLERS = ("pids", "memory", "cpu", "cpuacct")
 UID_SLOTS = 256
+#: Ranges of ``UID_SLOTS`` uids: the sandbox uids are UID_BASE .. UID_BASE + 256,000 - 1.
+UID_RANGES = 1000
 
 
 def base_dir() -> Path:
@@ -67,24 +78,86 @@ def base_dir() -> Path:
 
 
 class UidAllocator:
-    """Hands out per-worker uids from a range derived from this host process's pid."""
+    """Hands out per-worker uids, unique host-wide: one lock file per uid.
 
-    def __init__(self) -> None:
+    A uid is this worker's while this allocator holds an exclusive ``flock`` on
+    ``<base>/uids/<uid>`` (a root-only directory), from :meth:`acquire` to :meth:`release`;
+    the kernel drops the lock when the holding process dies, so a crashed trainer leaves
+    nothing to clean up. Two trainer processes on one host therefore never run two
+    tenants under one uid, whose per-user kernel budgets (RLIMIT_NPROC, pipe pages, POSIX
+    mqueue bytes, pending signals, ...) one tenant could then spend for the other
+    (security review, 2026-11-28: uids were keyed by the host pid modulo 1000).
+
+    The scan for a free uid starts at a range keyed by this process's pid (``_base``:
+    distinct processes rarely contend) and covers all ``UID_RANGES`` x ``UID_SLOTS`` uids.
+    Assumes every process that runs sandboxes on this host uses this allocator and the
+    same base directory, and that nothing else on the host uses these uids.
+    """
+
+    def __init__(self, lock_dir: Path | None = None) -> None:
         self._lock = threading.Lock()
-        self._used: set[int] = set()
-        self._base = UID_BASE + (os.getpid() % 1000) * UID_SLOTS
+        self._held: dict[int, int] = {}  # uid -> fd of its locked file
+        self._handed_out: set[int] = set()
+        self._lock_dir = lock_dir
+        self._base = UID_BASE + (os.getpid() % UID_RANGES) * UID_SLOTS
 
     def acquire(self) -> int | None:
+        """A uid no other worker on this host holds, held until :meth:`release`; None
+        when all are taken or the lock directory is unusable."""
         with self._lock:
-            for slot in range(UID_SLOTS):
-                if slot not in self._used:
-                    self._used.add(slot)
-                    return self._base + slot
+            try:
+                lock_dir = self._directory()
+            except OSError:
+                log.error("sandbox uid lock directory unusable", exc_info=True)
+                return None
+            first = self._base - UID_BASE
+            for i in range(UID_RANGES * UID_SLOTS):
+                uid = UID_BASE + (first + i) % (UID_RANGES * UID_SLOTS)
+                if uid not in self._held and self._try_lock(lock_dir, uid):
+                    self._handed_out.add(uid)
+                    return uid
         return None
 
     def release(self, uid: int) -> None:
+        """Give ``uid`` back (after every process of its worker is dead)."""
         with self._lock:
-            self._used.discard(uid - self._base)
+            fd = self._held.pop(uid, None)
+        if fd is not None:
+            os.close(fd)  # drops the flock
+
+    def held(self) -> frozenset[int]:
+        """The uids this allocator holds now."""
+        with self._lock:
+            return frozenset(self._held)
+
+    def handed_out(self) -> frozenset[int]:
+        """Every uid this allocator has handed out (tests look for processes left under them)."""
+        with self._lock:
+            return frozenset(self._handed_out)
+
+    def _directory(self) -> Path:
+        path = self._lock_dir or base_dir() / "uids"
+        with contextlib.suppress(FileExistsError):
+            path.mkdir(mode=0o700)
+        if path.is_symlink() or not path.is_dir():
+            raise OSError(f"{path} is not a directory")
+        os.chmod(path, 0o700)
+        self._lock_dir = path
+        return path
+
+    def _try_lock(self, lock_dir: Path, uid: int) -> bool:
+        flags = os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW
+        try:
+            fd = os.open(lock_dir / str(uid), flags, 0o600)
+        except OSError:
+            return False
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            return False
+        self._held[uid] = fd
+        return True
 
 
 UIDS = UidAllocator()
@@ -100,9 +173,12 @@ class ArtifactBundle:
     digest: str
 
 
-def stage_artifact(source: Path) -> ArtifactBundle:
-    """Copy ``source`` and the worker runtime into a fresh root-owned read-only directory."""
-    data = Path(source).read_bytes()
+def stage_artifact(source: Path, max_bytes: int = MAX_ARTIFACT_BYTES) -> ArtifactBundle:
+    """Copy ``source`` and the worker runtime into a fresh root-owned read-only directory.
+
+    Reads at most ``max_bytes`` (every worker gets a copy): raises
+    :class:`sandbox.classify.ArtifactTooLarge` past it, ``OSError`` when unreadable."""
+    data = read_artifact(Path(source), max_bytes)
     digest = "sha256:" + hashlib.sha256(data).hexdigest()
     root = base_dir() / f"pool-{os.getpid()}-{uuid.uuid4().hex[:12]}"
     (root / "artifact").mkdir(parents=True, mode=0o755)
@@ -116,7 +192,7 @@ def stage_artifact(source: Path) -> ArtifactBundle:
 
 
 def unstage_artifact(bundle: ArtifactBundle) -> None:
-    shutil.rmtree(bundle.root, ignore_errors=True)
+    remove_tree(bundle.root)
 
 
 class Cgroup:
@@ -252,7 +328,12 @@ def scratch_inodes(limits: ResourceLimits) -> int:
 def scratch_dir(
     name: str, uid: int, limits: ResourceLimits, features: KernelFeatures, layers: frozenset[str]
 ) -> Iterator[Path]:
-    """A private scratch directory owned by ``uid``; a size-capped tmpfs when possible."""
+    """A private scratch directory owned by ``uid``: a size- and inode-capped tmpfs.
+
+    ``scratch_tmpfs`` is a required layer (:data:`sandbox.features.REQUIRED_LAYERS`): a
+    plain directory, bounded per file only, is made here only for a worker started below
+    the tier gate without that layer (the controls of the tests). A failed mount raises
+    (the spawn fails: ``platform_error``) rather than fall back to one."""
     root = base_dir() / f"w-{name}"
     scratch = root / "scratch"
     mounted = False
@@ -265,7 +346,9 @@ def scratch_dir(
                 f"size={limits.scratch_bytes},nr_inodes={scratch_inodes(limits)},"
                 f"mode=0700,uid={uid},gid={uid}",
             )
-            mounted = err is None
+            if err is not None:  # never a silent plain directory: it would bound nothing
+                raise OSError(f"scratch tmpfs mount failed: {err}")
+            mounted = True
         if not mounted and os.geteuid() == 0:
             os.chown(scratch, uid, uid)
         os.chmod(root, 0o711)
@@ -273,7 +356,7 @@ def scratch_dir(
     finally:
         if mounted:
             umount(str(scratch))
-        shutil.rmtree(root, ignore_errors=True)
+        remove_tree(root)
 
 
 def _pid_alive(pid: int) -> bool:
@@ -293,44 +376,131 @@ def reap_stale() -> int:
     reaped = 0
     try:
         root = base_dir()
-        for entry in os.scandir(root):
-            parts = entry.name.split("-")
-            stale = (
-                entry.name.startswith(("w-", "pool-")) and len(parts) == 3 and parts[1].isdigit()
-            )
-            if stale and not _pid_alive(int(parts[1])):
-                umount(os.path.join(entry.path, "scratch"))
-                shutil.rmtree(entry.path, ignore_errors=True)
-                reaped += 1
-        for controller in CONTROLLERS:
-            parent = Path(CGROUP_V1_ROOT) / controller / CGROUP_PARENT
-            if not parent.is_dir():
-                continue
-            for entry in os.scandir(parent):
-                parts = entry.name.split("-")
-                stale = entry.is_dir() and len(parts) == 2 and parts[0].isdigit()
-                if stale and not _pid_alive(int(parts[0])):
-                    Cgroup(controller, entry.name).close()
-                    reaped += 1
+        entries = list(os.scandir(root))
     except Exception:
-        pass
+        entries = []
+    for entry in entries:
+        parts = entry.name.split("-")
+        if entry.name.startswith(("w-", "pool-")) and len(parts) == 3:
+            reaped += _reap_one(entry.path, parts[1], functools.partial(_reap_dir, entry.path))
+    for controller in CONTROLLERS:
+        parent = Path(CGROUP_V1_ROOT) / controller / CGROUP_PARENT
+        try:
+            groups = [e.name for e in os.scandir(parent) if e.is_dir()]
+        except Exception:
+            continue
+        for name in groups:
+            parts = name.split("-")
+            if len(parts) == 2:
+                close = Cgroup(controller, name).close
+                reaped += _reap_one(f"{controller}:{name}", parts[0], close)
     return reaped
 
 
-def empty_dir(path: Path) -> None:
-    """Remove everything inside ``path`` without following symlinks (host side, as root)."""
+def _reap_one(what: str, pid: str, reap: Callable[[], object]) -> int:
+    """Reap one leftover made by host process ``pid`` if that process is dead: 1 if
+    reaped, else 0. Never raises: one bad entry does not stop the others."""
+    if not pid.isdigit():
+        return 0
     try:
-        entries = list(os.scandir(path))
+        if _pid_alive(int(pid)):
+            return 0
+        reap()
+        return 1
+    except Exception:
+        log.warning("sandbox leftover %s not reaped", what, exc_info=True)
+        return 0
+
+
+def _reap_dir(path: str) -> None:
+    umount(os.path.join(path, "scratch"))
+    if not remove_tree(Path(path)):
+        raise OSError(f"{path} could not be removed whole")
+
+
+def empty_dir(path: Path) -> bool:
+    """Remove everything inside ``path`` (kept itself); True when it is empty after.
+
+    Host side, with the tenant's processes stopped or dead. Without recursion, without
+    following a symlink and without building long paths (see :func:`_drain`), so neither
+    a tree thousands of directories deep (``shutil.rmtree`` is recursive on Python 3.11:
+    RecursionError at ~1,000 levels) nor a directory without permissions leaves anything
+    behind. Never raises."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
     except OSError:
-        return
-    for entry in entries:
-        try:
+        return False
+    try:
+        return _drain(fd)
+    except Exception:
+        return False
+    finally:
+        os.close(fd)
+
+
+def remove_tree(path: Path) -> bool:
+    """Remove ``path`` and everything under it like :func:`empty_dir` (a symlink or file
+    at ``path`` is unlinked, never followed). True when it is gone. Never raises."""
+    try:
+        if not os.path.isdir(path) or os.path.islink(path):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+            return True
+        empty_dir(path)
+        os.rmdir(path)
+        return True
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False
+
+
+def _drain(top: int) -> bool:
+    """Empty the directory open at ``top``: unlink what is not a directory, and for each
+    subdirectory move *its* subdirectories up into ``top`` (under fresh names), unlink its
+    other entries and remove it. Each round removes at least one directory, so any depth
+    takes constant fds and stack. Stops when a round makes no progress; True if empty."""
+    hoisted = itertools.count()
+    while True:
+        entries = [(e.name, e.is_dir(follow_symlinks=False)) for e in os.scandir(top)]
+        if not entries:
+            return True
+        progress = False
+        for name, is_dir in entries:
+            try:
+                if is_dir:
+                    _flatten_one(top, name, hoisted)
+                    os.rmdir(name, dir_fd=top)
+                else:
+                    os.unlink(name, dir_fd=top)
+                progress = True
+            except OSError:
+                continue
+        if not progress:
+            return False
+
+
+def _flatten_one(top: int, name: str, hoisted: Iterator[int]) -> None:
+    """Move the subdirectories of ``top/name`` up into ``top`` and unlink its other
+    entries, leaving it empty (``top/name`` was seen as a directory, not a symlink)."""
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=top)
+    except PermissionError:  # not root: a directory the tenant made unreadable (its own)
+        os.chmod(name, 0o700, dir_fd=top)
+        fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=top)
+    try:
+        with contextlib.suppress(OSError):
+            os.fchmod(fd, 0o700)  # its entries can be unlinked and moved out
+        for entry in list(os.scandir(fd)):
             if entry.is_dir(follow_symlinks=False):
-                shutil.rmtree(entry.path, ignore_errors=True)
+                with contextlib.suppress(OSError):
+                    os.chmod(entry.name, 0o700, dir_fd=fd)  # a directory moved needs w
+                fresh = f".rw-rm-{os.getpid()}-{next(hoisted)}-{uuid.uuid4().hex[:8]}"
+                os.rename(entry.name, fresh, src_dir_fd=fd, dst_dir_fd=top)
             else:
-                os.unlink(entry.path)
-        except OSError:
-            continue
+                os.unlink(entry.name, dir_fd=fd)
+    finally:
+        os.close(fd)
 
 
 #: Top-level /proc entries a sandbox keeps: its own processes (numeric), ``self``,

@@ -21,6 +21,13 @@ Default action: allow. Denied with EPERM (so tenant code sees a clean error, not
   ``CLOCK_BOOTTIME`` (host uptime) is read through the vDSO, with no system call to
   filter; without a time namespace it stays visible (``docs/threat-model.md``).
 
+No-ops (the call returns 0 and does nothing): ``sync`` and ``syncfs``. Either one wrote
+back the whole host's dirty page cache, or a whole host filesystem's (``syncfs`` on an
+fd of the shared ``/usr``): 300 MB flushed by one ``os.sync()``, I/O charged to no
+sandbox (security review, 2026-11-28). A reward writes only to its scratch tmpfs, which
+has nothing to write back; ``fsync``/``fdatasync``/``sync_file_range`` act on one file
+of the caller's and stay.
+
 ``execve`` stays allowed: the verifier tier runs further code by definition. The filter
 is loaded by bubblewrap (``--seccomp FD``) right before the worker interpreter starts, so
 it covers all tenant code, and ``no_new_privs`` is set with it.
@@ -95,6 +102,9 @@ DENIED_SYSCALLS: tuple[str, ...] = (
     "sysinfo",
 )
 
+#: Answered 0 without running (SCMP_ACT_ERRNO(0)): a reward that syncs still works.
+NOOP_SYSCALLS: tuple[str, ...] = ("sync", "syncfs")
+
 #: Every CLONE_NEW* flag: user, mount, net, pid, ipc, uts, cgroup, time.
 CLONE_NS_BITS: tuple[int, ...] = (
     0x10000000,
@@ -120,6 +130,8 @@ def compiled_filter() -> bytes:
             flt.add_rule(deny, name)
         except (RuntimeError, ValueError, OSError):
             continue  # syscall unknown to this libseccomp/arch: nothing to deny
+    for name in NOOP_SYSCALLS:
+        flt.add_rule(sc.ERRNO(0), name)
     flt.add_rule(deny, "socket", sc.Arg(0, sc.NE, AF_UNIX))
     flt.add_rule(deny, "socketpair", sc.Arg(0, sc.NE, AF_UNIX))
     for bit in CLONE_NS_BITS:

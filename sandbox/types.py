@@ -134,7 +134,7 @@ class SandboxConfig:
     built tier refuses to start unless each layer without an equivalent fallback is both
     requested and usable on this kernel (see :mod:`sandbox.features`): the tier comes from
     a scan of the tenant's own code, so it picks recycling and the failure policy, never
-    how much isolation. Only layers with a fallback (the cgroups, the scratch tmpfs) may
+    how much isolation. Only layers with a fallback (the cgroups) may
     be dropped, and each batch outcome names them. Proofs that one layer alone holds
     (tests) start a :class:`sandbox.worker.SandboxWorker` directly, below the gate.
     """

@@ -413,8 +413,9 @@ class SandboxWorker:
                 return False
             if self._threads() != 1:
                 return False
-            if self.scratch is not None:
-                empty_dir(self.scratch)  # nothing of the tenant's runs to write to it now
+            # nothing of the tenant's runs to write to it now; not emptied whole: retired
+            if self.scratch is not None and not empty_dir(self.scratch):
+                return False
             # a stray may have continued the worker (SIGCONT) before it was killed, and the
             # worker then stopped itself again: retired, whatever it did meanwhile
             if stopped_at is not None and not self._still_stopped(stopped_at):

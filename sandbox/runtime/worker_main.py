@@ -79,7 +79,17 @@ def _read_exact(fd, n):
     return b"".join(chunks)
 
 
+#: Pending signals queued per uid (sigqueue, real-time signals): the kernel counts them
+#: per user, and its default (~the host's RAM in pages / 64) is a host-wide budget.
+SIGPENDING_LIMIT = 64
+
+
 def apply_limits(limits):
+    """Set each limit, soft = hard, on this process (inherited by all it starts).
+
+    Besides the contract's: no POSIX message queue bytes (RLIMIT_MSGQUEUE 0: mq_open
+    fails), a few pending signals, no real-time priority. Those budgets are counted per
+    uid (the worker's own, unique on the host), and a stdlib reward needs none of them."""
     pairs = (
         (resource.RLIMIT_AS, limits["memory_bytes"]),
         (resource.RLIMIT_CPU, limits["cpu_seconds"]),
@@ -87,6 +97,9 @@ def apply_limits(limits):
         (resource.RLIMIT_FSIZE, limits["file_size_bytes"]),
         (resource.RLIMIT_CORE, 0),
         (resource.RLIMIT_NPROC, limits["nproc"]),
+        (resource.RLIMIT_MSGQUEUE, 0),
+        (resource.RLIMIT_SIGPENDING, SIGPENDING_LIMIT),
+        (resource.RLIMIT_RTPRIO, 0),
     )
     for which, value in pairs:
         if value is None or value < 0:

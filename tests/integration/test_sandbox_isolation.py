@@ -483,14 +483,14 @@ while True:
 
 def sandbox_process_count() -> int:
     """Host processes running under any sandbox uid of this test process."""
-    from sandbox.isolation import UID_SLOTS, UIDS
+    from sandbox.isolation import UIDS
 
-    lo = UIDS._base
+    ours = UIDS.handed_out()
     n = 0
     for d in os.listdir("/proc"):
         if d.isdigit():
             try:
-                if lo <= os.stat(f"/proc/{d}").st_uid < lo + UID_SLOTS:
+                if os.stat(f"/proc/{d}").st_uid in ours:
                     n += 1
             except OSError:
                 continue

@@ -30,7 +30,7 @@ from pathlib import Path
 import pytest
 
 from sandbox.client import FailurePolicy, RewardClient, ScoreOutcome
-from sandbox.isolation import UID_SLOTS, UIDS
+from sandbox.isolation import UIDS
 from sandbox.pool import REAPER
 from sandbox.spawner import SPAWNER
 from sandbox.types import Cause, OutcomeStatus
@@ -60,13 +60,13 @@ def running_sandbox_processes() -> dict[int, float]:
     """Host pid -> CPU seconds of every live (not zombie) process under a sandbox uid of
     this test process. A killed worker can stay a zombie until the host's init reaps it:
     it runs nothing."""
-    lo, found = UIDS._base, {}
+    ours, found = UIDS.handed_out(), {}
     tick = os.sysconf("SC_CLK_TCK")
     for d in os.listdir("/proc"):
         if not d.isdigit():
             continue
         try:
-            if not lo <= os.stat(f"/proc/{d}").st_uid < lo + UID_SLOTS:
+            if os.stat(f"/proc/{d}").st_uid not in ours:
                 continue
             with open(f"/proc/{d}/stat") as fh:
                 fields = fh.read().rsplit(")", 1)[1].split()

@@ -27,7 +27,7 @@ import pytest
 
 from sandbox.client import FailurePolicy, RewardClient, ScoreOutcome
 from sandbox.features import CGROUP_PARENT, CGROUP_V1_ROOT
-from sandbox.isolation import UID_SLOTS, UIDS
+from sandbox.isolation import UIDS
 from sandbox.pool import REAPER
 from sandbox.types import ALL_LAYERS, Cause, OutcomeStatus
 from tests.integration.sandbox_support import (
@@ -60,13 +60,13 @@ def reward(batch):
 
 
 def sandbox_processes() -> set[int]:
-    """Host pids running under any sandbox uid of this test process (uids are per worker,
-    from a range keyed by this process's pid), wherever they are: in a cgroup or not."""
-    lo, found = UIDS._base, set()
+    """Host pids running under any sandbox uid this test process handed out (uids are per
+    worker, unique on the host), wherever they are: in a cgroup or not."""
+    ours, found = UIDS.handed_out(), set()
     for d in os.listdir("/proc"):
         if d.isdigit():
             try:
-                if lo <= os.stat(f"/proc/{d}").st_uid < lo + UID_SLOTS:
+                if os.stat(f"/proc/{d}").st_uid in ours:
                     found.add(int(d))
             except OSError:
                 continue

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 
 from sandbox.classify import classify_bytes, classify_path
+from sandbox.isolation import stage_artifact
 from sandbox.types import ArtifactKind
 
 
@@ -119,3 +121,80 @@ def test_signatures_that_take_one_batch_are_fine(src: str) -> None:
 def test_unreadable_file_is_not_the_tenants_fault(tmp_path: Path) -> None:
     c = classify_path(tmp_path / "missing.py")
     assert c.kind is ArtifactKind.INVALID and not c.readable
+
+
+# -- bounded: a tenant's file costs the caller's process nothing but its bytes -------------
+
+
+def test_an_artifact_over_the_cap_is_the_tenants_and_is_not_read(tmp_path: Path) -> None:
+    """Security review 2026-11-28: a 2 MB list literal cost the trainer's process 968 MiB
+    inside ``ast.parse``. Over ``MAX_ARTIFACT_BYTES``: refused on its size."""
+    from sandbox.classify import MAX_ARTIFACT_BYTES
+
+    big = tmp_path / "r.py"
+    big.write_text("def reward(b): return []\nx = [" + "1," * MAX_ARTIFACT_BYTES + "]\n")
+    c = classify_path(big)
+    assert c.kind is ArtifactKind.INVALID and c.tier is None and c.readable
+    assert any(f"larger than {MAX_ARTIFACT_BYTES} bytes" in r for r in c.reasons), c.reasons
+    assert classify_path(big, max_bytes=4 * MAX_ARTIFACT_BYTES).kind is not ArtifactKind.FUNCTION
+
+
+@pytest.mark.timeout(30)
+def test_only_a_regular_file_is_read_and_a_fifo_does_not_block(tmp_path: Path) -> None:
+    """``/dev/zero`` has no end and a FIFO blocks its reader until a writer comes: neither
+    is a reward file, and the caller (the trainer) never waits on one."""
+    from sandbox.classify import read_artifact
+
+    fifo = tmp_path / "r.py"
+    os.mkfifo(fifo)
+    for path in (Path("/dev/zero"), fifo):
+        with pytest.raises(OSError, match="not a regular file"):
+            read_artifact(path)
+        c = classify_path(path)
+        assert c.kind is ArtifactKind.INVALID and not c.readable
+
+
+def test_stage_artifact_refuses_over_the_cap(tmp_path: Path) -> None:
+    from sandbox.classify import MAX_ARTIFACT_BYTES, ArtifactTooLarge
+
+    big = tmp_path / "r.py"
+    big.write_bytes(b"#" * (MAX_ARTIFACT_BYTES + 1))
+    with pytest.raises(ArtifactTooLarge):
+        stage_artifact(big)
+
+
+def test_a_file_costly_to_parse_is_refused_by_the_bounded_parser(tmp_path: Path) -> None:
+    """Under the cap, 1 MiB of one-token statements took 933 MiB and 5.6 s to parse: the
+    child parsing it dies at its RLIMIT_AS, and the artifact is refused as the tenant's."""
+    from sandbox.classify import MAX_ARTIFACT_BYTES
+
+    src = "def reward(b): return []\n" + "a\n" * (MAX_ARTIFACT_BYTES // 2 - 20)
+    path = tmp_path / "r.py"
+    path.write_text(src)
+    c = classify_path(path)
+    assert c.kind is ArtifactKind.INVALID and c.readable
+    assert any("too complex to parse" in r for r in c.reasons), c.reasons
+
+
+def test_the_bounded_parser_classifies_like_the_pure_one() -> None:
+    from sandbox.classify import classify_isolated
+
+    for src in (
+        "def reward(b): return []",
+        "import subprocess\ndef reward(b): return []",
+        "def reward(:",
+        "class E:\n    def reset(self): ...\n    def step(self, a): ...",
+    ):
+        iso, pure = classify_isolated("r.py", src.encode()), classify_bytes("r.py", src.encode())
+        assert (iso.kind, iso.tier, iso.digest, iso.reasons) == (
+            pure.kind,
+            pure.tier,
+            pure.digest,
+            pure.reasons,
+        )
+
+
+def test_the_cap_is_one_mib() -> None:
+    from sandbox.classify import MAX_ARTIFACT_BYTES
+
+    assert MAX_ARTIFACT_BYTES == 1 << 20

@@ -39,10 +39,22 @@ def test_every_layer_without_a_fallback_is_required_by_every_tier() -> None:
 
 def test_fallbacks_do_not_refuse_but_are_named() -> None:
     for tier in ("function", "verifier"):
-        g = tier_gate(feats("cgroup_pids", "cgroup_memory", "scratch_tmpfs"), tier)
+        g = tier_gate(feats("cgroup_pids", "cgroup_memory", "cgroup_cpu"), tier)
         assert g.allowed
-        assert set(g.missing) == {"cgroup_pids", "cgroup_memory", "scratch_tmpfs"}
+        assert set(g.missing) == {"cgroup_pids", "cgroup_memory", "cgroup_cpu"}
         assert "RLIMIT_NPROC" in g.message
+
+
+def test_no_scratch_tmpfs_refuses_every_tier() -> None:
+    """Security review 2026-11-28: without the tmpfs, scratch was a plain host directory
+    bounded per file only (646 MB written to the host's disk in one batch, and a tree
+    1,500 deep defeated its cleanup): no longer a fallback, a required layer."""
+    assert "scratch_tmpfs" in REQUIRED_LAYERS and "scratch_tmpfs" not in FALLBACKS
+    for tier in ("function", "verifier"):
+        g = tier_gate(feats("scratch_tmpfs"), tier)
+        assert not g.allowed and "scratch_tmpfs" in g.message, tier
+        g = tier_gate(feats(), tier, frozenset(ALL_LAYERS) - {"scratch_tmpfs"})
+        assert not g.allowed and "scratch_tmpfs" in g.message, tier
 
 
 def test_no_network_namespace_refuses_every_tier() -> None:
