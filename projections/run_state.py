@@ -23,8 +23,11 @@ one guarantee the fold needs from its host is the *terminal barrier*: alerts and
 facts that precede a run's terminal lifecycle event in event time are delivered before
 it (the replay merge and the live host's lifecycle hold ensure it). A late fact that
 would rewrite an already emitted change is not hidden: the fold emits one correcting
-change (counted in ``corrections``); terminal states are never corrected (counted in
-``Machine.late_after_terminal``).
+change (counted in ``corrections``); SUCCEEDED and CANCELLED are never corrected
+(counted in ``Machine.late_after_terminal``). FAILED is left by a restart (a failed run
+trained again: ``runwatch resume``, a requeued hooked job), so a fact read late behind a
+failure is re-folded in order like any other: the restart's ``RunResumed`` read after an
+alert of the restarted process still reopens the run.
 """
 
 from __future__ import annotations
@@ -69,6 +72,8 @@ PRODUCER = "projections/run_state"
 #: Policy actions of alerts that pause a run (``pause_at_checkpoint`` is the old name).
 PAUSING: frozenset[str] = frozenset({"pause", "pause_at_checkpoint"})
 TERMINAL: frozenset[str] = frozenset({"SUCCEEDED", "FAILED", "CANCELLED"})
+#: The terminal states no fact leaves (FAILED is left by a restart: ``LEGAL``).
+ABSORBING: frozenset[str] = frozenset({"SUCCEEDED", "CANCELLED"})
 ACTIVE: frozenset[str] = frozenset({"RUNNING", "DEGRADED"})
 #: from-state -> the states it may move to (``None``: a run never seen before).
 LEGAL: dict[str | None, frozenset[str]] = {
@@ -82,8 +87,9 @@ LEGAL: dict[str | None, frozenset[str]] = {
     "PAUSED_BY_GATE": frozenset({"RUNNING", "DEGRADED", "SUCCEEDED", "FAILED", "CANCELLED"}),
     "SUCCEEDED": frozenset(),
     # a failed run may be trained again (``runwatch resume``, a requeued hooked job): its
-    # restart's RunStarted / RunResumed / RunPaused say so (the gates act on it again)
-    "FAILED": frozenset({"RUNNING", "PAUSED_BY_GATE"}),
+    # restart's RunSubmitted / RunStarted / RunResumed / RunPaused say so (the gates act
+    # on it again)
+    "FAILED": frozenset({"SUBMITTED", "RUNNING", "PAUSED_BY_GATE"}),
     "CANCELLED": frozenset(),
 }
 _TARGET: dict[type, str] = {
@@ -350,7 +356,7 @@ class RunStateFold:
     def _late(self, state: RunStatus, event: EventBase) -> tuple[RunStatus, list[EventBase]]:
         if any(h.event_id == event.event_id for h in state.history):
             return state, []  # a duplicate the host did not catch
-        if state.machine.state in TERMINAL:
+        if state.machine.state in ABSORBING:  # (FAILED re-folds: a restart may be late)
             m = replace(state.machine, late_after_terminal=state.machine.late_after_terminal + 1)
             return replace(state, machine=m), []
         history = tuple(sorted((*state.history, event), key=canonical_key))

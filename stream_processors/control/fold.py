@@ -41,9 +41,12 @@ Rules:
   end it (later alerts do nothing). ``RunFailed`` ends it too, until a process trains it
   again: a failed run may be restarted (``runwatch resume``, a requeued hooked job), and
   its restart's ``RunStarted``/``RunResumed`` (or ``RunPaused``: restarted still paused)
-  makes it live again, gates included. (Before 2026-11-28 a failed run stayed ended: its
-  restart trained with every gate off — 186 steps billed after a page in the review's
-  run.)
+  makes it live again, gates included; a page from a step after the failure read ahead
+  of the restart's own fact (another topic) is owed, asked for when the run is live.
+  (Before 2026-11-28 a failed run stayed ended: its restart trained with every gate off
+  — 186 steps billed after a page in the review's run.) A state stored before then says
+  ``over`` for a failed run too: it loads as ``failed`` (a restart reopens it; a
+  completed run is never restarted, so nothing changes for it).
 
 The fold does not judge people's commands (the API does, against the projected state, and
 the trainer ignores what does not apply to it); it only avoids asking twice. Time: event
@@ -98,7 +101,8 @@ class ControlState(NamedTuple):
     #: the alerts of this controller's pause request not answered yet: owed if the trainer
     #: answers a person's pause instead (it ignores a pause of a paused run)
     pending: tuple[Owed, ...] = ()
-    #: the step of the ``RunPaused`` in effect (an alert from a later step is not under it)
+    #: the step of the ``RunPaused`` in effect (an alert from a later step is not under
+    #: it), or of the ``RunFailed`` (an alert from a later step is its restart's)
     paused_step: int | None = None
 
 
@@ -128,7 +132,11 @@ class RunControllerFold:
         if state.phase == "failed":  # over, unless a process trains the run again
             if t not in _RESTARTS:
                 return state, ()
-            state = state._replace(phase="live", paused_by="")
+            state = state._replace(phase="live", paused_by="", paused_step=None)
+            if t is RunSubmitted:
+                state = state._replace(algorithm=event.algorithm)  # type: ignore[attr-defined]
+            if t is RunSubmitted or t is RunStarted:  # pages read ahead of it are owed
+                return self._live(state, event)
         if t is AlertResolved and (state.owed or state.pending):  # ended: not owed any more
             gone = event.alert_id  # type: ignore[attr-defined]
             return state._replace(
@@ -161,7 +169,7 @@ class RunControllerFold:
         if t is RunResumed or (t is UnpauseRequested and state.phase == "pausing"):
             return self._live(state._replace(phase="live", paused_by=""), event)
         if t is RunFailed:
-            return state._replace(phase="failed", owed=(), pending=()), ()
+            return state._replace(phase="failed", owed=(), pending=(), paused_step=event.step), ()
         if t is RunCompleted or t is RunCancelled:
             return state._replace(phase="over", owed=()), ()
         return state, ()  # CancelRequested: the run ends when the trainer says so
@@ -192,11 +200,16 @@ class RunControllerFold:
     def _alert(
         self, state: ControlState, ev: AlertFired
     ) -> tuple[ControlState, Sequence[EventBase]]:
-        if state.phase in ("over", "failed") or ev.alert_id in state.acted:
+        if state.phase == "over" or ev.alert_id in state.acted:
             return state, ()
         if not self.policy.pauses(
             tenant=ev.tenant_id, algorithm=state.algorithm, detector=ev.detector, routing=ev.routing
         ):
+            return state, ()
+        if state.phase == "failed":  # from a step after the failure: its restart, read ahead
+            if _after(ev, state.paused_step) and all(o.alert_id != ev.alert_id for o in state.owed):
+                this = Owed(ev.alert_id, ev.detector, ev.routing, ev.reason)
+                return state._replace(owed=(*state.owed, this)[-MAX_ACTED:]), ()
             return state, ()
         if state.phase != "live":  # pausing or paused: the gate's own, or owed (docstring)
             this = Owed(ev.alert_id, ev.detector, ev.routing, ev.reason)
@@ -251,6 +264,8 @@ class RunControllerFold:
         gate = "controller" if phase in ("pausing", "paused") else ""
         defaults = [gate, [], [], [], None]  # fields added later, each with its default
         paused_by, owed, asked, pending, paused_step = [*rest, *defaults[len(rest) :]]
+        if phase == "over" and len(rest) < len(defaults):  # stored before "failed" was
+            phase = "failed"  # told apart: a restart reopens it (a completed run has none)
         return ControlState(
             algorithm,
             phase,

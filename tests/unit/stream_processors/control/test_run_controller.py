@@ -126,6 +126,24 @@ def test_a_failed_run_trained_again_is_gated_again() -> None:
         assert out == []
 
 
+def test_a_page_of_the_restart_read_ahead_of_it_is_owed_and_older_states_reopen() -> None:
+    """Found by review: a page of the restarted process read before its ``RunResumed``
+    (another topic) was dropped in the failed phase; and a state stored before the failed
+    phase existed said ``over``, so a restart never reopened it."""
+    f = RunControllerFold(ControlPolicy())
+    failed = [ev(RunSubmitted, algorithm="grpo"), ev(RunFailed, step=20, reason="node lost")]
+    for restart in (RunResumed, RunStarted):
+        state, out = fold(f, [*failed, alert(alert_id="late", step=18),  # before the failure
+                              alert(alert_id="a1", step=25), ev(restart, step=20)])  # fmt: skip
+        assert [o.alert_id for o in out] == ["a1"] and state.phase == "pausing"
+    old = b'["grpo", "over", []]'  # a failed run's state stored before 2026-11-28
+    state = f.load_state(old)
+    assert state.phase == "failed"
+    state, out = f.apply(state, ev(RunResumed, step=20))
+    state, out = f.apply(state, alert(alert_id="a2", step=22))
+    assert [o.alert_id for o in out] == ["a2"]
+
+
 def test_a_page_from_a_step_after_the_pause_read_before_the_resume_is_owed() -> None:
     """Found by review: on Kafka the controller reads the alerts topic and the lifecycle
     in no common order. A page fired by a step trained after a person resumed the gate's
