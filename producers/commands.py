@@ -130,15 +130,20 @@ class CommandFeed:
 
 async def read_to_end(backend: Any, topic: str, positions: dict[int, int]) -> list[Record]:
     """Every record of ``topic`` from ``positions`` (partition -> next offset; 0 when
-    absent) to each partition's current end; ``positions`` moves past what was read."""
+    absent) to each partition's current end; ``positions`` moves past what was read, only
+    when all of it was (a failed read raises and leaves them: the next call reads it all
+    again — found by review, a pause read from one partition was lost when a later one's
+    read failed, e.g. a gateway's 429)."""
     out: list[Record] = []
-    for partition in await backend.partitions(topic):
-        start = positions.get(partition, 0)
+    moved = dict(positions)  # committed only once every partition was read: a read that
+    for partition in await backend.partitions(topic):  # fails loses nothing read before it
+        start = moved.get(partition, 0)
         if await backend.end_offset(topic, partition) <= start:
             continue
         async for rec in backend.read(topic, partition, start, until_end=True):
             out.append(rec)
-            positions[partition] = rec.offset + 1
+            moved[partition] = rec.offset + 1
+    positions.update(moved)
     return out
 
 

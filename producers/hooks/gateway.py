@@ -22,8 +22,10 @@ protocol are the same as on Kafka:
   restart) go on from ``offset + 1`` as on any log. It keeps the records its readers have
   not yet gone past, and the cursor where its last scan stopped, so following a run scans
   each stretch of the log once. A cursor the gateway no longer opens (``410``: it
-  restarted with a new secret) sends the scan back to the start; the same records get
-  the same numbers (the log is append-only and the gateway's filter the same), and those
+  restarted with a new secret) sends the scan back to the start, once per read (a second
+  in one read is an error: replicas that do not share ``--cursor-secret-file``); the same
+  records get the same numbers (the log is append-only and the gateway's filter the
+  same; records dropped by retention between two scans would shift them), and those
   already numbered are not shown again.
 ``start`` asks ``/v1/ingest/whoami``: a key the gateway does not know fails the start (the
 publisher then spools and says why). Time semantics: none of its own (the events carry
@@ -92,10 +94,17 @@ class GatewayLog(LogBackend):
     """The log as the ingest gateway at ``url`` shows it to ``api_key``'s tenant."""
 
     def __init__(
-        self, url: str, api_key: str, *, timeout_s: float = 10.0, only_key: str | None = None
+        self,
+        url: str,
+        api_key: str,
+        *,
+        timeout_s: float = 10.0,
+        only_key: str | None = None,
+        transport: Any = None,
     ) -> None:
         """``only_key``: read only that key's records (a run's own: the gateway skips the
-        others unread)."""
+        others unread). ``transport``: an ``httpx.AsyncBaseTransport`` to send through
+        (a proxy of the customer's; default: httpx's own)."""
         if not url.startswith(("http://", "https://")):
             raise ValueError(f"the gateway is an http(s) URL, not {url[:100]!r}")
         if not api_key:
@@ -106,6 +115,7 @@ class GatewayLog(LogBackend):
         self.only_key = only_key
         self.tenant_id: str | None = None
         self._client: Any = None
+        self._transport = transport
         #: (topic, partition) -> what this client has been shown of it
         self._shown: dict[tuple[str, int], _Shown] = {}
         self._said: set[str] = set()
@@ -115,6 +125,7 @@ class GatewayLog(LogBackend):
 
         self._client = httpx.AsyncClient(
             base_url=self.url,
+            transport=self._transport,
             headers={"Authorization": f"Bearer {self._key}"},
             timeout=self.timeout_s,
         )
@@ -183,6 +194,7 @@ class GatewayLog(LogBackend):
         """Scan on from where the last scan stopped to the end; number what is shown."""
         shown = self._shown.setdefault((topic, partition), _Shown())
         path = f"/v1/ingest/{topic}/partitions/{partition}/records"
+        restarted = False
         while True:
             params: dict[str, Any] = {}
             if shown.cursor is not None:
@@ -191,7 +203,13 @@ class GatewayLog(LogBackend):
                 params["key"] = self.only_key
             try:
                 page = await self._get(path, params=params)
-            except _CursorGone:
+            except _CursorGone as gone:
+                if restarted:  # twice in one scan: replicas sealing with different secrets
+                    raise ConnectionError(
+                        "the gateway refused its own cursor twice in one read: gateway "
+                        "replicas must share one --cursor-secret-file"
+                    ) from gone
+                restarted = True
                 shown.restart()
                 continue
             for r in page["records"]:

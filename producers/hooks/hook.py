@@ -93,7 +93,8 @@ def default_log_dir() -> Path:
 
 
 #: What separates a tenant from its own name for a run behind the gateway (a tenant id
-#: holds none: :mod:`projections.keys`).
+#: holds none: :mod:`projections.keys`); the gateway's ``ingest_policy.RUN_SEPARATOR``,
+#: which this module does not import (a hook imports nothing of the server's).
 TENANT_SEPARATOR = ":"
 
 

@@ -141,6 +141,7 @@ class CommandFollower:
         self._ready = threading.Event()  # the reader's first answer (paused? cancelled?)
         #: a restarted process that got no first answer says so at its first look
         self._restart_unread = False
+        self._open_failed = threading.Event()  # the reader's first try found no log
 
     def obey(self, step: int | None, waiting: Callable[[], None] | None = None) -> bool:
         """Act on the run's new commands; True once it is cancelled (stop training). Takes
@@ -174,10 +175,15 @@ class CommandFollower:
 
     def run_is_paused(self) -> bool:
         """Was the run paused (or cancelled) when this restarted process started? Waits
-        for the reader's first answer up to ``RESTART_WAIT_S`` (none by then: taken as
-        no); the first :meth:`obey` then waits no more."""
+        for the reader's first answer up to ``RESTART_WAIT_S``, or until its first try
+        finds no log (unreachable, a key refused: it cannot answer before ``RETRY_S``);
+        none by then is taken as no, said at the first :meth:`obey`, which waits no more."""
         self._start_reader()
-        self._restart_unread = not self._ready.wait(RESTART_WAIT_S)
+        deadline = time.monotonic() + RESTART_WAIT_S
+        while not self._ready.wait(0.05):  # a log that cannot be reached: no wait for it
+            if self._open_failed.is_set() or time.monotonic() >= deadline:
+                break
+        self._restart_unread = not self._ready.is_set()
         return self.still_paused is not None or self.cancelled
 
     def close(self) -> None:
@@ -311,6 +317,7 @@ class CommandFollower:
                 backend.timeout_s = KAFKA_WAIT_S
             self._ready.set()
         except Exception as exc:  # (on the reader thread: it tries again later)
+            self._open_failed.set()
             sink, self._sink = self._sink, None
             if sink is not None:
                 with contextlib.suppress(Exception):

@@ -52,7 +52,7 @@ from projections.api import CommandRate
 from projections.auth import KeyedBodies, principal_of
 from projections.keys import ApiKeys, Principal
 from runwatch.apps.ingest_cursor import CursorRefused, CursorSeal
-from runwatch.apps.ingest_policy import READABLE_TOPICS, admit, readable
+from runwatch.apps.ingest_policy import READABLE_TOPICS, RUN_SEPARATOR, admit, readable
 
 #: The largest request body (a hook sends batches well under this: ``GatewayLog``).
 MAX_BODY_BYTES = 4 << 20
@@ -64,6 +64,11 @@ SCAN_BUDGET, PAGE_BYTES = 5_000, 1 << 20
 #: Records of one key (``?key=``: a run's own) one read request scans at most: skipping
 #: another key's record is a byte comparison, not a decode.
 KEY_SCAN_BUDGET = 200_000
+#: What a hook from before sealed cursors (2026-11-28) is told when it asks for offsets.
+UPGRADE = (
+    "this gateway shows no offsets (sealed cursors since 2026-11-28): upgrade the runwatch "
+    "hook in this process"
+)
 #: Each tenant's records written per second, and at once (a hook writes ~5 per step).
 RECORD_RATE, RECORD_BURST = 5_000.0, 50_000
 #: Each tenant's bytes written per second, and at once.
@@ -188,6 +193,10 @@ def create_app(
     async def partitions(topic: str, tenant_id: Annotated[str, Depends(tenant)]) -> dict[str, Any]:
         return {"partitions": await _guarded(log().partitions(readable_topic(topic, tenant_id)))}
 
+    @app.get("/v1/ingest/{topic}/partitions/{partition}/end")
+    async def end(topic: str, partition: int) -> dict[str, Any]:
+        raise HTTPException(410, UPGRADE)  # a hook from before cursors asks for offsets
+
     @app.get("/v1/ingest/{topic}/partitions/{partition}/records")
     async def records(
         topic: str,
@@ -195,13 +204,20 @@ def create_app(
         tenant_id: Annotated[str, Depends(tenant)],
         after: Annotated[str | None, Query(max_length=64)] = None,
         key: Annotated[str | None, Query(max_length=4096)] = None,
+        start: int | None = None,
     ) -> dict[str, Any]:
         """The tenant's records from where the cursor ``after`` stopped (none: the start;
         ``key``: only that key's, a run's own), scanning until the end, the scan budget or
         a full page. ``next``: the cursor to go on from; ``at_end``: nothing more now."""
         readable_topic(topic, tenant_id)
+        if start is not None:
+            raise HTTPException(410, UPGRADE)
         if partition < 0:
             raise HTTPException(422, "a partition is >= 0")
+        if key is not None and not key.startswith(f"{tenant_id}{RUN_SEPARATOR}"):
+            # another tenant's run: nothing of it is readable, and how long its records
+            # take to skip would tell how many there are
+            raise HTTPException(403, f"a hook reads its own runs' keys ({tenant_id}:...)")
         try:
             start = seal.open(after, tenant_id, topic, partition) if after is not None else 0
         except CursorRefused as exc:

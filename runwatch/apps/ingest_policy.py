@@ -58,7 +58,8 @@ HOOK_EVENTS = frozenset(
     }
 )
 #: Between a tenant and its own name for a run: a hooked run's id is ``<tenant>:<name>``
-#: (``producers.hooks.hook.tenant_run_id``; a tenant id holds no ``:``, ``projections.keys``).
+#: (``producers.hooks.hook.tenant_run_id``, whose ``TENANT_SEPARATOR`` must be this one; a
+#: tenant id holds no ``:``, ``projections.keys``).
 RUN_SEPARATOR = ":"
 #: Every producer name a hook writes under begins so (``RunwatchHook``'s default).
 HOOK_PRODUCER_PREFIX = "hook/"
@@ -99,7 +100,8 @@ def admit(tenant_id: str, topic: str, key: bytes | None, value: bytes) -> EventB
     if not event.run_id.startswith(f"{tenant_id}{RUN_SEPARATOR}"):
         why = (
             f"behind the gateway a run id is its tenant's, {tenant_id}{RUN_SEPARATOR}<name>, "
-            f"not {event.run_id[:100]!r} (so no other tenant can take it)"
+            f"not {event.run_id[:100]!r} (so no other tenant can take it; a hook from "
+            "before 2026-11-28 names it without: upgrade it)"
         )
         return _refused(value, why, kind)
     if not event.producer.startswith(HOOK_PRODUCER_PREFIX):

@@ -7,7 +7,8 @@
 (``docs/hooks.md``). Each tenant's writes and reads are rate-limited (``--record-rate``,
 ``--record-burst``, ``--byte-rate``, ``--byte-burst``, ``--read-rate``, ``--read-burst``:
 429 with ``Retry-After`` beyond; a burst holds at least one whole request).
-``--cursor-secret-file F``: the secret that seals read cursors (its bytes, at least 16;
+``--cursor-secret-file F``: the secret that seals read cursors (its bytes, 16 to 4096, a
+final newline dropped;
 every replica serving the same hooks needs the same; without it a fresh one each start,
 and hooks read from the start again after a restart).
 The keys file is watched as the query API's is (an edit applies at the next request;
@@ -101,9 +102,12 @@ def _cursor_secret(path: str | None) -> bytes | None:
         return None
     try:
         with open(path, "rb") as f:
-            secret = f.read(1 << 12).strip()
+            secret = f.read((1 << 12) + 1)
     except OSError as exc:
         raise Abort(f"cannot read the cursor secret {path}: {exc.strerror}") from None
+    if len(secret) > 1 << 12:
+        raise Abort(f"the cursor secret in {path} is over 4 KiB: give 16 to 4096 bytes")
+    secret = secret.removesuffix(b"\n")  # a text file's newline; the rest is taken as is
     if len(secret) < 16:
         raise Abort(f"the cursor secret in {path} has {len(secret)} bytes: it needs 16 or more")
     return secret

@@ -50,9 +50,10 @@ def _free_port() -> int:
 class Gateway:
     """``runwatch serve ingest`` as a process of its own."""
 
-    def __init__(self, tmp: Path, kafka: str | None = None) -> None:
+    def __init__(self, tmp: Path, kafka: str | None = None, *extra: str) -> None:
         self.log_dir, self.keys, self.port = tmp / "log", tmp / "keys.yaml", _free_port()
         self.where = ["--kafka", kafka] if kafka else ["--log", str(self.log_dir)]
+        self.where += list(extra)
         self.keys.write_text(
             yaml.safe_dump(
                 {"keys": [{"key": A, "tenant": "tenant-a"}, {"key": B, "tenant": "tenant-b"}]}
@@ -406,3 +407,90 @@ def test_two_customers_runs_named_alike_are_two_runs_each_monitored_and_billed(
     log.open_sync()
     bills = {(b.tenant_id, b.run_id) for b in log.iter_events(["runwatch.tenant-usage"])}
     assert {("tenant-a", "tenant-a:exp-1"), ("tenant-b", "tenant-b:exp-1")} <= bills, bills
+
+
+class _RoundRobin(httpx.AsyncBaseTransport):
+    """A load balancer in front of gateway replicas: each request to the next one."""
+
+    def __init__(self, ports: list[int]) -> None:
+        self.ports, self.sent, self.inner = ports, 0, httpx.AsyncHTTPTransport()
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        request.url = request.url.copy_with(port=self.ports[self.sent % len(self.ports)])
+        self.sent += 1
+        return await self.inner.handle_async_request(request)
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+def test_gateway_replicas_without_one_cursor_secret_fail_the_read_clearly(tmp_path: Path) -> None:
+    """Found by review: each replica seals cursors with a fresh secret unless given one, and
+    behind a round-robin balancer every second page was refused (410); the hook's client
+    went back to the start each time, for ever, and never read its commands. Now a second
+    refusal in one read is an error saying what to fix; with one secret file it reads."""
+    import asyncio
+    import uuid
+
+    from events.catalog.lifecycle import RunStarted
+    from producers.hooks.gateway import GatewayLog
+
+    writer = EmbeddedLog(tmp_path / "log")
+    writer.open_sync()
+    others = [  # more than one page of another tenant's records (a page scans 5,000)
+        RunStarted(
+            event_id=uuid.uuid4(),
+            tenant_id="tenant-b",
+            run_id=f"tenant-b:r{i}",
+            step=None,
+            ts=1.0,
+            producer="trainer/x",
+            seq=i,
+        )
+        for i in range(7_000)
+    ]
+    mine = RunStarted(event_id=uuid.uuid4(), tenant_id="tenant-a", run_id="tenant-a:r",
+                      step=None, ts=2.0, producer="trainer/x", seq=0)  # fmt: skip
+    writer.append_events_sync([*others, mine])
+    (tmp_path / "secret").write_bytes(b"0123456789abcdef0123456789abcdef\n")
+
+    async def read(ports: list[int]) -> list[int]:
+        reader = GatewayLog(f"http://127.0.0.1:{ports[0]}", A, transport=_RoundRobin(ports))
+        await reader.start()
+        try:
+            return [r.offset async for r in reader.read("runwatch.lifecycle", 0, 0)]
+        finally:
+            await reader.close()
+
+    for shared in (False, True):
+        extra = ("--cursor-secret-file", str(tmp_path / "secret")) if shared else ()
+        replicas = [Gateway(tmp_path, None, *extra) for _ in range(2)]
+        try:
+            for gw in replicas:
+                gw.start()
+            ports = [gw.port for gw in replicas]
+            if shared:
+                assert asyncio.run(read(ports)) == [0]  # tenant a's one record, numbered 0
+            else:
+                with pytest.raises(ConnectionError, match="share one --cursor-secret-file"):
+                    asyncio.run(read(ports))
+        finally:
+            for gw in replicas:
+                gw.stop()
+
+
+def test_a_restart_with_the_gateway_away_does_not_wait_for_it(tmp_path: Path) -> None:
+    """Found by review: a restarted hook waits up to 30 s for its first read of the run's
+    commands, and with the gateway unreachable it waited all of it (the reader's next try
+    is 30 s later): 30 s lost on every requeue while runwatch is down. Now the first
+    failed try ends the wait, and the first look says it once."""
+    hook = RunwatchHook(
+        "exp-1", "tenant-a", gateway=f"http://127.0.0.1:{_free_port()}", api_key=A,
+        spool=tmp_path / "spool", install_exit_hooks=False, command_poll_s=0.05, retry_s=0.2,
+    )  # fmt: skip
+    t0 = time.monotonic()
+    hook.start(resumed_from="out/checkpoint-10", resumed_step=10)
+    waited = time.monotonic() - t0
+    assert waited < 10.0, f"the restart waited {waited:.1f} s for an unreachable gateway"
+    assert hook.obey(10) is False  # trains on, and says why
+    hook.close(1)

@@ -109,3 +109,39 @@ def test_a_restart_does_not_replay_a_command_its_run_passed_over() -> None:
     sink = MemorySink()  # without the restart's rule (a fresh feed): every command, in order
     cmds = _commands(sink, UnpauseRequested, PauseRequested)
     assert CommandFeed(sink, "r1").poll() == cmds
+
+
+def test_a_read_failing_on_a_later_partition_loses_nothing_read_before_it() -> None:
+    """Found by review: ``read_to_end`` moved each partition's position as it read, so when
+    a later partition's read failed (a gateway's 429, a broker blip) the records already
+    read were dropped and never read again: a pause on partition 0 was lost."""
+    import asyncio
+
+    from events.codec import encode
+    from events.log.base import Record
+    from producers.commands import read_to_end
+
+    pause = ev(PauseRequested, actor="controller")
+
+    class TwoPartitions:  # partition 1's end fails once (fault injection)
+        failed = False
+
+        async def partitions(self, topic: str) -> list[int]:
+            return [0, 1]
+
+        async def end_offset(self, topic: str, partition: int) -> int:
+            if partition == 1 and not TwoPartitions.failed:
+                TwoPartitions.failed = True
+                raise ConnectionError("gateway 429")
+            return 1 if partition == 0 else 0
+
+        async def read(self, topic: str, partition: int, start: int, until_end: bool = True):  # type: ignore[no-untyped-def]
+            if partition == 0 and start == 0:
+                yield Record(topic, 0, 0, pause.key(), encode(pause), 0)
+
+    positions: dict[int, int] = {}
+    with pytest.raises(ConnectionError):
+        asyncio.run(read_to_end(TwoPartitions(), "runwatch.control", positions))
+    assert positions == {}  # nothing committed
+    again = asyncio.run(read_to_end(TwoPartitions(), "runwatch.control", positions))
+    assert [r.value for r in again] == [encode(pause)] and positions == {0: 1}

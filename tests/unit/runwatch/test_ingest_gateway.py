@@ -268,7 +268,19 @@ def test_a_cursor_opens_only_for_the_tenant_and_partition_it_was_made_for(
         r = client.get(url, params={"after": after}, headers=_h(key))
         assert r.status_code == 410, (url, r.text)
     r = client.get("/v1/ingest/runwatch.lifecycle/partitions/0/end", headers=_h(A))
-    assert r.status_code == 404  # the end is an offset too: not served
+    assert r.status_code == 410 and "upgrade" in r.text  # an offset too: not served
+    r = client.get(  # what a hook from before cursors asks: told to upgrade
+        "/v1/ingest/runwatch.lifecycle/partitions/0/records",
+        params={"start": 0},
+        headers=_h(A),
+    )
+    assert r.status_code == 410 and "upgrade the runwatch hook" in r.text
+    r = client.get(  # another tenant's run key: refused (its skip time would tell its size)
+        "/v1/ingest/runwatch.lifecycle/partitions/0/records",
+        params={"key": "tenant-b:run-1"},
+        headers=_h(A),
+    )
+    assert r.status_code == 403
 
 
 def test_a_tenant_over_its_rate_is_told_when_to_retry(tmp_path: Path) -> None:
