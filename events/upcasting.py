@@ -133,6 +133,16 @@ def _paused_v1_to_v2(raw: dict[str, Any]) -> dict[str, Any]:
     return raw
 
 
+@upcaster("RunPaused", 2)
+def _paused_v2_to_v3(raw: dict[str, Any]) -> dict[str, Any]:
+    """v2 named the request it answered but not who made it nor for which alert:
+    ``requested_by`` and ``alert_id`` are "" (unknown)."""
+    _not_yet(raw, ("requested_by", "alert_id"))
+    raw["requested_by"] = ""
+    raw["alert_id"] = ""
+    return raw
+
+
 @upcaster("RunResumed", 1)
 def _resumed_v1_to_v2(raw: dict[str, Any]) -> dict[str, Any]:
     """v1 named neither the checkpoint resumed from, the request answered nor a rollback:

@@ -26,9 +26,13 @@ Besides the step event, a row yields:
   from TRL's ``eval_samples_per_second`` x ``eval_runtime`` (transformers' speed metrics of
   the evaluation: their product is the number of eval samples), else 0 (not reported).
 
-One ``RunSubmitted`` (``algorithm``) opens the import. Every fact is named by what it is,
-never by its place in this import, so importing a file again, or a longer copy of it (a
-history that grew), or its second half as a file of its own, bills nothing twice and
+One ``RunSubmitted`` (``algorithm``) and a ``RunStarted`` open the import, at the first
+row's time (before 2026-11-28 a lone ``RunSubmitted`` at the import's own time, after every
+fact of the history: the run showed SUBMITTED for good); ``ended`` (``runwatch import
+metrics --ended completed|failed``) closes it at the last row (billing its last step).
+Every fact is named by what it is, never by its place in this import, so importing a file
+again, or a longer copy of it (a history that grew), or its second half as a file of its
+own, bills nothing twice and
 nothing less (accounting drops a ``UsageRecorded`` whose ``seq`` is not beyond its
 producer's last one):
 
@@ -63,7 +67,7 @@ from pathlib import Path
 from typing import Any
 
 from events.catalog.eval import EvalGateScored
-from events.catalog.lifecycle import RunSubmitted
+from events.catalog.lifecycle import RunCompleted, RunFailed, RunStarted, RunSubmitted
 from events.catalog.rollout import RolloutBatchCompleted
 from events.catalog.trainer import StepPhaseTimed, TrainerStepCompleted
 from events.catalog.usage import UsageRecorded
@@ -344,11 +348,18 @@ def import_metrics(
     gpus: float | None = None,
     batch_size: int = 2000,
     report: MetricsImportReport | None = None,
+    ended: str | None = None,
 ) -> MetricsImportReport:
     """Read ``path`` (and ``eval_file``) and ``write`` the events in batches.
 
+    ``ended``: how the history ended, ``"completed"`` or ``"failed"`` (its last row's
+    time and step; the run's last step is billed then), or ``None``: a run still going
+    (its history may grow and be imported again).
+
     ``ValueError``, nothing written, when ``path`` is not UTF-8 text or has no row with a
     step (an empty file, a header only, every row skipped): no run without a step."""
+    if ended not in (None, "completed", "failed"):
+        raise ValueError(f"ended is 'completed', 'failed' or None, not {ended!r}")
     path = Path(path)
     report = report or MetricsImportReport()
     now = time.time()
@@ -369,6 +380,7 @@ def import_metrics(
     batch: list[EventBase] = []
     rows = _Place(PRODUCER)  # the metrics file's events (RunSubmitted: seq 0)
     scores = _Place(f"{PRODUCER}/evals")  # the eval file's, counted in its order
+    life = _Place(f"{PRODUCER}/lifecycle")  # RunStarted, and the end when told
 
     def emitter(place: _Place) -> Callable[..., None]:
         def emit(cls: type[EventBase], step: int | None, ts: float, kind: str, **payload: Any):
@@ -391,15 +403,15 @@ def import_metrics(
 
         return emit
 
-    emit, emit_score = emitter(rows), emitter(scores)
+    emit, emit_score, emit_life = emitter(rows), emitter(scores), emitter(life)
 
     def emit_evals(step: int, ts: float) -> None:
         for i, (score, items) in enumerate(evals[step]):
             emit_score(EvalGateScored, step, ts, f"eval-file/{i}", score=score, n_items=items)
 
-    emit(RunSubmitted, None, now, "submitted", algorithm=algorithm, config={"source": path.name})
     pending_evals = sorted(evals)
     last_step = None
+    last: tuple[int, float] | None = None  # the last row's step and time
     for n, row in read_rows(path, report):
         step = _step_of(row)
         if (why := _bad_step(step)) is not None:
@@ -412,6 +424,11 @@ def import_metrics(
                 rows.lane += 1
             last_step = step
         ts = next((float(row[k]) for k in TS_KEYS if isinstance(row.get(k), int | float)), now)
+        if last is None:  # the run began at its first row: submitted and started then
+            source = {"source": path.name}
+            emit(RunSubmitted, None, ts, "submitted", algorithm=algorithm, config=source)
+            emit_life(RunStarted, None, ts, "started")
+        last = (step, ts) if last is None or step >= last[0] else last
         while pending_evals and pending_evals[0] < step:
             emit_evals(pending_evals.pop(0), ts)
         rows.seq = ROW_SEQS * step + 1
@@ -425,6 +442,14 @@ def import_metrics(
         raise ValueError(f"{path}: no metric rows with a step ({report.skipped} skipped{first})")
     for s in pending_evals:
         emit_evals(s, now)
+    if ended is not None and last is not None:
+        end_step, end_ts = last
+        if ended == "completed":
+            emit_life(RunCompleted, end_step, end_ts, "ended")
+        else:
+            emit_life(
+                RunFailed, end_step, end_ts, "ended", reason="the imported history ended failed"
+            )
     if batch:
         write(list(batch))
     return report

@@ -77,7 +77,9 @@ ABSORBING: frozenset[str] = frozenset({"SUCCEEDED", "CANCELLED"})
 ACTIVE: frozenset[str] = frozenset({"RUNNING", "DEGRADED"})
 #: from-state -> the states it may move to (``None``: a run never seen before).
 LEGAL: dict[str | None, frozenset[str]] = {
-    None: frozenset({"SUBMITTED", "QUEUED", "CANCELLED", "FAILED"}),
+    # RUNNING / PAUSED_BY_GATE: a run first seen from a process started from a checkpoint
+    # (a hook added to a run already going, TRL's resume_from_checkpoint)
+    None: frozenset({"SUBMITTED", "QUEUED", "RUNNING", "PAUSED_BY_GATE", "CANCELLED", "FAILED"}),
     # RUNNING: a run whose platform tells no queueing (a customer's hook, an import)
     "SUBMITTED": frozenset({"QUEUED", "PROVISIONING", "RUNNING", "CANCELLED", "FAILED"}),
     "QUEUED": frozenset({"PROVISIONING", "RUNNING", "CANCELLED", "FAILED"}),
@@ -92,6 +94,26 @@ LEGAL: dict[str | None, frozenset[str]] = {
     "FAILED": frozenset({"SUBMITTED", "RUNNING", "PAUSED_BY_GATE"}),
     "CANCELLED": frozenset(),
 }
+#: Lifecycle facts a restarted process writes that say what the state already is (a
+#: requeued job's RunSubmitted/RunStarted or RunResumed while RUNNING, a restart's
+#: RunPaused while PAUSED_BY_GATE): taken as they are, no change and no rejection. (Found
+#: by review: each was a rejected transition, and every preemption, requeue or
+#: ``runwatch resume`` of a killed trainer paged operators about a producer out of order.)
+_RESTATING: dict[type, frozenset[str]] = {
+    RunSubmitted: frozenset(
+        {"SUBMITTED", "QUEUED", "PROVISIONING", "RUNNING", "DEGRADED", "PAUSED_BY_GATE"}
+    ),
+    RunStarted: ACTIVE,
+    RunResumed: ACTIVE,
+    RunPaused: frozenset({"PAUSED_BY_GATE"}),
+}
+
+
+def restates(state: str | None, kind: type) -> bool:
+    """Does a ``kind`` fact of a restarted process say what ``state`` already is?"""
+    return state in _RESTATING.get(kind, ())
+
+
 _TARGET: dict[type, str] = {
     RunSubmitted: "SUBMITTED",
     RunQueued: "QUEUED",
@@ -235,6 +257,8 @@ class _Stepper:
 
     def lifecycle(self, m: Machine, ev: EventBase) -> Machine:
         to = _TARGET[type(ev)]
+        if restates(m.state, type(ev)):  # a restarted process says what is already so
+            return m
         if to not in LEGAL[m.state]:
             why = f"{m.state} -> {to} is not a legal transition"
             return replace(
@@ -262,11 +286,26 @@ class _Stepper:
         if isinstance(ev, RunResumed) and degrading:  # resumed into a still-firing alert
             return self.move(m, "DEGRADED", degrading[0].reason, ev)
         reason = getattr(ev, "reason", "") or _DEFAULT_REASON.get(to, "")
-        gates = [a for a in m.active if a.action in PAUSING]
-        if isinstance(ev, RunPaused) and gates:  # the customer reads the gate, not the RPC
-            reason = f"paused: {gates[0].reason}"
+        if isinstance(ev, RunPaused):
+            reason = self._pause_reason(m, ev, reason)
         m = self.move(m, to, reason, ev)
         return self.overlay(m, ev) if to == "RUNNING" else m
+
+    def _pause_reason(self, m: Machine, ev: RunPaused, said: str) -> str:
+        """What the customer reads for a pause: a gate's (the controller's request) in the
+        words of the alert it named; a person's, the reward policy's or a restart's as the
+        trainer said it. A pause recorded before ``requested_by`` (v2: '' with a request
+        id) is taken as a gate's while a pausing alert is open, as it was then. (Found by
+        review: every pause while a pausing alert was open read as the first such alert's
+        gate — a customer's maintenance pause as "possible reward hacking", a KL page's
+        pause as an earlier ticket's.)"""
+        gates = [a for a in m.active if a.action in PAUSING]
+        if ev.requested_by == "controller":
+            named = [a for a in m.active if a.alert_id == ev.alert_id] or gates
+            return f"paused: {named[0].reason}" if named else said
+        if not ev.requested_by and ev.request_id and gates:  # v2: whose is unknown
+            return f"paused: {gates[0].reason}"
+        return said
 
     def _tenant_alerts(self, m: Machine, among: Sequence[str] | None = None) -> list[str]:
         """Reasons of the active alerts (of the detectors ``among``, if given) that the

@@ -616,7 +616,10 @@ class Trainer:
             if isinstance(cmd, PauseRequested):
                 who = f"{cmd.actor}{' ' + cmd.principal if cmd.principal else ''}"
                 here = str(saved.info.path) if saved else self.checkpoint_here()
-                if self.hold_paused(f"paused by {who}: {cmd.reason}", here, str(cmd.event_id)):
+                if self.hold_paused(
+                    f"paused by {who}: {cmd.reason}", here, str(cmd.event_id), cmd.actor,
+                    cmd.alert_id,
+                ):  # fmt: skip
                     return True
                 saved = None  # a resume may have rolled back: see checkpoint_here
         return False
@@ -636,13 +639,27 @@ class Trainer:
         queue.clear()
         return self._cancel(cancel)
 
-    def hold_paused(self, reason: str, checkpoint: str, request_id: str = "") -> bool:
-        """Publish ``RunPaused`` (at ``checkpoint``, the state it is paused in) and wait for
-        an unpause (False, ``RunResumed`` published) or a cancel (True); see
-        :meth:`follow_commands`. A pause of a paused run is ignored."""
+    def hold_paused(
+        self,
+        reason: str,
+        checkpoint: str,
+        request_id: str = "",
+        requested_by: str = "",
+        alert_id: str = "",
+    ) -> bool:
+        """Publish ``RunPaused`` (at ``checkpoint``, the state it is paused in; naming the
+        request it answers, who made it and for which alert) and wait for an unpause
+        (False, ``RunResumed`` published) or a cancel (True); see :meth:`follow_commands`.
+        A pause of a paused run is ignored."""
         t0 = time.perf_counter()
         self._emit(
-            RunPaused, step=self.step, reason=reason, checkpoint=checkpoint, request_id=request_id
+            RunPaused,
+            step=self.step,
+            reason=reason,
+            checkpoint=checkpoint,
+            request_id=request_id,
+            requested_by=requested_by,
+            alert_id=alert_id,
         )
         self._flush()
         self.say(f"at step {self.step} {reason}")

@@ -36,14 +36,19 @@ class RunStarted(_Lifecycle):
 class RunPaused(_Lifecycle):
     """The trainer stopped after ``step``: checkpoint written, nothing generated or billed
     until it resumes. v2 adds ``checkpoint`` (the pause checkpoint's id) and
-    ``request_id`` (the ``PauseRequested`` it answers; '' when the trainer paused itself)."""
+    ``request_id`` (the ``PauseRequested`` it answers; '' when the trainer paused itself).
+    v3 adds, from that request, ``requested_by`` (its ``actor``: ``controller``,
+    ``operator`` or ``customer``; '' when no request) and ``alert_id`` (the alert a
+    controller's request named), so whoever reads the pause knows whose it is and why."""
 
-    SCHEMA_VERSION: ClassVar[int] = 2
+    SCHEMA_VERSION: ClassVar[int] = 3
     type: Literal["RunPaused"] = "RunPaused"
-    schema_version: int = 2
+    schema_version: int = 3
     reason: str = ""
     checkpoint: str = ""
     request_id: str = ""
+    requested_by: str = ""
+    alert_id: str = ""
 
 
 class RunResumed(_Lifecycle):

@@ -243,6 +243,11 @@ class RunwatchHook:
             follower = self.follower
             if follower is not None and (follower.run_is_paused() or follower.cancelled):
                 return  # paused: the first obey() says RunPaused again; cancelled: it stops
+            if follower is not None and follower.known is False:  # its first watched process
+                attrs = _config_attributes(config or {})  # (the detectors need its algorithm)
+                self._submit(
+                    self._one, RunSubmitted, None, ts, algorithm=self.algorithm, config=attrs
+                )
             self._submit(
                 self._one,
                 RunResumed,

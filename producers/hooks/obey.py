@@ -61,7 +61,15 @@ from queue import Empty, Queue
 from typing import Any
 
 from events.catalog.control import PauseRequested, UnpauseRequested
-from events.catalog.lifecycle import RunCancelled, RunCompleted, RunFailed, RunPaused, RunResumed
+from events.catalog.lifecycle import (
+    RunCancelled,
+    RunCompleted,
+    RunFailed,
+    RunPaused,
+    RunResumed,
+    RunStarted,
+    RunSubmitted,
+)
 from events.envelope import EventBase
 from producers.commands import (
     CommandFeed,
@@ -139,6 +147,8 @@ class CommandFollower:
         self._reader: threading.Thread | None = None
         self._stop = threading.Event()
         self._ready = threading.Event()  # the reader's first answer (paused? cancelled?)
+        #: the run had lifecycle facts before this process (None: not read yet)
+        self.known: bool | None = None
         #: a restarted process that got no first answer says so at its first look
         self._restart_unread = False
         self._open_failed = threading.Event()  # the reader's first try found no log
@@ -160,7 +170,7 @@ class CommandFollower:
         queue: deque[Any] = deque(self._take())
         if self.still_paused is not None:  # the run was paused when this process started
             reason, self.still_paused = STILL_PAUSED + self.still_paused, None
-            if self._hold(reason, "", step, queue, waiting):
+            if self._hold(reason, ("", "", ""), step, queue, waiting):
                 return True
         while queue:
             if self._cancel_due(queue, step):
@@ -169,7 +179,8 @@ class CommandFollower:
             if isinstance(cmd, PauseRequested):
                 who = f"{cmd.actor}{' ' + cmd.principal if cmd.principal else ''}"
                 why = f"paused by {who}: {cmd.reason}"
-                if self._hold(why, str(cmd.event_id), step, queue, waiting):
+                request = (str(cmd.event_id), cmd.actor, cmd.alert_id)
+                if self._hold(why, request, step, queue, waiting):
                     return True
         return False
 
@@ -211,14 +222,24 @@ class CommandFollower:
     def _hold(
         self,
         reason: str,
-        request_id: str,
+        request: tuple[str, str, str],
         step: int | None,
         queue: deque[Any],
         waiting: Callable[[], None] | None = None,
     ) -> bool:
-        """Paused until an unpause (False) or a cancel (True); ``waiting()`` every poll."""
+        """Paused until an unpause (False) or a cancel (True); ``waiting()`` every poll.
+        ``request``: the pause request answered (its id, actor and alert id; all '' for
+        none: a restart still paused)."""
         t0 = time.perf_counter()
-        self.publish(RunPaused, step, reason=reason, request_id=request_id)
+        request_id, requested_by, alert_id = request
+        self.publish(
+            RunPaused,
+            step,
+            reason=reason,
+            request_id=request_id,
+            requested_by=requested_by,
+            alert_id=alert_id,
+        )
         self.flush()
         log.warning("runwatch: run %s paused at step %s: %s", self.run_id, step, reason)
         while True:
@@ -288,7 +309,8 @@ class CommandFollower:
                 self._sink = KafkaSink(self.kafka, timeout_s=KAFKA_WAIT_S)
             else:
                 if not self.log_dir.is_dir():
-                    self._ready.set()  # nothing written yet: not paused, no command either
+                    self.known = False  # nothing written yet: not paused, no command either
+                    self._ready.set()
                     return None
                 from events.log.embedded import EmbeddedLog
 
@@ -298,12 +320,16 @@ class CommandFollower:
             backend = self._sink if isinstance(self._sink, BackendSink) else None
             if backend is not None:
                 backend.timeout_s = OPEN_WAIT_S  # the first read may be long; polls are not
-            facts = _lifecycle(self._sink, self.run_id, self.tenant_id, self.producer)
+            every = _lifecycle(
+                self._sink, self.run_id, self.tenant_id, self.producer, _BEGINNINGS + _ENDINGS
+            )
+            facts = [e for e in every if isinstance(e, _ENDINGS)]
             answered = answered_requests(facts)
             paused = paused_reason(facts)
             self.still_paused = paused.removeprefix(STILL_PAUSED) if paused is not None else None
             # a process started for a run cancelled before: it stops at once
             self.cancelled = bool(facts) and isinstance(facts[-1], RunCancelled)
+            self.known = bool(every)
             self._feed = CommandFeed(
                 self._sink,
                 self.run_id,
@@ -334,9 +360,15 @@ class CommandFollower:
             log.warning(message)
 
 
-def _lifecycle(sink: Any, run_id: str, tenant_id: str, producer: str) -> list[EventBase]:
-    """The run's pauses, resumes and ends written before this process (not by its own
-    hook: ``producer``), in order."""
+_ENDINGS = (RunPaused, RunResumed, RunCancelled, RunCompleted, RunFailed)
+_BEGINNINGS = (RunSubmitted, RunStarted)
+
+
+def _lifecycle(
+    sink: Any, run_id: str, tenant_id: str, producer: str, kinds: tuple[type, ...] = _ENDINGS
+) -> list[EventBase]:
+    """The run's pauses, resumes and ends (``kinds``) written before this process (not by
+    its own hook: ``producer``), in order."""
     from events.codec import decode
     from producers.sinks import EmbeddedSink
 
@@ -350,7 +382,7 @@ def _lifecycle(sink: Any, run_id: str, tenant_id: str, producer: str) -> list[Ev
     return [
         e
         for e in facts
-        if isinstance(e, RunPaused | RunResumed | RunCancelled | RunCompleted | RunFailed)
+        if isinstance(e, kinds)
         and e.run_id == run_id
         and e.tenant_id == tenant_id
         and e.producer != producer

@@ -41,6 +41,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     me.add_argument("--algorithm", default="grpo", help="selects per-algorithm thresholds")
     me.add_argument("--eval-file", help="held-out eval scores (step + score), CSV or JSONL")
     me.add_argument("--gpus", type=gpu_count, help="GPUs of the run: timing_s/step x GPUs = usage")
+    me.add_argument(
+        "--ended",
+        choices=("completed", "failed"),
+        help="the history is of a run that ended so (default: a run still going)",
+    )
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -124,6 +129,7 @@ def _metrics(args: argparse.Namespace, term: Terminal) -> int:
             algorithm=args.algorithm,
             eval_file=args.eval_file,
             gpus=args.gpus,
+            ended=args.ended,
         )
     except ValueError as exc:  # not UTF-8 text, or no row with a step: nothing written
         raise Abort(str(exc)) from None

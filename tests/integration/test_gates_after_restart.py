@@ -231,3 +231,31 @@ def test_a_job_requeued_while_paused_on_a_busy_log_trains_nothing_before_it_know
             if proc is not None and proc.poll() is None:
                 proc.kill()
                 proc.wait(30)
+
+
+def test_a_run_first_watched_from_a_checkpoint_is_submitted_running_and_succeeds(
+    tmp_path: Path,
+) -> None:
+    """Found by review: a hooked run whose first watched process started from a checkpoint
+    (TRL's ``resume_from_checkpoint`` with the callback just added) wrote only
+    ``RunResumed``: it had no state (the API told its customer "no such run" to a cancel,
+    no webhook was sent) and no ``RunSubmitted`` (the detectors knew no algorithm). Now that
+    process submits the run first; a requeued job of a known run does not submit it again."""
+    log, run = tmp_path / "log", "first-from-ckpt"
+    for spool, start, last in (("s1", 200, 203), ("s2", 203, 206)):  # then a requeue
+        done = subprocess.run(
+            _driver(log, tmp_path / spool, run, start, 0.01, 0, last),
+            cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr[-2000:]
+    kinds = [e.type for e in _facts(log, run, "RunSubmitted", "RunStarted", "RunResumed",
+                                     "RunCompleted")]  # fmt: skip
+    assert kinds == ["RunSubmitted", "RunResumed", "RunCompleted", "RunResumed", "RunCompleted"]
+    replayed = _cli("replay", str(log), "--json")
+    assert replayed.returncode == 0, replayed.stderr
+    states = [
+        json.loads(line)["to_state"]
+        for line in replayed.stdout.splitlines()
+        if '"type":"RunStateChanged"' in line and f'"run_id":"{run}"' in line
+    ]
+    assert states[:3] == ["SUBMITTED", "RUNNING", "SUCCEEDED"], states

@@ -205,3 +205,20 @@ def test_old_rollout_and_certified_records_with_newer_fields_are_dead_letters() 
     for fn in (decode, decode_fast):
         out = fn(json.dumps(rollout).encode())  # every v2 field present: not a v1 record
         assert isinstance(out, DeadLetter) and out.kind == "upcast_failed", out
+
+
+def test_a_v2_pause_reads_as_v3_whose_request_is_unknown() -> None:
+    """RunPaused v3 names who asked for the pause and for which alert; a v2 record reads
+    with both '' (unknown), and a v2 record carrying either is not a v2 record."""
+    from events.fast_decode import decode_fast
+
+    v2 = {
+        "event_id": str(uuid.uuid4()), "type": "RunPaused", "schema_version": 2,
+        "tenant_id": "t", "run_id": "r", "step": 3, "ts": 1.0, "producer": "trainer/r",
+        "seq": 9, "reason": "paused by controller", "checkpoint": "c", "request_id": "q",
+    }  # fmt: skip
+    for fn in (decode, decode_fast):
+        ev = fn(json.dumps(v2).encode())
+        assert ev.schema_version == 3 and (ev.requested_by, ev.alert_id) == ("", "")  # type: ignore[union-attr]
+        out = fn(json.dumps({**v2, "requested_by": "controller"}).encode())
+        assert isinstance(out, DeadLetter) and out.kind == "upcast_failed", out

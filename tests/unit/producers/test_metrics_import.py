@@ -95,3 +95,43 @@ def test_an_integer_too_long_to_parse_is_a_bad_row(tmp_path: Path) -> None:
     path.write_text('{"step": 1' + "0" * 5000 + ', "reward": 0.1}\n{"step": 2, "reward": 0.2}\n')
     _, report = _import(path)
     assert report.rows == 1 and report.skipped == 1 and "h.jsonl:1:" in report.issues[0]
+
+
+def test_an_imported_run_begins_at_its_first_row_and_ends_when_told(tmp_path: Path) -> None:
+    """Found by review: an import wrote one ``RunSubmitted`` at the import's own time, after
+    every fact of the history: the run showed SUBMITTED for good, and with no end its last
+    step was never billed (1,160 GPU-s of 1,200). It now begins (submitted and started) at
+    its first row; ``ended`` closes it at the last row."""
+    import json
+
+    from projections.run_state import RunStateFold
+    from stream_processors.accounting.fold import AccountingFold
+
+    path = tmp_path / "m.jsonl"
+    path.write_text(
+        "".join(
+            json.dumps({"step": s, "timestamp": 1000.0 + 5 * s, "reward": 0.1, "timing_s/step": 5})
+            + "\n"
+            for s in range(1, 31)
+        )
+    )
+    for ended, final in ((None, "RUNNING"), ("completed", "SUCCEEDED"), ("failed", "FAILED")):
+        events: list = []
+        import_metrics(path, run_id="r", tenant_id="t", write=events.extend, gpus=8, ended=ended)
+        first = [e for e in events if e.type in ("RunSubmitted", "RunStarted")]
+        assert [e.ts for e in first] == [1005.0, 1005.0]
+        fold, state, changes = RunStateFold(), None, []
+        state = fold.initial()
+        for e in sorted(events, key=lambda e: (e.ts, e.seq)):
+            state, out = fold.apply(state, e)
+            changes += [o.to_state for o in out]
+        assert changes[:2] == ["SUBMITTED", "RUNNING"] and state.machine.state == final, changes
+        if ended == "completed":
+            acct, billed = AccountingFold(), 0.0
+            st = acct.initial()
+            for e in events:
+                st, out = acct.apply(st, e)
+                billed = max(
+                    [billed, *(dict(o.device_seconds_by_kind).get("gpu", 0.0) for o in out)]
+                )
+            assert billed == 30 * 5 * 8  # every step billed, the last one too
