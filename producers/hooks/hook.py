@@ -75,7 +75,7 @@ from events.catalog.usage import UsageRecorded
 from events.envelope import EventBase
 from events.identity import check_id, check_name
 from producers.hooks.mapping import normalized, row_events, scalar
-from producers.hooks.obey import CommandFollower
+from producers.hooks.obey import MAX_TEXT_CHARS, CommandFollower, cut_payload, cut_text
 from producers.hooks.publisher import Publisher, Stats, Target
 from producers.metrics_import import MetricsImportReport, billed_seconds, check_gpus
 
@@ -85,7 +85,7 @@ DigestAlgo = Literal["crc32", "sha256", "none"]
 #: Config values kept on ``RunSubmitted`` (scalars only, at most this many).
 MAX_CONFIG_KEYS = 64
 #: Characters of one config value kept on RunSubmitted (a long list is cut, and says so).
-MAX_CONFIG_CHARS = 2_000
+MAX_CONFIG_CHARS = MAX_TEXT_CHARS
 
 
 def default_log_dir() -> Path:
@@ -309,7 +309,7 @@ class RunwatchHook:
         if ok:
             self._submit(self._one, RunCompleted, step, time.time())
         else:
-            self._submit(self._one, RunFailed, step, time.time(), reason=reason[:2000] or "failed")
+            self._submit(self._one, RunFailed, step, time.time(), reason=reason or "failed")
 
     # -- delivery -----------------------------------------------------------------------
     def flush(self, timeout_s: float = 30.0) -> bool:
@@ -348,6 +348,9 @@ class RunwatchHook:
         self.publisher.submit(partial(fn, *args, **kw))
 
     def _event(self, cls: type[EventBase], step: int | None, ts: float, **payload: Any):
+        """The next event of this hook; its text cut (:func:`~producers.hooks.obey.
+        cut_payload`: a traceback in a reason, a long path; the gateway refuses text
+        over twice the cut, and the read models keep a run's lifecycle facts whole)."""
         event = cls(
             event_id=uuid.uuid4(),
             tenant_id=self.tenant_id,
@@ -356,7 +359,7 @@ class RunwatchHook:
             ts=ts,
             producer=self.producer,
             seq=self._seq,
-            **payload,
+            **cut_payload(payload),
         )
         self._seq += 1
         return event
@@ -458,8 +461,8 @@ def _config_attributes(config: Mapping[str, Any]) -> dict[str, Any]:
                 walk(f"{prefix}/{k}" if prefix else str(k), v)
         else:
             found = scalar(value)
-            if isinstance(found, str) and len(found) > MAX_CONFIG_CHARS:  # a list of 200k files
-                found = found[:MAX_CONFIG_CHARS] + f"... ({len(found)} characters, cut)"
+            if isinstance(found, str):  # a list of 200k files: cut, and says so
+                found = cut_text(found, MAX_CONFIG_CHARS)
             flat[prefix] = found
 
     walk("", config)

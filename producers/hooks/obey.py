@@ -55,7 +55,7 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from queue import Empty, Queue
 from typing import Any
@@ -100,6 +100,44 @@ RESTART_WAIT_S = 30.0
 STILL_PAUSED = "still paused when its training process started: "
 #: ``publish(event class, step, **payload)``: the hook's way to publish a lifecycle fact
 Publish = Callable[..., None]
+#: The most characters of one piece of text a hook sends (a reason, a checkpoint path, a
+#: config value: :func:`cut_text`): the ingest gateway refuses a record with any longer
+#: than twice this (``runwatch.apps.ingest_policy.MAX_TEXT_CHARS``), and the read models
+#: keep a run's lifecycle facts, text and all.
+MAX_TEXT_CHARS = 2_000
+#: The most characters of a name a hook sends (a phase, an eval split, a worker, an
+#: algorithm: ``ingest_policy.NAME_FIELDS``, as long as a run id may be).
+MAX_NAME_CHARS = 256
+NAME_FIELDS = frozenset({"phase", "split", "worker", "algorithm"})
+
+
+def cut_text(text: str, limit: int = MAX_TEXT_CHARS) -> str:
+    """``text``, or its head and how long it was when it is over ``limit`` characters
+    (the result is at most ``limit``, so a cut text is never cut again differently)."""
+    if len(text) <= limit:
+        return text
+    tail = f"... ({len(text)} characters, cut)"
+    return text[: max(limit - len(tail), 0)] + tail[:limit]
+
+
+def cut_payload(payload: dict[str, Any]) -> dict[str, Any]:
+    """``payload`` (an event's fields) with every string cut (:func:`cut_text`): names at
+    :data:`MAX_NAME_CHARS`, other text at :data:`MAX_TEXT_CHARS`, and the keys and string
+    values of a mapping (a config, sentinels) too; ``extra`` (a step's other metrics, not
+    judged by the gateway) as it is. A fact with a long text is sent, cut, rather than
+    refused: a ``RunFailed`` whose traceback is long still ends its run."""
+    out: dict[str, Any] = {}
+    for name, value in payload.items():
+        limit = MAX_NAME_CHARS if name in NAME_FIELDS else MAX_TEXT_CHARS
+        if isinstance(value, str):
+            value = cut_text(value, limit)
+        elif isinstance(value, Mapping) and name != "extra":
+            value = {
+                cut_text(str(k), limit): cut_text(v, limit) if isinstance(v, str) else v
+                for k, v in value.items()
+            }
+        out[name] = value
+    return out
 
 
 class RunCancelledByRunwatch(Exception):
@@ -131,7 +169,9 @@ class CommandFollower:
         self.tenant_id = tenant_id
         self.kafka = kafka
         self.log_dir = log_dir
-        self.publish = publish
+        #: every fact published with its text cut (:func:`cut_payload`: a command's
+        #: reason, an actor, a checkpoint path can be long)
+        self.publish: Publish = lambda cls, step, **kw: publish(cls, step, **cut_payload(kw))
         self.flush = flush
         self.poll_s = poll_s
         self.cancelled = False

@@ -19,7 +19,20 @@ judged here before it reaches a topic:
   refused, its run unmonitored and unbilled — and a tenant who guessed another's next
   run name could take it first;
 - its producer is a hook's (``hook/...``), never one of the platform's own names (the
-  trainer's, the processors'), whose ``seq`` accounting trusts.
+  trainer's, the processors'), whose ``seq`` accounting trusts;
+- its text is bounded (:func:`text_over_cap`): a name field (:data:`NAME_FIELDS`: a
+  usage phase, an eval split, a worker, an algorithm) at most :data:`MAX_NAME_CHARS`
+  characters, every other string of its payload (a lifecycle ``reason``, a checkpoint path,
+  a request or alert id, a config value or key, a sentinel) at most
+  :data:`MAX_TEXT_CHARS`; a step's ``extra`` metrics are not judged (a logged array is
+  kept there as JSON text, and no fold keeps a run's steps). Why: the folds keep a run's
+  lifecycle facts (the run-state history, the view's transitions) and its phases, and
+  rewrite them at every commit, so 400 KB reasons made one tenant's run a 100 MB document
+  and every tenant's views lag by seconds (review finding 3). Such a record is refused,
+  not cut: the gateway appends the bytes it was sent, and a runwatch hook never sends
+  text this long (it cuts its own at 2,000 characters and says so,
+  ``producers.hooks.obey.cut_text``), so only a client that is not one reaches it, and
+  the dead letter names the field, its length and the cap.
 
 A refused record becomes a dead letter with the reason (the gateway writes it to the
 dead-letter topic: nothing is lost, and nothing reaches the run). What a hook reads back is
@@ -69,6 +82,18 @@ LIFECYCLE_TOPIC = "runwatch.lifecycle"
 MAX_RECORD_BYTES = 512 << 10
 #: What the dead letter of an oversized record keeps of it.
 KEPT_BYTES = 64 << 10
+#: The longest string a hook event's payload may carry (a lifecycle reason, a checkpoint
+#: path, a config value...): twice what a hook sends (it cuts at 2,000 characters), and
+#: more than a Linux path (4,096 bytes) holds.
+MAX_TEXT_CHARS = 4_096
+#: The longest name (as long as a run id may be, ``events.identity``).
+MAX_NAME_CHARS = 256
+#: Payload fields that name something (kept per run apart: a phase is a column of the
+#: run's bill), capped at :data:`MAX_NAME_CHARS`.
+NAME_FIELDS = frozenset({"phase", "split", "worker", "algorithm"})
+#: Payload fields not judged for text: a step's other metrics (not kept per run by any
+#: fold; a logged array is JSON text there).
+UNJUDGED_FIELDS = frozenset({"extra"})
 #: The topics a hook reads back: its run's commands, and its run's lifecycle (to resume
 #: paused, or stop when cancelled, after a restart).
 READABLE_TOPICS = frozenset({CONTROL_TOPIC, LIFECYCLE_TOPIC})
@@ -109,7 +134,38 @@ def admit(tenant_id: str, topic: str, key: bytes | None, value: bytes) -> EventB
         return _refused(value, why, kind)
     if key != event.key():
         return _refused(value, f"a {kind} is keyed by its run id {event.run_id!r}", kind)
+    over = text_over_cap(event)
+    if over is not None:
+        field, length, cap = over
+        why = (
+            f"{kind}.{field} holds {length} characters, over the {cap} a hook may send "
+            "(a runwatch hook cuts its text itself: upgrade it, or cut the text)"
+        )
+        return _refused(value, why, kind)
     return event
+
+
+def text_over_cap(event: EventBase) -> tuple[str, int, int] | None:
+    """The first payload string of ``event`` over its cap, as (field, its length in
+    characters, the cap), or None. Strings inside a field of pairs (a config, sentinels,
+    pins) count one by one, keys too (``config[<key>]``). The envelope's ids are bounded by
+    the event model already."""
+    for name in type(event).model_fields:
+        if name in _ENVELOPE or name in UNJUDGED_FIELDS:
+            continue
+        cap = MAX_NAME_CHARS if name in NAME_FIELDS else MAX_TEXT_CHARS
+        value = getattr(event, name)
+        if isinstance(value, str):
+            if len(value) > cap:
+                return name, len(value), cap
+        elif isinstance(value, tuple):
+            for pair in value:
+                if not isinstance(pair, tuple):
+                    continue
+                for text in pair:
+                    if isinstance(text, str) and len(text) > cap:
+                        return f"{name}[{str(pair[0])[:40]!r}]", len(text), cap
+    return None
 
 
 def readable(tenant_id: str, value: bytes) -> bool:
@@ -117,6 +173,9 @@ def readable(tenant_id: str, value: bytes) -> bool:
     Only an event naming its tenant (a record that does not decode: no)."""
     event = decode_fast(value)
     return isinstance(event, EventBase) and event.tenant_id == tenant_id
+
+
+_ENVELOPE = frozenset(EventBase.model_fields)
 
 
 def _listed() -> str:

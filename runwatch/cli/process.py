@@ -103,6 +103,7 @@ def run(args: argparse.Namespace, term: Terminal) -> int:
         stats = host.run_once()
     else:
         stop = threading.Event()
+        host.stop = stop  # a pass ends after its batch is committed: SIGTERM within a batch
         signal.signal(signal.SIGTERM, lambda *_: stop.set())
         term.progress(f"processing {log.root} (Ctrl-C to stop)")
         try:

@@ -37,7 +37,7 @@ sums over runs, computed by the read model.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
 from events import (
@@ -52,6 +52,16 @@ from events import (
 )
 from events.envelope import EventBase, derived_id
 from stream_processors.accounting.prices import Prices
+
+#: Producers whose last billed ``seq`` one run remembers (the most recently billed ones):
+#: far more than a run's processes (a trainer, a hook per process and restart, importers);
+#: a redelivery from a producer forgotten since is billed again (the module docstring).
+MAX_PRODUCERS = 256
+#: Phase names one run's usage keeps apart (producers send a handful: ``step``,
+#: ``rollout``, ``optim``, ``resume_replay``...); usage of any further one goes to
+#: :data:`OVERFLOW_PHASE`.
+MAX_PHASES = 64
+OVERFLOW_PHASE = "other"
 
 #: The producer of every bill, part of each bill's id: the name under which this fold
 #: derived them when it lived in ``projections/`` (kept, so a replay of any log derives
@@ -72,8 +82,9 @@ class RunUsage(NamedTuple):
     tokens_trained: int = 0
     committed_steps: int = 0
     last_committed_step: int = -1
-    #: (producer, last billed seq) of every producer that metered this run
-    billed_seq: tuple[tuple[str, int], ...] = ()
+    #: producer -> last billed seq, least recently billed first (at most
+    #: :data:`MAX_PRODUCERS`; never mutated: a new dict per usage fact, see :func:`_bill`)
+    billed_seq: Mapping[str, int] = {}
     #: device-seconds per "kind/pool" (e.g. "cpu/trainer"), every device kind: what is priced
     device_seconds: tuple[tuple[str, float], ...] = ()
     #: paused or over: every usage fact is billed at once (see the module docstring)
@@ -107,23 +118,34 @@ class RunUsage(NamedTuple):
 def _add_phase(
     phases: tuple[tuple[str, float], ...], phase: str, seconds: float
 ) -> tuple[tuple[str, float], ...]:
+    """``phases`` (sorted by name) with ``seconds`` added to ``phase``. A name beyond the
+    first :data:`MAX_PHASES` is booked under :data:`OVERFLOW_PHASE` (so the pairs, and the
+    work per fact, stay bounded whatever names a producer sends)."""
     for i, (name, total) in enumerate(phases):
         if name == phase:
             return (*phases[:i], (name, total + seconds), *phases[i + 1 :])
+    if len(phases) >= MAX_PHASES and phase != OVERFLOW_PHASE:
+        return _add_phase(phases, OVERFLOW_PHASE, seconds)
     return tuple(sorted((*phases, (phase, seconds))))
 
 
-def _bill(
-    billed: tuple[tuple[str, int], ...], producer: str, seq: int
-) -> tuple[tuple[str, int], ...] | None:
-    """``billed`` with ``producer`` advanced to ``seq`` (pairs sorted by producer), or
-    None when ``seq`` is not beyond what was billed from that producer already."""
-    for i, (name, last) in enumerate(billed):
-        if name == producer:
-            return None if seq <= last else (*billed[:i], (name, seq), *billed[i + 1 :])
-    if seq <= -1:  # a producer's sequence starts above -1 (as if -1 were billed already)
+def _bill(billed: Mapping[str, int], producer: str, seq: int) -> Mapping[str, int] | None:
+    """A new mapping: ``billed`` with ``producer`` advanced to ``seq`` and moved last (the
+    most recently billed), the least recently billed producer dropped beyond
+    :data:`MAX_PRODUCERS`; or None when ``seq`` is not beyond what was billed from that
+    producer already. O(:data:`MAX_PRODUCERS`) at most (one dict copy), however many
+    producers the run has had; ``billed`` itself is never changed (the fold is pure: a host
+    may still hold the state it came from)."""
+    last = billed.get(producer)
+    if seq <= (-1 if last is None else last):  # a sequence starts above -1
         return None
-    return tuple(sorted((*billed, (producer, seq))))
+    out = dict(billed)
+    if last is not None:
+        del out[producer]  # re-inserted last: the most recently billed
+    out[producer] = seq
+    if len(out) > MAX_PRODUCERS:
+        del out[next(iter(out))]  # the least recently billed producer is forgotten
+    return out
 
 
 #: The lifecycle facts after which a run's bill must be complete: it is paused or over.
@@ -244,12 +266,22 @@ class AccountingFold:
         )
 
     def dump_state(self, state: RunUsage) -> bytes:
-        return json.dumps(state._asdict()).encode()
+        """JSON; ``billed_seq`` as ``[[producer, seq], ...]``, least recently billed first
+        (the pairs form every earlier version wrote and reads)."""
+        doc = state._asdict()
+        doc["billed_seq"] = [[p, s] for p, s in state.billed_seq.items()]
+        return json.dumps(doc).encode()
 
     def load_state(self, raw: bytes) -> RunUsage:
+        """A state :meth:`dump_state` wrote, or one of an earlier version (``billed_seq``
+        pairs sorted by producer, unbounded: the last :data:`MAX_PRODUCERS` are kept;
+        no ``device_seconds``: all GPU time)."""
         doc: dict[str, Any] = json.loads(raw)
         doc["gpu_seconds_by_phase"] = tuple(tuple(p) for p in doc["gpu_seconds_by_phase"])
-        doc["billed_seq"] = tuple(tuple(p) for p in doc.get("billed_seq", ()))
+        billed = doc.get("billed_seq", ())
+        items = billed.items() if isinstance(billed, dict) else billed  # (an object: a dict)
+        pairs = [(str(p), int(s)) for p, s in items]
+        doc["billed_seq"] = dict(pairs[-MAX_PRODUCERS:])
         if "device_seconds" in doc:
             doc["device_seconds"] = tuple(tuple(p) for p in doc["device_seconds"])
         else:  # stored before device kinds: all of it was GPU time

@@ -70,6 +70,13 @@ _ORDERED: dict[str, tuple[int, bool]] = {
     "CanaryProbeScored": (7, True),
 }
 _NO_IDS: tuple[tuple[str, ...], ...] = ((),) * len(_ORDERED)
+#: Ids kept per ordered type at its mark step (the latest): a repeat of an event folded
+#: more than this many facts of its type ago at the same step is folded again (the host's
+#: own redelivery window catches the near ones; money is deduplicated by accounting).
+#: Unbounded, the ids of one step grew with every fact a producer sent for it: 20,000
+#: usage facts at one step cost the processors quadratic time, every tenant's alerts
+#: waiting behind them (review, 2026-11-28).
+MAX_IDS_AT_MARK = 256
 
 
 @state_type
@@ -162,7 +169,8 @@ class RunHealthFold:
                 if step == mark:
                     if eid in at_mark[idx]:
                         return state._replace(late=late + 1), ()
-                    ids = (*at_mark[idx], eid)
+                    kept = at_mark[idx]
+                    ids = (*kept[-(MAX_IDS_AT_MARK - 1) :], eid) if kept else (eid,)
                 else:
                     ids = (eid,)
                 at_mark = (*at_mark[:idx], ids, *at_mark[idx + 1 :])

@@ -251,3 +251,116 @@ def test_a_run_that_metered_nothing_gets_no_bill_at_its_end() -> None:
     fold = AccountingFold(PRICES)
     _, out = fold.apply(fold.initial(), RunFactory().ev(RunCompleted, None))
     assert out == ()
+
+
+# -- bounded per run (review finding 2: a tenant's usage under a new producer per record) --
+
+
+def _usage(f: RunFactory, producer: str, seq: int, seconds: float = 1.0) -> UsageRecorded:
+    ev = f.ev(
+        UsageRecorded, 1, pool="trainer", phase="step", device_kind="gpu", device_seconds=seconds
+    )
+    return ev.model_copy(update={"producer": producer, "seq": seq})  # type: ignore[return-value]
+
+
+def _fold_time(fold: AccountingFold, events: list[UsageRecorded]) -> float:
+    import time
+
+    state = fold.initial()
+    t = time.perf_counter()
+    for ev in events:
+        state, _ = fold.apply(state, ev)
+    return time.perf_counter() - t
+
+
+def test_a_fresh_producer_per_usage_fact_costs_the_same_however_many_came_before() -> None:
+    """Each fact under a new ``hook/...`` name: the remembered producers stay at
+    ``MAX_PRODUCERS`` and the state small, and a fact costs the same after 8,000 such facts
+    as after 1,000, within a bounded factor of a one-producer fact (a copy of at most
+    ``MAX_PRODUCERS`` entries). Before: a sorted tuple rebuilt per new producer, quadratic
+    (72,500 such facts stalled ``runwatch process`` for > 300 s)."""
+    from stream_processors.accounting.fold import MAX_PRODUCERS
+
+    fold = AccountingFold(PRICES)
+    f = RunFactory()
+    fresh = [_usage(f, f"hook/a-{i}", 0, 0.001) for i in range(8_000)]
+    one = [_usage(f, "hook/a", i, 0.001) for i in range(8_000)]
+    state = fold.initial()
+    for ev in fresh:
+        state, _ = fold.apply(state, ev)
+    assert len(state.billed_seq) == MAX_PRODUCERS
+    assert list(state.billed_seq)[-1] == "hook/a-7999"  # the most recently billed kept
+    assert state.gpu_seconds_trainer == pytest.approx(8_000 * 0.001)  # every fact billed
+    assert len(fold.dump_state(state)) < 64 * MAX_PRODUCERS
+
+    def per_fact(events: list[UsageRecorded]) -> float:
+        return min(_fold_time(fold, events) for _ in range(3)) / len(events)
+
+    late, early = per_fact(fresh), per_fact(fresh[:1_000])
+    assert late < 3 * early, (late, early)  # flat in the number of producers seen
+    assert late < 15 * per_fact(one), (late, per_fact(one))
+
+
+def test_only_a_producer_forgotten_behind_max_producers_others_is_billed_again() -> None:
+    """The bound's documented consequence: a redelivery of a producer still remembered is
+    not billed; one of a producer that more than MAX_PRODUCERS others billed after is."""
+    from stream_processors.accounting.fold import MAX_PRODUCERS
+
+    fold = AccountingFold(PRICES)
+    f = RunFactory()
+    first, trainer = _usage(f, "hook/first", 0), _usage(f, "trainer/run-1", 0)
+    state = fold.initial()
+    for ev in (first, trainer):
+        state, _ = fold.apply(state, ev)
+    for i in range(MAX_PRODUCERS - 2):
+        state, _ = fold.apply(state, _usage(f, f"hook/p-{i}", 0))
+        if i % 10 == 0:  # the trainer keeps billing: it stays remembered
+            state, _ = fold.apply(state, _usage(f, "trainer/run-1", i + 1))
+    billed = state.gpu_seconds_trainer
+    state, _ = fold.apply(state, first)  # MAX_PRODUCERS remembered, "first" among them
+    assert state.gpu_seconds_trainer == billed
+    state, _ = fold.apply(state, _usage(f, "hook/one-more", 0))
+    state, _ = fold.apply(state, trainer)  # the trainer billed lately: still a redelivery
+    assert state.gpu_seconds_trainer == billed + 1
+    state, _ = fold.apply(state, first)  # forgotten (least recently billed): billed again
+    assert state.gpu_seconds_trainer == billed + 2
+
+
+def test_a_state_stored_with_producer_pairs_loads_and_is_stored_as_pairs() -> None:
+    """States stored before 2026-11-28 (``billed_seq`` pairs sorted by producer) load and
+    keep deduplicating; the new state is stored as the same pairs (least recently billed
+    first), which the earlier code reads too."""
+    import json
+
+    fold = AccountingFold(PRICES)
+    f = RunFactory()
+    state = fold.initial()
+    for ev in (_usage(f, "b", 3), _usage(f, "a", 7)):
+        state, _ = fold.apply(state, ev)
+    doc = json.loads(fold.dump_state(state))
+    assert doc["billed_seq"] == [["b", 3], ["a", 7]]
+    doc["billed_seq"] = [["a", 7], ["b", 3]]  # the old form: sorted pairs
+    old = fold.load_state(json.dumps(doc).encode())
+    assert dict(old.billed_seq) == {"a": 7, "b": 3} and old == state
+    again, _ = fold.apply(old, _usage(f, "a", 7))
+    assert again.gpu_seconds_trainer == state.gpu_seconds_trainer  # still a redelivery
+    many = {**doc, "billed_seq": [[f"p{i:04d}", 1] for i in range(1000)]}  # unbounded before
+    from stream_processors.accounting.fold import MAX_PRODUCERS
+
+    assert len(fold.load_state(json.dumps(many).encode()).billed_seq) == MAX_PRODUCERS
+
+
+def test_phase_names_kept_apart_are_bounded_per_run() -> None:
+    """A producer naming a new phase per fact: the first MAX_PHASES are kept apart, the
+    rest booked under OVERFLOW_PHASE; totals unchanged."""
+    from stream_processors.accounting.fold import MAX_PHASES, OVERFLOW_PHASE
+
+    fold = AccountingFold(PRICES)
+    f = RunFactory()
+    state = fold.initial()
+    for i in range(MAX_PHASES + 500):
+        ev = _usage(f, "hook/a", i).model_copy(update={"phase": f"phase-{i:05d}"})
+        state, _ = fold.apply(state, ev)
+    phases = dict(state.gpu_seconds_by_phase)
+    assert len(phases) == MAX_PHASES + 1 and phases[OVERFLOW_PHASE] == 500.0
+    assert state.gpu_seconds_trainer == MAX_PHASES + 500
