@@ -131,6 +131,8 @@ def main() -> int:
                 str(root / "keys.yaml"),
                 "--port",
                 str(port),
+                "--read-rate",
+                "0",  # the latency of serving, not of refusing: no per-tenant read limit
             ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,

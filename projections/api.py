@@ -20,6 +20,13 @@ operator key's entry (its ``name`` and key id, :func:`projections.auth.operator_
 Each principal (a tenant, an operator key) may send ``command_burst`` commands at once,
 then ``command_rate`` per second, accepted or not (``429`` with ``Retry-After`` beyond).
 
+Reads: each tenant may spend ``read_burst`` read tokens at once, then ``read_rate`` per
+second (``429`` with ``Retry-After`` beyond; operator keys are not limited). A token is
+priced at about a millisecond of the API's event loop: a read costs 1, plus one per
+:data:`RUNS_COST` runs it loads (``GET /v1/runs``: the page; ``GET /v1/usage``: every run
+of the tenant, counted and charged before they are loaded, then loaded off the event
+loop), so a tenant with many runs pays for them and cannot stall the other tenants.
+
 Request bodies: none is read without a valid key (``401`` first), none beyond
 ``max_body_bytes`` (``413``): :class:`projections.auth.KeyedBodies`.
 
@@ -57,6 +64,16 @@ NOT_FOUND = "run not found"
 #: Commands a principal may send per second, sustained, and at once (the default).
 COMMAND_RATE = 10.0
 COMMAND_BURST = 20
+#: Read tokens a tenant may spend per second, sustained, and at once (the default). A
+#: token is priced at about 1 ms of the event loop (a small read), so a tenant reading at
+#: its sustained rate takes ~10% of the loop.
+READ_RATE = 100.0
+READ_BURST = 1_000
+#: Runs loaded (a run doc read and parsed, summed into usage) per read token. Measured
+#: 2026-11-28 on the 2-core CI box (``/tmp/read-dos/calibrate_usage.py``: 40,000 runs
+#: loaded and totalled in 1.37 s, 34 us a run): 1 ms buys ~30 runs. A ``/v1/usage`` of
+#: 40,000 runs costs 1,334 tokens: more than the burst, so the tenant waits the rest off.
+RUNS_COST = 30
 Offset = Annotated[int, Query(ge=0, le=MAX_INT, description=f"0..{MAX_INT}")]
 Limit = Annotated[int, Query(ge=1, le=MAX_PAGE, description=f"1..{MAX_PAGE}")]
 SinceStep = Annotated[int, Query(ge=0, le=MAX_INT, description=f"0..{MAX_INT}")]
@@ -231,6 +248,25 @@ class CommandRate:
         tokens = min(float(self.burst), tokens + (now - then) * self.rate)
         self._buckets[who] = (tokens - n, now)
 
+    def refund(self, who: str, n: float) -> None:
+        """Give ``who`` back ``n`` tokens taken by :meth:`wait` and not used (a cost
+        reserved at its worst before the work, settled once it is known), up to the
+        burst."""
+        if n <= 0 or who not in self._buckets:
+            return
+        now = self.clock()
+        tokens, then = self._buckets[who]
+        tokens = min(float(self.burst), tokens + (now - then) * self.rate + n)
+        self._buckets[who] = (tokens, now)
+
+    def settle(self, who: str, reserved: float, cost: float) -> None:
+        """``who`` took ``reserved`` tokens (:meth:`wait`) for work that cost ``cost``:
+        refund the difference, or debit it (into debt if need be)."""
+        if cost > reserved:
+            self.debit(who, cost - reserved)
+        else:
+            self.refund(who, reserved - cost)
+
 
 def create_app(
     store: ReadModel,
@@ -242,12 +278,15 @@ def create_app(
     max_body_bytes: int = MAX_BODY_BYTES,
     command_rate: float | None = COMMAND_RATE,
     command_burst: int = COMMAND_BURST,
+    read_rate: float | None = READ_RATE,
+    read_burst: int = READ_BURST,
 ) -> FastAPI:
     """The app over ``store``; ``commands``: where pause/resume/cancel commands are
     written (the log's control topic), or None (the command routes answer 503).
     ``health``: what is wrong with the server (``None``: nothing), asked by ``/healthz``.
     ``command_rate`` (per second; ``None``: no limit) and ``command_burst``: the command
-    routes' limit per principal."""
+    routes' limit per principal. ``read_rate`` (read tokens per second; ``None``: no
+    limit) and ``read_burst``: each tenant's read limit (module docstring)."""
     app = FastAPI(
         title=title,
         version="1.0.0",
@@ -257,6 +296,37 @@ def create_app(
 
     principal = principal_of(keys)
     rate = CommandRate(command_rate, command_burst) if command_rate is not None else None
+    reads = CommandRate(read_rate, read_burst) if read_rate is not None else None
+
+    def charge(who: Principal, cost: float) -> float:
+        """Take ``cost`` read tokens from ``who``'s tenant (beyond the request's own token:
+        at most the burst less 1; what was taken is returned, for
+        :meth:`CommandRate.settle`), or ``429`` with ``Retry-After``. Operators are not
+        limited (0 taken)."""
+        if reads is None or who.operator:
+            return 0.0
+        if cost > 1.0:  # the request's own token is taken first: the rest fits the burst
+            cost = min(cost, reads.burst - 1.0)
+        wait = reads.wait(f"tenant:{who.tenant_id}", cost)
+        if wait > 0:
+            raise HTTPException(
+                429,
+                f"over this tenant's read rate ({reads.rate:g} tokens a second, a token a "
+                f"request plus one per {RUNS_COST} runs loaded): retry later",
+                {"Retry-After": str(max(1, math.ceil(wait)))},
+            )
+        return min(float(cost), float(reads.burst))
+
+    def settle(who: Principal, taken: float, cost: float) -> None:
+        """``who`` took ``taken`` tokens for a read that cost ``cost``: the difference
+        refunded or owed (its next read waits it off)."""
+        if reads is not None and not who.operator:
+            reads.settle(f"tenant:{who.tenant_id}", taken, cost)
+
+    async def reader(who: Annotated[Principal, Depends(principal)]) -> Principal:
+        """The principal of a read, its one token taken (``429`` over its read rate)."""
+        charge(who, 1.0)
+        return who
 
     async def operator(who: Annotated[Principal, Depends(principal)]) -> Principal:
         if not who.operator:
@@ -288,18 +358,22 @@ def create_app(
 
     @app.get("/v1/runs", response_model=RunPage, tags=["customer"])
     async def list_runs(
-        who: Annotated[Principal, Depends(principal)],
+        who: Annotated[Principal, Depends(reader)],
         offset: Offset = 0,
         limit: Limit = 50,
         state: str | None = None,
     ) -> Response:
-        """Your runs, oldest first (operators: every run)."""
+        """Your runs, oldest first (operators: every run). Costs a read token plus one per
+        :data:`RUNS_COST` runs on the page (``limit`` of them taken first, the rest given
+        back)."""
         tenant = None if who.operator else who.tenant_id
+        taken = charge(who, limit / RUNS_COST)
         views, total = store.list_runs(tenant, offset, limit, state)
+        settle(who, taken, len(views) / RUNS_COST)
         return _json(page(views, total, offset, limit))
 
     @app.get("/v1/runs/{run_id}", response_model=CustomerRun, tags=["customer"])
-    async def get_run(run_id: str, who: Annotated[Principal, Depends(principal)]) -> Response:
+    async def get_run(run_id: str, who: Annotated[Principal, Depends(reader)]) -> Response:
         """State, reason, failure attribution and usage of one of your runs."""
         v = visible_run(run_id, who)
         usage = {k: v.usage[k] for k in Usage.model_fields if k in v.usage}
@@ -320,7 +394,7 @@ def create_app(
     @app.get("/v1/runs/{run_id}/charts", response_model=Charts, tags=["customer"])
     async def charts(
         run_id: str,
-        who: Annotated[Principal, Depends(principal)],
+        who: Annotated[Principal, Depends(reader)],
         since_step: SinceStep = 0,
         limit: PointLimit = 1000,
     ) -> Response:
@@ -340,14 +414,22 @@ def create_app(
         )
 
     @app.get("/v1/usage", response_model=TenantUsage, tags=["customer"])
-    async def usage(who: Annotated[Principal, Depends(principal)]) -> TenantUsage:
-        """Your tenant's aggregate usage and spend."""
+    async def usage(who: Annotated[Principal, Depends(reader)]) -> TenantUsage:
+        """Your tenant's aggregate usage and spend. Costs a read token plus one per
+        :data:`RUNS_COST` runs of the tenant: counted (an index count) and charged before
+        they are loaded (beyond the burst: owed, waited off by the next read), then loaded
+        and summed on a worker thread (one consistent query), not on the event loop."""
         if who.operator:
             raise HTTPException(400, "operators: use /v1/operator/tenants")
-        views, _ = store.list_runs(who.tenant_id, 0, 10**9)
         from projections.store import tenant_totals
 
-        totals = tenant_totals(views)
+        _, runs = store.list_runs(who.tenant_id, 0, 0)
+        settle(who, charge(who, runs / RUNS_COST), runs / RUNS_COST)  # the rest owed
+
+        def load() -> list[dict[str, Any]]:
+            return tenant_totals(store.list_runs(who.tenant_id, 0, 10**9)[0])
+
+        totals = await run_in_threadpool(load)
         if totals:
             return TenantUsage(**totals[0])
         return TenantUsage(
@@ -497,3 +579,5 @@ def create_app(
 
 # Endpoints are ``async def`` on purpose: each store read is a short indexed SQLite query
 # (well under a millisecond), cheaper on the event loop than a thread-pool hop per request.
+# The exception is ``/v1/usage``, which loads every run of the tenant: on a worker thread,
+# and paid for by the run (:data:`RUNS_COST`).

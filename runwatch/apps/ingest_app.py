@@ -25,20 +25,27 @@ credentials. This app owns the log client and, for each request:
 No key or an unknown one: ``401``; an operator key: ``403`` (operators command runs
 through the query API). Each tenant may write ``record_burst`` records and
 ``byte_burst`` bytes at once, then ``record_rate`` and ``byte_rate`` a second, and make
-``read_burst`` reads at once, then ``read_rate`` a second (a read costs one more per
-:data:`SCAN_COST` records it decoded): beyond them ``429`` with ``Retry-After`` (the hook
-spools and retries). A record over :data:`~runwatch.apps.ingest_policy.MAX_RECORD_BYTES`
-is refused (its dead letter keeps its first 64 KiB). Bodies
-need a valid key before a byte is read and stay under :data:`MAX_BODY_BYTES`
-(:class:`projections.auth.KeyedBodies`). The log is opened at startup and closed at
-shutdown; a log that fails a request answers ``503`` (the hook spools and retries).
+``read_burst`` read tokens at once, then ``read_rate`` a second: beyond them ``429``
+with ``Retry-After`` (the hook spools and retries). A read token is priced at about a
+millisecond of the gateway's event loop: a read costs 1, plus one per
+:data:`SCAN_COST` records it decoded and one per :data:`SKIP_COST` records it skipped
+(:func:`scan_cost`). The scan's worst case is taken before it starts (so a burst cannot
+queue more scans than the tenant's tokens pay for) and the unused part given back after;
+the scan gives the event loop to the other requests every :data:`SLICE_S` seconds. A
+record over :data:`~runwatch.apps.ingest_policy.MAX_RECORD_BYTES` is refused (its dead
+letter keeps its first 64 KiB). Bodies need a valid key before a byte is read and stay
+under :data:`MAX_BODY_BYTES` (:class:`projections.auth.KeyedBodies`). The log is opened
+at startup and closed at shutdown; a log that fails a request answers ``503`` (the hook
+spools and retries).
 """
 
 # No ``from __future__ import annotations`` here: FastAPI evaluates the routes' annotations
 # at runtime, and their ``Depends`` name functions local to :func:`create_app`.
 
+import asyncio
 import contextlib
 import math
+import time
 from collections.abc import AsyncIterator, Callable
 from typing import Annotated, Any
 
@@ -62,8 +69,11 @@ MAX_RECORDS = 5_000
 #: (the caller goes on from ``next``).
 SCAN_BUDGET, PAGE_BYTES = 5_000, 1 << 20
 #: Records of one key (``?key=``: a run's own) one read request scans at most: skipping
-#: another key's record is a byte comparison, not a decode.
-KEY_SCAN_BUDGET = 200_000
+#: another key's record is a byte comparison, not a decode (but still a record read:
+#: :data:`SKIP_COST`). 50,000: ~125 ms of loop time and 126 read tokens at most (it was
+#: 200,000, ~0.5 s: a request sharing the loop with others' scans must stay well inside
+#: a hook's 5 s read timeout, and a hook goes on from ``next`` in the same read anyway).
+KEY_SCAN_BUDGET = 50_000
 #: What a hook from before sealed cursors (2026-11-28) is told when it asks for offsets.
 UPGRADE = (
     "this gateway shows no offsets (sealed cursors since 2026-11-28): upgrade the runwatch "
@@ -73,10 +83,27 @@ UPGRADE = (
 RECORD_RATE, RECORD_BURST = 5_000.0, 50_000
 #: Each tenant's bytes written per second, and at once.
 BYTE_RATE, BYTE_BURST = float(5 << 20), 50 << 20
-#: Each tenant's read requests per second, and at once (a hook polls ~6 a second); a
-#: request also costs one more per :data:`SCAN_COST` records it decoded.
+#: Each tenant's read tokens per second, and at once (a hook polls ~6 a second, ~1 token
+#: each). A token is priced at about 1 ms of the event loop (what the cheapest request
+#: costs), so a tenant reading at its sustained rate takes ~10% of the loop.
 READ_RATE, READ_BURST = 100.0, 1_000
-SCAN_COST = 1_000
+#: Records decoded (a tenant check: JSON parsed) per read token, and records skipped
+#: (another key's: read and compared) per read token. Measured 2026-11-28 on the 2-core
+#: CI box (``/tmp/read-dos/calibrate.py``, median of 5 over 250k lifecycle records of
+#: ~300 bytes): a skip 2.5 us, a decode 6.1 us of loop time, each with its share of the
+#: log read; so 1 ms buys ~400 skips or ~160 decodes. (It used to be 1,000 decodes per
+#: token and skips free: a 200k-record keyed scan, 0.3-0.6 s of loop time, cost 1 token.)
+SCAN_COST, SKIP_COST = 160, 400
+#: Seconds a scan runs before it gives the event loop to the other requests (checked
+#: every :data:`SLICE_RECORDS` records).
+SLICE_S, SLICE_RECORDS = 0.001, 32
+
+
+def scan_cost(skipped: int, decoded: int) -> float:
+    """Read tokens a read costs: 1 for the request, plus ``decoded`` records at
+    :data:`SCAN_COST` a token and ``skipped`` ones at :data:`SKIP_COST` a token (records
+    of another key than the one asked for: read and compared, not decoded)."""
+    return 1.0 + decoded / SCAN_COST + skipped / SKIP_COST
 
 
 class IngestRecord(BaseModel):
@@ -209,7 +236,9 @@ def create_app(
         """The tenant's records from where the cursor ``after`` stopped (none: the start;
         ``key``: only that key's, a run's own), scanning until the end, the scan budget or
         a full page. ``next``: the cursor to go on from; ``at_end``: nothing more now."""
-        readable_topic(topic, tenant_id)
+        if topic not in READABLE_TOPICS:
+            raise HTTPException(403, f"a hook reads only {sorted(READABLE_TOPICS)}")
+        limited(reads, tenant_id)  # the request's token, whatever its answer
         if start is not None:
             raise HTTPException(410, UPGRADE)
         if partition < 0:
@@ -224,12 +253,20 @@ def create_app(
             raise HTTPException(410, str(exc)) from None
         wanted = key.encode() if key is not None else None
         budget = KEY_SCAN_BUDGET if wanted is not None else SCAN_BUDGET
+        end_offset = await _guarded(log().end_offset(topic, partition))
+        # The scan's worst case, taken before it starts (every record skipped with a key,
+        # decoded without; 429 if the tenant's tokens do not cover it) and settled after.
+        # A key's own records are decoded at the dearer price: owed after, if any.
+        most = min(budget, max(0, end_offset - start))
+        worst = scan_cost(most, 0) if wanted is not None else scan_cost(0, most)
+        reserved = min(worst, float(reads.burst)) - 1.0  # the request's 1 is taken
+        limited(reads, tenant_id, reserved)
         out: list[dict[str, Any]] = []
         scanned, decoded, size, position = 0, 0, 0, start
         try:
-            end_offset = await log().end_offset(topic, partition)
             if start < end_offset:
                 reading = log().read(topic, partition, start, until_end=True)
+                slice_end = time.perf_counter() + SLICE_S
                 async with contextlib.aclosing(reading):  # a Kafka reader closed at once
                     async for rec in reading:
                         position, scanned = rec.offset + 1, scanned + 1
@@ -240,11 +277,15 @@ def create_app(
                                 size += len(rec.value)
                         if scanned >= budget or size >= PAGE_BYTES or position >= end_offset:
                             break
+                        if scanned % SLICE_RECORDS == 0 and time.perf_counter() >= slice_end:
+                            await asyncio.sleep(0)  # the other requests' turn
+                            slice_end = time.perf_counter() + SLICE_S
             else:
                 position = max(start, end_offset)
         except Exception as exc:
             raise HTTPException(503, f"the log refused the read: {type(exc).__name__}") from None
-        reads.debit(tenant_id, decoded // SCAN_COST)  # decoding is what a read costs
+        finally:  # what the scan cost, read or not (the request's 1 is already taken)
+            reads.settle(tenant_id, reserved, scan_cost(scanned - decoded, decoded) - 1.0)
         return {
             "records": out,
             "next": seal.seal(position, tenant_id, topic, partition),

@@ -17,7 +17,8 @@ store), logging each failure, and ``/healthz`` answers 503 once it made no progr
 (:mod:`runwatch.apps.serving`: ``--limit-concurrency``, ``--header-timeout-s``,
 ``--keep-alive-s``; the open-files limit raised at startup); request bodies need a valid
 key and stay under 64 KiB; each principal's commands are rate-limited (``--command-rate``,
-``--command-burst``).
+``--command-burst``), and each tenant's reads (``--read-rate``, ``--read-burst``: read
+tokens, a token a request plus one per 30 runs it loads; :mod:`projections.api`).
 """
 
 from __future__ import annotations
@@ -35,6 +36,8 @@ DEFAULT_STORE = Path("runwatch-data") / "projections.sqlite"
 STALL_S = 30.0
 COMMAND_RATE = 10.0
 COMMAND_BURST = 20
+READ_RATE = 100.0
+READ_BURST = 1_000
 
 
 def add_api_arguments(api: argparse.ArgumentParser) -> None:
@@ -92,6 +95,22 @@ def add_api_arguments(api: argparse.ArgumentParser) -> None:
         metavar="N",
         help=f"commands each tenant or operator key may send at once (default {COMMAND_BURST})",
     )
+    api.add_argument(
+        "--read-rate",
+        type=float,
+        default=READ_RATE,
+        metavar="PER_S",
+        help=f"read tokens per second each tenant may spend, sustained (a token a request, "
+        f"plus one per 30 runs it loads: ~1 ms of the event loop each); 429 beyond "
+        f"(default {READ_RATE:g}; 0: no limit)",
+    )
+    api.add_argument(
+        "--read-burst",
+        type=int,
+        default=READ_BURST,
+        metavar="N",
+        help=f"read tokens each tenant may spend at once (default {READ_BURST})",
+    )
     from runwatch.apps.serving import add_arguments as add_serving_arguments
 
     add_serving_arguments(api)
@@ -109,6 +128,8 @@ def serve(args: argparse.Namespace, term: Terminal) -> int:
         raise Abort("--follower-stall-s must be positive")
     if args.command_rate < 0 or args.command_burst < 1:
         raise Abort("--command-rate must be at least 0 and --command-burst at least 1")
+    if args.read_rate < 0 or args.read_burst < 1:
+        raise Abort("--read-rate must be at least 0 and --read-burst at least 1")
     try:
         keys = ApiKeys.load(args.keys)
         policy, prices = RunStatePolicy.load(args.policy), Prices.load(args.prices)
@@ -133,6 +154,8 @@ def serve(args: argparse.Namespace, term: Terminal) -> int:
             health=follower.health.problem if follower is not None else None,
             command_rate=args.command_rate or None,
             command_burst=args.command_burst,
+            read_rate=args.read_rate or None,
+            read_burst=args.read_burst,
         )
         serving.serve(
             app, args.host, args.port, args, term.progress, term.warn, log_level="warning"

@@ -6,6 +6,9 @@ with the reason, never appended where a run would see it.
 
 from __future__ import annotations
 
+import statistics
+import threading
+import time
 import uuid
 from pathlib import Path
 
@@ -21,7 +24,13 @@ from events.envelope import EventBase
 from events.log.embedded import EmbeddedLog
 from events.topics import DEAD_LETTER_TOPIC
 from projections.keys import ApiKeys
-from runwatch.apps.ingest_app import MAX_RECORDS, create_app
+from runwatch.apps.ingest_app import (
+    KEY_SCAN_BUDGET,
+    MAX_RECORDS,
+    SKIP_COST,
+    create_app,
+    scan_cost,
+)
 from runwatch.apps.ingest_policy import HOOK_EVENTS, admit, readable
 from tests.event_samples import sample
 
@@ -294,7 +303,7 @@ def test_a_tenant_over_its_rate_is_told_when_to_retry(tmp_path: Path) -> None:
         create_app(lambda: EmbeddedLog(tmp_path / "log"), ApiKeys.load(keys), record_burst=3)
     app = create_app(
         lambda: EmbeddedLog(tmp_path / "log"), ApiKeys.load(keys),
-        record_rate=1.0, record_burst=MAX_RECORDS, read_rate=1.0, read_burst=2,
+        record_rate=1.0, record_burst=MAX_RECORDS, read_rate=1.0, read_burst=50,
     )  # fmt: skip
     with TestClient(app) as client:
         many = _body(*(_hooked(RunStarted, run=f"r-{i}") for i in range(MAX_RECORDS)))
@@ -315,7 +324,8 @@ def test_a_tenant_over_its_rate_is_told_when_to_retry(tmp_path: Path) -> None:
         page = client.get(url, params={"key": "tenant-a:r-7"}, headers=_h(A)).json()
         assert [decode(r["value"].encode()).run_id for r in page["records"]] == ["tenant-a:r-7"]
         assert page["at_end"] is True and "end" not in page
-        # a read that decodes 5,000 records costs 5 more reads: the next one waits
+        # (5,001 others skipped, 1 decoded: 1 + 5001/400 + 1/160 = 13.5 of the 50 tokens);
+        # a read that decodes 5,000 records costs 5000/160 = 31.25 more: the next one waits
         assert client.get(url, headers=_h(A)).status_code == 200
         r = client.get(url, headers=_h(A))
         assert r.status_code == 429 and int(r.headers["Retry-After"]) >= 4
@@ -332,3 +342,131 @@ def test_an_oversized_record_is_refused_and_its_dead_letter_kept_small(
     (letter,) = [DeadLetter.model_validate_json(v) for v in _on_log(log_dir, DEAD_LETTER_TOPIC)]
     assert letter.raw == encode(big)[: 64 << 10]
     assert _on_log(log_dir, "runwatch.telemetry") == []
+
+
+# -- a scan is paid for and shares the event loop (review finding 1, 2026-11-28) --------------
+
+RECORDS = "/v1/ingest/runwatch.lifecycle/partitions/0/records"
+
+
+def _shared_topic(tmp_path: Path, others: int) -> tuple[ApiKeys, Path]:
+    """Keys of tenants a and b, and a log whose lifecycle topic holds ``others`` records of
+    a third tenant's runs (the shared history a keyed read skips), then one of a's run."""
+    keys = tmp_path / "keys.yaml"
+    keys.write_text(
+        yaml.safe_dump(
+            {"keys": [{"key": A, "tenant": "tenant-a"}, {"key": B, "tenant": "tenant-b"}]}
+        )
+    )
+    log_dir = tmp_path / "log"
+    log = EmbeddedLog(log_dir, sync=False)
+    log.open_sync()
+    value = encode(_hooked(RunStarted, tenant="tenant-c", run="c"))
+    for i in range(0, others, 50_000):
+        batch = [
+            (f"tenant-c:c-{j % 1000}".encode(), value) for j in range(i, min(others, i + 50_000))
+        ]
+        log.append_many_sync("runwatch.lifecycle", batch)
+    own = _hooked(RunStarted, run="mine")
+    log.append_many_sync("runwatch.lifecycle", [(own.key(), encode(own))])
+    return ApiKeys.load(keys), log_dir
+
+
+def test_a_keyed_scan_is_charged_for_the_records_it_skipped(tmp_path: Path) -> None:
+    """Found by review: a keyed read skipped up to 200,000 records for 1 token (only decoded
+    records were charged), so a tenant's burst of 1,000 reads bought minutes of the event
+    loop. Now each skipped record costs 1/SKIP_COST of a token (:func:`scan_cost`), and a
+    hook's own use, a first read of a long shared topic then polls from the cursor at the
+    end, still fits its budget."""
+    keys, log_dir = _shared_topic(tmp_path, 8_000)
+    assert scan_cost(8_000, 1) == 1 + 8_000 / SKIP_COST + 1 / 160
+    burst = 30  # > one scan (1 + 20 + 1/160 = 21.0), < two
+    app = create_app(lambda: EmbeddedLog(log_dir), keys, read_rate=0.01, read_burst=burst)
+    with TestClient(app) as client:
+        first = client.get(RECORDS, params={"key": "tenant-a:mine"}, headers=_h(A))
+        assert first.status_code == 200 and first.json()["at_end"] is True
+        assert [decode(r["value"].encode()).run_id for r in first.json()["records"]] == [
+            "tenant-a:mine"
+        ]
+        # a hook polling its run from the cursor at the end: a token a poll (7 of 30 - 21)
+        for _ in range(7):
+            r = client.get(
+                RECORDS, params={"key": "tenant-a:mine", "after": first.json()["next"]},
+                headers=_h(A),
+            )  # fmt: skip
+            assert r.status_code == 200 and r.json()["records"] == []
+        # the 8,000 skips were charged: another scan of them is over the burst
+        again = client.get(RECORDS, params={"key": "tenant-a:nothing"}, headers=_h(A))
+        assert again.status_code == 429, again.text
+        # its 1 token taken, 20 for the scan wanted: retry once the rate paid ~19 of them
+        assert int(again.headers["Retry-After"]) >= 1_800
+        # another tenant's reads are its own
+        assert client.get(RECORDS, params={"key": "tenant-b:x"}, headers=_h(B)).status_code == 200
+
+
+def test_a_burst_of_scans_is_refused_beyond_what_the_tenants_tokens_pay_for(
+    tmp_path: Path,
+) -> None:
+    """Found by review: a scan was charged after it ran, so a burst of 30 queued 30 scans
+    of the whole topic at once. Now a scan's worst case is taken before it starts (and the
+    unused part given back): of 16 concurrent scans of KEY_SCAN_BUDGET = 50,000 records
+    (126 tokens each), only what the burst of 1,000 pays for runs (7); the rest are 429 at
+    once."""
+    keys, log_dir = _shared_topic(tmp_path, 100_000)
+    app = create_app(lambda: EmbeddedLog(log_dir), keys, read_rate=1.0)
+    codes: list[int] = []
+    with TestClient(app) as client:
+
+        def scan() -> None:
+            r = client.get(RECORDS, params={"key": "tenant-a:nothing"}, headers=_h(A))
+            codes.append(r.status_code)
+
+        threads = [threading.Thread(target=scan) for _ in range(16)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    assert codes.count(200) <= 1_000 // scan_cost(KEY_SCAN_BUDGET, 0) + 1, codes
+    assert codes.count(429) >= 8, codes
+
+
+def test_another_tenants_requests_are_answered_while_a_tenant_scans(tmp_path: Path) -> None:
+    """Found by review: a keyed scan ran on the event loop without yielding, so every other
+    tenant's request waited for it (B's whoami 0.7 ms -> 6.3 s during A's burst). Now the
+    scan gives the loop away every SLICE_S: B's requests are answered while A scans, in a
+    fraction of the time a scan takes (a bound relative to the scan measured here,
+    since this machine's speed varies)."""
+    keys, log_dir = _shared_topic(tmp_path, 150_000)
+    app = create_app(lambda: EmbeddedLog(log_dir), keys)
+    with TestClient(app) as client:
+        t = time.perf_counter()
+        assert client.get(RECORDS, params={"key": "tenant-a:x"}, headers=_h(A)).status_code == 200
+        scan_s = time.perf_counter() - t
+        scanning = threading.Event()
+        done = threading.Event()
+
+        def attack() -> None:
+            while not done.is_set():  # A's scans back to back (2 in flight), within its burst
+                scanning.set()
+                client.get(RECORDS, params={"key": "tenant-a:x"}, headers=_h(A))
+
+        attackers = [threading.Thread(target=attack) for _ in range(2)]
+        for a in attackers:
+            a.start()
+        scanning.wait()
+        time.sleep(scan_s / 2)
+        waits = []
+        try:
+            for _ in range(10):
+                t = time.perf_counter()
+                assert client.get("/v1/ingest/whoami", headers=_h(B)).status_code == 200
+                waits.append(time.perf_counter() - t)
+        finally:
+            done.set()
+            for a in attackers:
+                a.join()
+    assert scan_s > 0.05, scan_s  # a scan long enough to tell
+    # before: B waited for the scans ahead of it (median 2.5x a scan, here); now it waits
+    # a slice of each scan in flight per step of its own request (0.3-0.6x a scan, here,
+    # in process: TestClient's request takes many loop steps; ~10x less on a real server)
+    assert statistics.median(waits) < scan_s, (statistics.median(waits), scan_s)
