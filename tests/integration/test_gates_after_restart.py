@@ -48,6 +48,20 @@ def _driver(log: Path, spool: Path, run: str, *args: object) -> list[str]:
     return [sys.executable, str(DRIVER), str(log), str(spool), run, "acme", *map(str, args)]
 
 
+def _spawn(argv: list[str], stdout: int = subprocess.DEVNULL) -> subprocess.Popen[str]:
+    """A process of the test (its stderr kept for the failure message)."""
+    return subprocess.Popen(
+        argv, cwd=ROOT, env=ENV, stdout=stdout, stderr=subprocess.PIPE, text=True
+    )
+
+
+def _kill(*procs: subprocess.Popen[str] | None) -> None:
+    for proc in procs:
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+            proc.wait(30)
+
+
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "runwatch.cli.main", *args],
@@ -70,14 +84,9 @@ def test_a_failed_run_restarted_is_paused_by_a_page_and_can_be_cancelled(tmp_pat
     )  # fmt: skip
     assert first.returncode != 0 and "CUDA error" in first.stderr
     assert [e.type for e in _facts(log, run, "RunFailed")] == ["RunFailed"]
-    processor = subprocess.Popen(
-        [sys.executable, "-m", "runwatch.cli.main", "process", "--log", str(log)],
-        cwd=ROOT, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
-    second = subprocess.Popen(  # restarted from step 6, its KL blown up: a page
-        _driver(log, tmp_path / "s2", run, 6, 2.0, 0, 3000),
-        cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+    processor = _spawn([sys.executable, "-m", "runwatch.cli.main", "process", "--log", str(log)])
+    # restarted from step 6, its KL blown up: a page
+    second = _spawn(_driver(log, tmp_path / "s2", run, 6, 2.0, 0, 3000), subprocess.PIPE)
     try:
         _wait("no RunPaused after the page", lambda: _facts(log, run, "RunPaused"))
         (request,) = _facts(log, run, "PauseRequested")
@@ -102,10 +111,7 @@ def test_a_failed_run_restarted_is_paused_by_a_page_and_can_be_cancelled(tmp_pat
         assert states[:3] == ["SUBMITTED", "RUNNING", "FAILED"], states
         assert states[3] == "RUNNING" and states[-2:] == ["PAUSED_BY_GATE", "CANCELLED"], states
     finally:
-        for proc in (second, processor):
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait(30)
+        _kill(second, processor)
 
 
 def test_a_resume_passed_over_is_not_replayed_by_a_restart_to_lift_a_gates_pause(
@@ -120,10 +126,7 @@ def test_a_resume_passed_over_is_not_replayed_by_a_restart_to_lift_a_gates_pause
     from producers.commands import issue
 
     log, run = tmp_path / "log", "stale-resume"
-    first = subprocess.Popen(
-        _driver(log, tmp_path / "s1", run, 0, 0.01, 0, 100_000),
-        cwd=ROOT, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+    first = _spawn(_driver(log, tmp_path / "s1", run, 0, 0.01, 0, 100_000))
     second: subprocess.Popen[str] | None = None
     try:
         _wait("no steps", lambda: len(_facts(log, run, "TrainerStepCompleted")) >= 3)
@@ -145,10 +148,7 @@ def test_a_resume_passed_over_is_not_replayed_by_a_restart_to_lift_a_gates_pause
         assert held.request_id == str(gate.command.event_id)
         first.kill()  # the job dies while the gate holds it; the scheduler requeues it
         first.wait(30)
-        second = subprocess.Popen(
-            _driver(log, tmp_path / "s2", run, held.step, 0.01, 0, 100_000),
-            cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        )  # fmt: skip
+        second = _spawn(_driver(log, tmp_path / "s2", run, held.step, 0.01, 0, 100_000))
         _wait("the restart did not say it", lambda: len(_facts(log, run, "RunPaused")) == 3)
         time.sleep(2.0)
         resumed = [e.request_id for e in _facts(log, run, "RunResumed")]
@@ -165,10 +165,7 @@ def test_a_resume_passed_over_is_not_replayed_by_a_restart_to_lift_a_gates_pause
             ),
         )
     finally:
-        for proc in (first, second):
-            if proc is not None and proc.poll() is None:
-                proc.kill()
-                proc.wait(30)
+        _kill(first, second)
 
 
 def test_a_job_requeued_while_paused_on_a_busy_log_trains_nothing_before_it_knows(
@@ -204,10 +201,7 @@ def test_a_job_requeued_while_paused_on_a_busy_log_trains_nothing_before_it_know
             ]
         )
     del writer  # appends are durable when they return
-    first = subprocess.Popen(
-        _driver(log, tmp_path / "s1", run, 0, 0.01, 0, 100_000),
-        cwd=ROOT, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+    first = _spawn(_driver(log, tmp_path / "s1", run, 0, 0.01, 0, 100_000))
     second: subprocess.Popen[str] | None = None
     try:
         _wait("no steps", lambda: len(_facts(log, run, "TrainerStepCompleted")) >= 3)
@@ -217,20 +211,14 @@ def test_a_job_requeued_while_paused_on_a_busy_log_trains_nothing_before_it_know
         held = _facts(log, run, "RunPaused")[-1]
         first.kill()
         first.wait(30)
-        second = subprocess.Popen(
-            _driver(log, tmp_path / "s2", run, held.step, 0.01, 0, 100_000),
-            cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        )  # fmt: skip
+        second = _spawn(_driver(log, tmp_path / "s2", run, held.step, 0.01, 0, 100_000))
         _wait("the restart did not say it", lambda: len(_facts(log, run, "RunPaused")) == 2)
         time.sleep(1.0)
         assert [e.type for e in _facts(log, run, "RunResumed")] == []
         billed = [e.step for e in _facts(log, run, "UsageRecorded") if e.step > held.step]
         assert billed == [], f"billed while the gate held it: {billed}"
     finally:
-        for proc in (first, second):
-            if proc is not None and proc.poll() is None:
-                proc.kill()
-                proc.wait(30)
+        _kill(first, second)
 
 
 def test_a_run_first_watched_from_a_checkpoint_is_submitted_running_and_succeeds(
