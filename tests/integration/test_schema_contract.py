@@ -30,9 +30,11 @@ from events.upcasting import ROLLOUT_V2_FIELDS, upcast
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
 
 ROOT = Path(__file__).resolve().parents[2]
-#: Fields each upcast type gained in v2 (what a v1 producer did not write).
+#: Fields RunPaused gained in v3 (what a v2 producer did not write).
+RUN_PAUSED_V3 = ("requested_by", "alert_id")
+#: Fields each upcast type gained since v1 (what a v1 producer did not write).
 ADDED_IN_V2 = {
-    "RunPaused": ("checkpoint", "request_id"),
+    "RunPaused": ("checkpoint", "request_id", *RUN_PAUSED_V3),
     "RunResumed": ("checkpoint", "request_id", "rolled_back_to"),
     "RunCancelled": ("request_id",),
     "RolloutBatchCompleted": ROLLOUT_V2_FIELDS,
@@ -61,6 +63,7 @@ def _without(fields: tuple[str, ...]) -> Callable[[dict], dict]:
 OLD_VERSIONS: dict[tuple[str, int], Callable[[dict], dict]] = {
     ("UsageRecorded", 1): _usage_as(1),
     ("UsageRecorded", 2): _usage_as(2),
+    ("RunPaused", 2): _without(RUN_PAUSED_V3),
     **{(t, 1): _without(fields) for t, fields in ADDED_IN_V2.items()},
 }
 
