@@ -37,17 +37,28 @@ HEAD = "def reward(batch):\n    return [1.0 for _ in batch]\n"
 
 # -- 1. the artifact is bounded before anything is sandboxed --------------------------------
 
+#: This process's peak RSS in MiB: ``VmHWM`` (kept by its memory map, which an ``exec``
+#: replaces; ``ru_maxrss`` survives ``exec`` on Linux, so a child of a large pytest
+#: process would report the parent's size).
+PEAK_MIB = """
+def peak_mib():
+    with open("/proc/self/status") as f:
+        return next(int(l.split()[1]) for l in f if l.startswith("VmHWM:")) / 1024
+"""
 #: A trainer: builds a RewardClient (no pre-spawn), scores once, prints what it got and its
-#: own peak RSS (the parsing child's is not counted: RUSAGE_SELF).
-TRAINER = """
-import json, resource, sys
+#: own peak RSS (the parsing child's is not counted: another process).
+TRAINER = (
+    PEAK_MIB
+    + """
+import json, sys
 from sandbox.client import RewardClient
 c = RewardClient(sys.argv[1], "tenant-big", run_id="r", prewarm=False)
 out = c.score([{"prompt": "p", "completion": "c"}])
 c.close()
 print(json.dumps({"status": out.status.value, "cause": out.cause.value, "tier": c.tier,
-    "message": out.message, "rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+    "message": out.message, "rss_mib": peak_mib()}))
 """
+)
 
 
 def trainer(path: Path) -> dict[str, object]:
@@ -114,13 +125,16 @@ def test_ordinary_code_of_nearly_the_cap_still_classifies(tmp_path: Path) -> Non
     assert c.tier in ("function", "verifier"), c.reasons
 
 
-CLI = """
-import resource, sys
+CLI = (
+    PEAK_MIB
+    + """
+import sys
 from runwatch.cli.main import main
 rc = main(["sandbox", *sys.argv[1:]])
-print("RSS_MIB", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, file=sys.stderr)
+print("RSS_MIB", peak_mib(), file=sys.stderr)
 sys.exit(rc)
 """
+)
 
 
 def test_cli_check_and_score_refuse_an_artifact_over_the_cap(tmp_path: Path) -> None:
