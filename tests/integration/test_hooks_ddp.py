@@ -52,13 +52,15 @@ def _launch(tmp_path: Path, steps: int, *extra: str) -> tuple[subprocess.Popen[s
     return job, log_dir, out
 
 
+ANSWERS = ("RunPaused", "RunResumed", "RunCancelled", "RunCompleted")
+
+
 def test_every_rank_of_a_torchrun_job_pauses_and_stops_with_process_zero(tmp_path: Path) -> None:
     job, log_dir, out = _launch(tmp_path, 5000)
 
-    def answers() -> list[str]:
+    def answers(kinds: tuple[str, ...] = ANSWERS) -> list[str]:
         if not log_dir.is_dir():
             return []
-        kinds = ("RunPaused", "RunResumed", "RunCancelled", "RunCompleted")
         return [e.type for e in embedded_events(log_dir, RUN) if e.type in kinds]
 
     def wait(cond, what: str, timeout_s: float = 180.0) -> None:  # type: ignore[no-untyped-def]
@@ -72,6 +74,10 @@ def test_every_rank_of_a_torchrun_job_pauses_and_stops_with_process_zero(tmp_pat
 
     try:
         wait(lambda: len(_steps(out, 0)) >= 3 and len(_steps(out, 1)) >= 3, "steps")
+        # the run exists once its facts are on the log (a command for a run id with none
+        # is refused "no such run"; the hook publishes off the training thread, so its
+        # first facts can land after a few steps of a tiny model)
+        wait(lambda: log_dir.is_dir() and "RunStarted" in answers(("RunStarted",)), "the run")
         issue(log_dir, RUN, "pause", actor="controller", principal="run_controller",
               reason="kl_blowup (page)")  # fmt: skip
         wait(lambda: answers() == ["RunPaused"], "RunPaused")
