@@ -212,6 +212,14 @@ def _points(pts: list[tuple[int, float]]) -> list[Point]:
     return [Point(step=s, value=v) for s, v in pts]
 
 
+def take_or_429(bucket: "CommandRate", who: str, n: float, why: str) -> None:
+    """Take ``n`` tokens from ``who``'s bucket, or answer ``429`` saying ``why``, with a
+    ``Retry-After`` of the seconds until they are there (at least 1)."""
+    wait = bucket.wait(who, n)
+    if wait > 0:
+        raise HTTPException(429, why, {"Retry-After": str(max(1, math.ceil(wait)))})
+
+
 class CommandRate:
     """A token bucket per principal: ``burst`` commands at once, then ``rate`` per second.
     One event loop calls it (no lock: nothing awaits between the check and the take); a
@@ -307,14 +315,11 @@ def create_app(
             return 0.0
         if cost > 1.0:  # the request's own token is taken first: the rest fits the burst
             cost = min(cost, reads.burst - 1.0)
-        wait = reads.wait(f"tenant:{who.tenant_id}", cost)
-        if wait > 0:
-            raise HTTPException(
-                429,
-                f"over this tenant's read rate ({reads.rate:g} tokens a second, a token a "
-                f"request plus one per {RUNS_COST} runs loaded): retry later",
-                {"Retry-After": str(max(1, math.ceil(wait)))},
-            )
+        why = (
+            f"over this tenant's read rate ({reads.rate:g} tokens a second, a token a "
+            f"request plus one per {RUNS_COST} runs loaded): retry later"
+        )
+        take_or_429(reads, f"tenant:{who.tenant_id}", cost, why)
         return min(float(cost), float(reads.burst))
 
     def settle(who: Principal, taken: float, cost: float) -> None:
@@ -479,14 +484,11 @@ def create_app(
             if who.operator
             else f"tenant:{who.tenant_id}"
         )
-        wait = rate.wait(key)
-        if wait > 0:
-            raise HTTPException(
-                429,
-                f"too many commands: at most {rate.burst} at once, then {rate.rate:g} per "
-                "second; retry later",
-                {"Retry-After": str(max(1, math.ceil(wait)))},
-            )
+        why = (
+            f"too many commands: at most {rate.burst} at once, then {rate.rate:g} per "
+            "second; retry later"
+        )
+        take_or_429(rate, key, 1.0, why)
 
     async def command(
         run_id: str, action: str, who: Principal, body: CommandBody | None

@@ -44,7 +44,6 @@ spools and retries).
 
 import asyncio
 import contextlib
-import math
 import time
 from collections.abc import AsyncIterator, Callable
 from typing import Annotated, Any
@@ -55,7 +54,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from events.dead_letter import DeadLetter
 from events.log.base import LogBackend
 from events.topics import DEAD_LETTER_TOPIC, TOPICS
-from projections.api import CommandRate
+from projections.api import CommandRate, take_or_429
 from projections.auth import KeyedBodies, principal_of
 from projections.keys import ApiKeys, Principal
 from runwatch.apps.ingest_cursor import CursorRefused, CursorSeal
@@ -146,10 +145,7 @@ def create_app(
     seal = CursorSeal(cursor_secret)
 
     def limited(bucket: CommandRate, tenant_id: str, n: float = 1.0) -> None:
-        wait = bucket.wait(tenant_id, n)
-        if wait > 0:
-            retry = str(max(1, math.ceil(wait)))
-            raise HTTPException(429, "over this tenant's rate: retry later", {"Retry-After": retry})
+        take_or_429(bucket, tenant_id, n, "over this tenant's rate: retry later")
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -236,9 +232,7 @@ def create_app(
         """The tenant's records from where the cursor ``after`` stopped (none: the start;
         ``key``: only that key's, a run's own), scanning until the end, the scan budget or
         a full page. ``next``: the cursor to go on from; ``at_end``: nothing more now."""
-        if topic not in READABLE_TOPICS:
-            raise HTTPException(403, f"a hook reads only {sorted(READABLE_TOPICS)}")
-        limited(reads, tenant_id)  # the request's token, whatever its answer
+        readable_topic(topic, tenant_id)  # the request's token, whatever its answer
         if start is not None:
             raise HTTPException(410, UPGRADE)
         if partition < 0:

@@ -109,6 +109,13 @@ def _hook(gw: Gateway, tmp: Path, run: str, tenant: str, key: str) -> RunwatchHo
     )  # fmt: skip
 
 
+def _wait(cond, what: str) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + 60
+    while not cond():
+        assert time.monotonic() < deadline, f"{what} was not followed through the gateway"
+        time.sleep(0.05)
+
+
 def _letters(log_dir: Path) -> list[DeadLetter]:
     log = EmbeddedLog(log_dir, readonly=True)
     log.open_sync()
@@ -138,24 +145,18 @@ def test_a_hook_publishes_and_obeys_through_the_gateway_and_forgeries_go_nowhere
     def kinds() -> list[str]:
         return [e.type for e in embedded_events(gateway.log_dir, "tenant-a:gw-run")]
 
-    def wait(cond, what: str) -> None:  # type: ignore[no-untyped-def]
-        deadline = time.monotonic() + 60
-        while not cond():
-            assert time.monotonic() < deadline, f"{what} was not followed through the gateway"
-            time.sleep(0.05)
-
     loop = threading.Thread(target=train)
     loop.start()
-    wait(lambda: len(steps) >= 3 and "TrainerStepCompleted" in kinds(), "the first steps")
+    _wait(lambda: len(steps) >= 3 and "TrainerStepCompleted" in kinds(), "the first steps")
     # the controller pauses the run; the loop blocks at a step's end until a resume
     issue(gateway.log_dir, "tenant-a:gw-run", "pause", actor="controller",
           principal="run_controller", reason="kl_blowup (page)")  # fmt: skip
-    wait(lambda: "RunPaused" in kinds(), "the pause")
+    _wait(lambda: "RunPaused" in kinds(), "the pause")
     held = len(steps)
     time.sleep(1.0)
     assert len(steps) == held and loop.is_alive()  # paused: no step
     issue(gateway.log_dir, "tenant-a:gw-run", "resume", actor="customer", principal="tenant-a")
-    wait(lambda: len(steps) >= held + 3, "the resume")
+    _wait(lambda: len(steps) >= held + 3, "the resume")
     issue(gateway.log_dir, "tenant-a:gw-run", "cancel", actor="customer", principal="tenant-a")
     loop.join(60)
     assert not loop.is_alive() and steps[-1] < 2000, "the cancel was not followed"
@@ -326,17 +327,11 @@ def test_a_hook_follows_its_commands_across_a_gateway_restart_and_sees_no_offset
     def kinds() -> list[str]:
         return [e.type for e in embedded_events(gateway.log_dir, "tenant-a:gw-restart")]
 
-    def wait(cond, what: str) -> None:  # type: ignore[no-untyped-def]
-        deadline = time.monotonic() + 60
-        while not cond():
-            assert time.monotonic() < deadline, f"{what} was not followed through the gateway"
-            time.sleep(0.05)
-
     loop = threading.Thread(target=train)
     loop.start()
-    wait(lambda: len(steps) >= 3 and "TrainerStepCompleted" in kinds(), "the first steps")
+    _wait(lambda: len(steps) >= 3 and "TrainerStepCompleted" in kinds(), "the first steps")
     issue(gateway.log_dir, "tenant-a:gw-restart", "pause", actor="customer", principal="tenant-a")
-    wait(lambda: "RunPaused" in kinds(), "the pause")
+    _wait(lambda: "RunPaused" in kinds(), "the pause")
     gateway.kill()
     for i in range(30, 60):  # written while the gateway is away
         issue(gateway.log_dir, f"b-{i}", "pause", actor="customer", principal="tenant-b",
@@ -344,7 +339,7 @@ def test_a_hook_follows_its_commands_across_a_gateway_restart_and_sees_no_offset
     gateway.start()  # a new secret: the hook's cursor no longer opens
     issue(gateway.log_dir, "tenant-a:gw-restart", "resume", actor="customer", principal="tenant-a")
     held = len(steps)
-    wait(lambda: len(steps) >= held + 3, "the resume after the restart")
+    _wait(lambda: len(steps) >= held + 3, "the resume after the restart")
     issue(gateway.log_dir, "tenant-a:gw-restart", "cancel", actor="customer", principal="tenant-a")
     loop.join(60)
     assert not loop.is_alive(), "the cancel after the restart was not followed"
