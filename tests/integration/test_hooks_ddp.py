@@ -36,7 +36,11 @@ def _steps(out: Path, rank: int) -> list[int]:
     return [int(x) for x in path.read_text().split()] if path.exists() else []
 
 
-def _launch(tmp_path: Path, steps: int, *extra: str) -> tuple[subprocess.Popen[str], Path, Path]:
+def _launch(tmp_path: Path, steps: int, *extra: str) -> tuple[subprocess.Popen[bytes], Path, Path]:
+    """Start the job; its output goes to ``out/job.log`` (:func:`_output`), not to a pipe:
+    process zero prints a line a step, and a pipe nobody reads while the test waits fills
+    after a few hundred steps, blocks process zero in ``print`` and lets the other rank's
+    collective time out (``DDP_TIMEOUT_S``), a failure of the test, not of the hook."""
     model = tiny_model_dir(tmp_path / "model")
     log_dir, out = tmp_path / "log", tmp_path / "out"
     out.mkdir()
@@ -46,10 +50,13 @@ def _launch(tmp_path: Path, steps: int, *extra: str) -> tuple[subprocess.Popen[s
         str(ROOT / "tests/integration/ddp_driver.py"),
         str(model), str(log_dir), str(out), RUN, str(steps), str(DDP_TIMEOUT_S), *extra,
     ]  # fmt: skip
-    job = subprocess.Popen(
-        cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-    )
+    with (out / "job.log").open("wb") as sink:
+        job = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=sink, stderr=subprocess.STDOUT)
     return job, log_dir, out
+
+
+def _output(out: Path) -> str:
+    return (out / "job.log").read_text(errors="replace")
 
 
 ANSWERS = ("RunPaused", "RunResumed", "RunCancelled", "RunCompleted")
@@ -68,8 +75,12 @@ def test_every_rank_of_a_torchrun_job_pauses_and_stops_with_process_zero(tmp_pat
         while not cond():
             if job.poll() is not None or time.monotonic() > deadline:
                 job.kill()
-                tail = job.communicate()[0][-3000:]
-                pytest.fail(f"waiting for {what}: {answers()}, rc={job.returncode}\n{tail}")
+                job.wait()
+                tail = _output(out)[-3000:]
+                steps = (_steps(out, 0)[-3:], _steps(out, 1)[-3:])
+                pytest.fail(
+                    f"waiting for {what}: {answers()}, steps {steps}, rc={job.returncode}\n{tail}"
+                )
             time.sleep(0.05)
 
     try:
@@ -81,7 +92,10 @@ def test_every_rank_of_a_torchrun_job_pauses_and_stops_with_process_zero(tmp_pat
         issue(log_dir, RUN, "pause", actor="controller", principal="run_controller",
               reason="kl_blowup (page)")  # fmt: skip
         wait(lambda: answers() == ["RunPaused"], "RunPaused")
-        time.sleep(0.5)  # the other rank reaches the same boundary
+        # both ranks hold at the same step's end (the other one may still be on its way
+        # there on a busy machine: its marker is written before the hook's callback)
+        wait(lambda: _steps(out, 0)[-1:] == _steps(out, 1)[-1:], "both ranks at one step", 60)
+        time.sleep(0.5)
         held = (_steps(out, 0), _steps(out, 1))
         time.sleep(PAUSED_S)
         after = (_steps(out, 0), _steps(out, 1))
@@ -89,12 +103,16 @@ def test_every_rank_of_a_torchrun_job_pauses_and_stops_with_process_zero(tmp_pat
         issue(log_dir, RUN, "resume", actor="customer", principal="acme")
         wait(lambda: len(_steps(out, 1)) >= len(held[1]) + 3, "steps after the resume")
         issue(log_dir, RUN, "cancel", actor="customer", principal="acme")
-        output, _ = job.communicate(timeout=120)
+        job.wait(timeout=120)
     finally:
         if job.poll() is None:
             job.kill()
-            job.communicate()
-    assert held == after, "a rank trained while the run was paused"
+            job.wait()
+    output = _output(out)
+    assert held == after, (
+        f"a rank trained while the run was paused: {[h[-3:] for h in held]} -> "
+        f"{[a[-3:] for a in after]}"
+    )
     assert held[0][-1] == held[1][-1], held  # both held at the same step's end
     assert job.returncode == 0, output[-3000:]
     assert answers() == ["RunPaused", "RunResumed", "RunCancelled"]
@@ -112,7 +130,8 @@ def test_a_callback_on_process_zero_alone_shares_no_verdict_and_kills_nothing(
     ranks agree through the group's store first: the job trains to its end, and process
     zero says why the run's commands are not followed."""
     job, log_dir, out = _launch(tmp_path, 20, "rank0-only")
-    output, _ = job.communicate(timeout=300)
+    job.wait(timeout=300)
+    output = _output(out)
     assert job.returncode == 0, output[-3000:]
     assert _steps(out, 0)[-1] == _steps(out, 1)[-1] == 20
     assert "the callback is on 1 of 2 ranks" in output, output[-3000:]
