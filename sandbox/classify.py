@@ -50,6 +50,9 @@ from sandbox.types import ArtifactKind, Tier
 
 #: Largest code artifact read, classified or staged (bytes). Larger: ``tenant_bad_artifact``.
 MAX_ARTIFACT_BYTES = 1 << 20
+#: Largest weights file whose digest is computed (bytes): the tier is not built, and
+#: hashing a file of any size cost the caller time without bound.
+MAX_WEIGHTS_HASH_BYTES = 256 << 20
 #: Address space of the child that parses an artifact: ordinary code of 1 MiB parses in
 #: ~75 MiB; a 1 MiB file of one-token statements or a long list literal takes 370-930 MiB.
 PARSE_MEMORY_BYTES = 256 << 20
@@ -172,13 +175,29 @@ def classify_path(path: Path, *, max_bytes: int = MAX_ARTIFACT_BYTES) -> Classif
     return classify_isolated(path.name, data)
 
 
-def _classify_weights(path: Path) -> Classification:
+def _classify_weights(path: Path, cap: int = MAX_WEIGHTS_HASH_BYTES) -> Classification:
     """A weights file, by its name; its digest read in 1 MiB chunks (weights are large,
-    and this tier is not built: nothing of them is loaded here)."""
-    sha = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while chunk := fh.read(1 << 20):
+    and this tier is not built: nothing of them is loaded here). A regular file only
+    (opened without blocking: a FIFO named ``*.bin`` would wait for a writer), hashed
+    only up to ``cap`` bytes: a larger one gets no digest, so its size cannot set how long
+    the caller hashes (security review, 2026-11-28, second round). Raises ``OSError``."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    with os.fdopen(fd, "rb") as fh:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise OSError(f"{path} is not a regular file")
+        if st.st_size > cap:
+            return Classification(
+                ArtifactKind.REWARD_MODEL,
+                "reward_model",
+                "",
+                (f"weights file ({path.suffix}), {st.st_size} bytes: over {cap}, not hashed",),
+            )
+        sha = hashlib.sha256()
+        left = cap
+        while left > 0 and (chunk := fh.read(min(1 << 20, left))):
             sha.update(chunk)
+            left -= len(chunk)
     return Classification(
         ArtifactKind.REWARD_MODEL,
         "reward_model",

@@ -17,11 +17,15 @@ and carried on every outcome) rather than dropped in silence.
 Fallbacks that are *not* weaker in kind, and so do not refuse any tier:
 ``cgroup_pids`` -> RLIMIT_NPROC under the worker's own uid; ``cgroup_memory`` -> RLIMIT_AS;
 ``cgroup_cpu`` -> RLIMIT_CPU (per process: neither a rate nor a total for the worker's
-tree). ``scratch_tmpfs`` has none and is required (security review, 2026-11-28): the
-plain host directory it fell back to was bounded per file only (RLIMIT_FSIZE), not in
-bytes or files, so one batch wrote 646 MB to the host's disk past a 256 MiB memory cap,
-and a tree 1,500 deep then defeated the cleanup. A host that cannot mount a tmpfs
-(not root) refuses every tier.
+tree). ``cgroup_blkio`` (a read rate cap on every host block device) has no equivalent
+and may still be missing: a host without the v1 blkio controller runs every tier, the
+layer named missing on every outcome; seccomp still refuses ``O_DIRECT``, so what is
+left unbounded there is buffered reads that miss the page cache (security review,
+2026-11-28, second round). ``scratch_tmpfs`` has none and is required (security review,
+2026-11-28): the plain host directory it fell back to was bounded per file only
+(RLIMIT_FSIZE), not in bytes or files, so one batch wrote 646 MB to the host's disk
+past a 256 MiB memory cap, and a tree 1,500 deep then defeated the cleanup. A host that
+cannot mount a tmpfs (not root) refuses every tier.
 
 The probe costs ~50 ms and is cached per process (``probe()``); pass explicit paths to probe
 a different setup (tests use that to prove refusal).
@@ -64,6 +68,8 @@ FALLBACKS: dict[str, str] = {
     "cgroup_cpu": "RLIMIT_CPU (CPU-seconds per process, no rate cap, no total per tree)",
     "cgroup_pids": "RLIMIT_NPROC under the worker's own uid",
     "cgroup_memory": "RLIMIT_AS",
+    "cgroup_blkio": "none: disk reads that miss the page cache are not rate-limited "
+    "(O_DIRECT stays refused by seccomp)",
 }
 
 #: Layers without which no tier runs: every layer but those with a fallback
@@ -323,6 +329,35 @@ def _probe_cgroup(controller: str, limit_file: str, value: str) -> str:
             os.rmdir(probe_dir)
 
 
+def block_devices() -> tuple[str, ...]:
+    """``major:minor`` of every block device the kernel lists (``/sys/block/*/dev``), in
+    name order: the devices a worker's blkio throttle covers. Assumes the sandbox reads
+    the host's disks only through the host's own block devices (``/usr`` is a bind of
+    the host's)."""
+    out: list[str] = []
+    with contextlib.suppress(OSError):
+        for entry in sorted(os.scandir("/sys/block"), key=lambda e: e.name):
+            with contextlib.suppress(OSError):
+                with open(os.path.join(entry.path, "dev")) as fh:
+                    dev = fh.read().strip()
+                if dev.count(":") == 1 and dev.replace(":", "").isdigit():
+                    out.append(dev)
+    return tuple(out)
+
+
+def _probe_blkio() -> str:
+    """The blkio layer: a child group that accepts a read throttle on a block device."""
+    devices = block_devices()
+    if not devices:
+        return "no block device listed under /sys/block"
+    err = ""
+    for dev in devices:  # the first device the kernel accepts a rule for will do
+        err = _probe_cgroup("blkio", "blkio.throttle.read_bps_device", f"{dev} {64 << 20}")
+        if not err or "hierarchy" in err or "v2" in err:
+            return err
+    return err
+
+
 def _probe_tmpfs(is_root: bool) -> str:
     if not is_root:
         return "mounting a tmpfs needs root"
@@ -386,6 +421,10 @@ def probe_uncached(bwrap: str | None = None, setpriv: str | None = None) -> Kern
         usable[layer] = not err
         if err:
             why[layer] = err
+    err = _probe_blkio() if is_root else "needs root"
+    usable["cgroup_blkio"] = not err
+    if err:
+        why["cgroup_blkio"] = err
     err = _probe_tmpfs(is_root)
     usable["scratch_tmpfs"] = not err
     if err:

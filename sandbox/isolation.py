@@ -48,6 +48,7 @@ from sandbox.features import (
     CGROUP_V1_ROOT,
     KernelFeatures,
     _root_symlinks,
+    block_devices,
     mount_tmpfs,
     umount,
 )
@@ -59,7 +60,7 @@ RUNTIME_SOURCE = Path(__file__).with_name("runtime") / "worker_main.py"
 UID_BASE = 200_000
 CFS_PERIOD_US = 100_000
 #: The cgroup v1 controllers a worker may get, keyed as in :func:`worker_cgroups`.
-CONTROLLERS = ("pids", "memory", "cpu", "cpuacct")
+CONTROLLERS = ("pids", "memory", "cpu", "cpuacct", "blkio")
 UID_SLOTS = 256
 #: Ranges of ``UID_SLOTS`` uids: the sandbox uids are UID_BASE .. UID_BASE + 256,000 - 1.
 UID_RANGES = 1000
@@ -211,6 +212,18 @@ class Cgroup:
                 if not fname.startswith("memory.memsw"):  # no swap accounting: fine
                     raise
 
+    def write_each(self, fname: str, lines: list[str]) -> int:
+        """Write each line to ``fname`` in its own write (per-device files take one rule
+        per write); returns how many the kernel accepted, skipping those it refused."""
+        accepted = 0
+        for line in lines:
+            try:
+                (self.path / fname).write_text(line)
+                accepted += 1
+            except OSError:
+                continue
+        return accepted
+
     def procs(self) -> set[int]:
         try:
             return {int(x) for x in (self.path / "cgroup.procs").read_text().split()}
@@ -274,8 +287,9 @@ class Cgroup:
 def worker_cgroups(
     name: str, limits: ResourceLimits, features: KernelFeatures, layers: frozenset[str]
 ) -> Iterator[dict[str, Cgroup]]:
-    """The pids, memory and cpu cgroups of one worker (those usable and requested), keyed
-    by controller name (``pids``, ``memory``, ``cpu``)."""
+    """The pids, memory, cpu and blkio cgroups of one worker (those usable and
+    requested), keyed by controller name (``pids``, ``memory``, ``cpu``, ``cpuacct``,
+    ``blkio``)."""
     groups: dict[str, Cgroup] = {}
     try:
         if "cgroup_pids" in layers and features.usable.get("cgroup_pids"):
@@ -307,11 +321,30 @@ def worker_cgroups(
                 cg = Cgroup("cpuacct", name)
                 groups["cpuacct"] = cg
                 cg.create({})
+        if "cgroup_blkio" in layers and features.usable.get("cgroup_blkio"):
+            cg = Cgroup("blkio", name)
+            groups["blkio"] = cg
+            cg.create({})
+            throttle_reads(cg, limits)
         yield groups
     finally:
         for cg in groups.values():
             with contextlib.suppress(Exception):
                 cg.close()
+
+
+def throttle_reads(cg: Cgroup, limits: ResourceLimits) -> None:
+    """Cap the group's reads from every host block device (:func:`block_devices`) at
+    ``disk_read_bps`` bytes/s and ``disk_read_iops`` operations/s. Devices the kernel
+    refuses a rule for (a partition-less placeholder, say) are skipped; raises ``OSError``
+    when it accepts none (the probe said it would: the spawn fails, the platform's)."""
+    devices = block_devices()
+    for fname, value in (
+        ("blkio.throttle.read_bps_device", limits.disk_read_bps),
+        ("blkio.throttle.read_iops_device", limits.disk_read_iops),
+    ):
+        if not cg.write_each(fname, [f"{dev} {max(1, int(value))}" for dev in devices]):
+            raise OSError(f"blkio: no block device accepted {fname} ({len(devices)} listed)")
 
 
 def scratch_inodes(limits: ResourceLimits) -> int:

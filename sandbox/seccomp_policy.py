@@ -20,17 +20,46 @@ Default action: allow. Denied with EPERM (so tenant code sees a clean error, not
   ``_SC_AVPHYS_PAGES`` read it, so they no longer describe the host either.
   ``CLOCK_BOOTTIME`` (host uptime) is read through the vDSO, with no system call to
   filter; without a time namespace it stays visible (``docs/threat-model.md``).
+- change notification: ``fcntl(fd, F_NOTIFY, ...)`` (dnotify), the older interface to
+  the same fsnotify events as the denied inotify/fanotify: a watch on a read-only
+  directory fd of the shared ``/usr`` saw another tenant's sandbox import ``json`` and
+  ``email`` (security review, 2026-11-28, second round, F3).
+- host-wide mount counters: ``statx`` asking for ``STATX_MNT_ID_UNIQUE`` (its mask is
+  passed by value); ``statmount`` and ``listmount`` answer ENOSYS (by number where this
+  libseccomp does not know them). The 64-bit unique mount id grows host-wide and never
+  repeats: each sandbox start adds ~90 mounts, so its delta between two batches counted
+  another tenant's sandbox starts exactly (security review, 2026-11-28, second round,
+  F4). The lowest-free counters that remain (mount ids in ``/proc/self/mountinfo``,
+  namespace inode numbers) are documented in ``docs/threat-model.md``.
 
 No-ops (the call returns 0 and does nothing): ``sync`` and ``syncfs``. Either one wrote
 back the whole host's dirty page cache, or a whole host filesystem's (``syncfs`` on an
 fd of the shared ``/usr``): 300 MB flushed by one ``os.sync()``, I/O charged to no
 sandbox (security review, 2026-11-28). A reward writes only to its scratch tmpfs, which
 has nothing to write back; ``fsync``/``fdatasync``/``sync_file_range`` act on one file
-of the caller's and stay.
+of the caller's and stay. ``fadvise64`` too: ``POSIX_FADV_DONTNEED`` on a read-only fd
+of a shared ``/usr`` file dropped the *host's* cached pages of it (every tenant's
+interpreter start and the host's own Python then read them from disk again; a
+flush+reload cache channel besides). Advice is only advice: dropping it changes no
+result (security review, 2026-11-28, second round, F2).
+
+Direct I/O is refused with EINVAL (what a filesystem without O_DIRECT answers, so
+callers fall back to buffered reads): ``open``/``openat`` whose flags carry ``O_DIRECT``,
+and ``fcntl(fd, F_SETFL, ...|O_DIRECT)``. A reward read 1,985 MiB of ``/usr`` with
+``O_DIRECT`` in 3 s: every read went to the host's disk, past the page cache, where the
+trainer's checkpoints and the other tenants' sandboxes read too. ``openat2`` carries its
+flags in a struct the filter cannot read, so it answers ENOSYS (glibc and Python fall
+back to ``openat``). Buffered reads that miss the page cache are bounded per worker by
+the ``cgroup_blkio`` layer (:func:`sandbox.isolation.worker_cgroups`), not here
+(security review, 2026-11-28, second round, F2).
 
 ``execve`` stays allowed: the verifier tier runs further code by definition. The filter
 is loaded by bubblewrap (``--seccomp FD``) right before the worker interpreter starts, so
 it covers all tenant code, and ``no_new_privs`` is set with it.
+
+The second-round entries above (dnotify, the unique mount id, ``fadvise64``, direct
+I/O) come from the security review, 2026-11-28, second round; each is proven by a test
+in ``tests/integration/test_sandbox_host_resources.py`` or next to the inotify test.
 """
 
 from __future__ import annotations
@@ -39,6 +68,7 @@ import contextlib
 import errno
 import functools
 import tempfile
+from typing import Any
 
 AF_UNIX = 1
 
@@ -102,8 +132,29 @@ DENIED_SYSCALLS: tuple[str, ...] = (
     "sysinfo",
 )
 
-#: Answered 0 without running (SCMP_ACT_ERRNO(0)): a reward that syncs still works.
-NOOP_SYSCALLS: tuple[str, ...] = ("sync", "syncfs")
+#: Answered 0 without running (SCMP_ACT_ERRNO(0)): a reward that syncs or gives advice
+#: still works. ``fadvise64_64`` exists on 32-bit arches only (skipped where unknown).
+NOOP_SYSCALLS: tuple[str, ...] = ("sync", "syncfs", "fadvise64", "fadvise64_64")
+
+#: Answered ENOSYS, so libc falls back to a call the filter can judge by its arguments
+#: (``clone3``, ``openat2``: flags in a struct) or the caller sees "not on this kernel"
+#: (``statmount``, ``listmount``). Numbers are the x86_64/generic ones, used where this
+#: libseccomp does not know the name.
+ENOSYS_SYSCALLS: tuple[tuple[str, int], ...] = (
+    ("clone3", 435),
+    ("openat2", 437),
+    ("statmount", 457),
+    ("listmount", 458),
+)
+
+#: ``O_DIRECT`` on x86_64 (and most arches; arm64 differs: ``os.O_DIRECT`` is used when
+#: this Python knows it, which is the host's own ABI, the one the filter is built for).
+O_DIRECT = 0o40000
+#: ``fcntl`` commands: ``F_SETFL`` (may set ``O_DIRECT`` on an open fd), ``F_NOTIFY``.
+F_SETFL = 4
+F_NOTIFY = 1026
+#: ``statx`` mask bit of the host-wide, never-reused 64-bit mount id (Linux 6.8+).
+STATX_MNT_ID_UNIQUE = 0x4000
 
 #: Every CLONE_NEW* flag: user, mount, net, pid, ipc, uts, cgroup, time.
 CLONE_NS_BITS: tuple[int, ...] = (
@@ -126,19 +177,72 @@ def compiled_filter() -> bytes:
     flt = sc.SyscallFilter(sc.ALLOW)
     deny = sc.ERRNO(errno.EPERM)
     for name in DENIED_SYSCALLS:
-        try:
-            flt.add_rule(deny, name)
-        except (RuntimeError, ValueError, OSError):
-            continue  # syscall unknown to this libseccomp/arch: nothing to deny
+        _add_if_known(flt, deny, name)
     for name in NOOP_SYSCALLS:
-        flt.add_rule(sc.ERRNO(0), name)
+        _add_if_known(flt, sc.ERRNO(0), name)
     flt.add_rule(deny, "socket", sc.Arg(0, sc.NE, AF_UNIX))
     flt.add_rule(deny, "socketpair", sc.Arg(0, sc.NE, AF_UNIX))
     for bit in CLONE_NS_BITS:
         flt.add_rule(deny, "clone", sc.Arg(0, sc.MASKED_EQ, bit, bit))
-    with contextlib.suppress(RuntimeError, ValueError, OSError):
-        flt.add_rule(sc.ERRNO(errno.ENOSYS), "clone3")
+    for name, number in ENOSYS_SYSCALLS:
+        _add_if_known(flt, sc.ERRNO(errno.ENOSYS), name, number)
+    _add_direct_io_rules(flt)
+    _add_host_counter_rules(flt)
     with tempfile.TemporaryFile() as fh:
         flt.export_bpf(fh)
         fh.seek(0)
         return fh.read()
+
+
+def _add_if_known(flt: Any, action: int, name: str, number: int | None = None) -> None:
+    """Add ``action`` for syscall ``name`` (unconditionally); by ``number`` where this
+    libseccomp does not know the name. Silently nothing where neither resolves: a
+    syscall this arch lacks needs no rule."""
+    for syscall in (name, number):
+        if syscall is None:
+            continue
+        with contextlib.suppress(RuntimeError, ValueError, OSError):
+            flt.add_rule(action, syscall)
+            return
+
+
+def _o_direct() -> int:
+    """The host's ``O_DIRECT`` (this Python's, the ABI the filter is built for)."""
+    import os
+
+    return getattr(os, "O_DIRECT", O_DIRECT)
+
+
+def _add_direct_io_rules(flt: Any) -> None:
+    """EINVAL for ``open``/``openat`` with ``O_DIRECT`` in their flags and for
+    ``fcntl(F_SETFL)`` setting it; the flags are passed by value, so the filter sees
+    them. Assumes the filter is built for the arch it runs on (bubblewrap loads it on
+    the same host)."""
+    import pyseccomp as sc
+
+    einval = sc.ERRNO(errno.EINVAL)
+    direct = _o_direct()
+    for name, flags_arg in (("open", 1), ("openat", 2)):
+        with contextlib.suppress(RuntimeError, ValueError, OSError):
+            flt.add_rule(einval, name, sc.Arg(flags_arg, sc.MASKED_EQ, direct, direct))
+    for name in ("fcntl", "fcntl64"):
+        with contextlib.suppress(RuntimeError, ValueError, OSError):
+            flt.add_rule(
+                einval, name, sc.Arg(1, sc.EQ, F_SETFL), sc.Arg(2, sc.MASKED_EQ, direct, direct)
+            )
+
+
+def _add_host_counter_rules(flt: Any) -> None:
+    """EPERM for dnotify (``fcntl(F_NOTIFY)``) and for ``statx`` asking for the unique
+    mount id: cross-tenant channels through the shared ``/usr`` inodes and the host-wide
+    mount counter (see the module docstring)."""
+    import pyseccomp as sc
+
+    deny = sc.ERRNO(errno.EPERM)
+    for name in ("fcntl", "fcntl64"):
+        with contextlib.suppress(RuntimeError, ValueError, OSError):
+            flt.add_rule(deny, name, sc.Arg(1, sc.EQ, F_NOTIFY))
+    with contextlib.suppress(RuntimeError, ValueError, OSError):
+        flt.add_rule(
+            deny, "statx", sc.Arg(3, sc.MASKED_EQ, STATX_MNT_ID_UNIQUE, STATX_MNT_ID_UNIQUE)
+        )

@@ -83,6 +83,7 @@ Layer = Literal[
     "cgroup_pids",
     "cgroup_memory",
     "cgroup_cpu",
+    "cgroup_blkio",
     "scratch_tmpfs",
 ]
 #: Every layer, in the order of :data:`Layer` (derived from it: one closed set, said once).
@@ -104,6 +105,13 @@ class ResourceLimits:
     cap (cgroup CFS quota: ``cpu_cores`` x 100 ms of CPU per 100 ms period for the
     worker's whole tree), so a tenant thread left spinning can never take more than that
     share of the host.
+
+    ``disk_read_bps`` and ``disk_read_iops`` cap the tree's reads from every host block
+    device (cgroup v1 ``blkio.throttle.read_bps_device``/``read_iops_device``): the
+    shared ``/usr`` is the host's disk, so page-cache misses (a tenant streaming ``/usr``
+    through its memory cap) would otherwise take the disk's whole bandwidth from the
+    trainer's checkpoints and the other tenants (security review, 2026-11-28, second
+    round). ``O_DIRECT`` is refused by the seccomp filter on top.
     """
 
     deadline_s: float = 10.0
@@ -113,6 +121,8 @@ class ResourceLimits:
     open_files: int = 64
     file_size_bytes: int = 16 * 1024 * 1024
     pids: int = 32  # cgroup pids.max, else RLIMIT_NPROC under the worker's own uid
+    disk_read_bps: int = 64 * 1024 * 1024  # cgroup blkio read bytes/s per block device
+    disk_read_iops: int = 2000  # cgroup blkio read operations/s per block device
     scratch_bytes: int = 64 * 1024 * 1024  # tmpfs size of the private scratch
     max_output_bytes: int = 1024 * 1024  # largest reply frame accepted from the worker
     startup_s: float = 10.0  # spawn + handshake + tenant import

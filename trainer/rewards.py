@@ -7,7 +7,11 @@ typed client (:mod:`sandbox.client`), never by importing tenant code here.
 
 The *reward pin* (:meth:`RewardFn.digest`) is what a resume compares: a digest of the
 scoring code and its parameters (for a tenant file: of the file's bytes), so a resumed
-run scored by a different judge is refused by name.
+run scored by a different judge is refused by name. A tenant file is read once, bounded
+by the sandbox's artifact cap (:func:`pin_artifact`), and the sandbox is handed a
+private copy of exactly the bytes pinned: the file's size cannot set the trainer's
+memory, and a file changed after the pin cannot run under it (security review,
+2026-11-28, second round).
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import hashlib
 import inspect
 import json
 import random
+import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -190,6 +195,31 @@ def wrong_everywhere(length: int, answer: str, base: int, rng: random.Random) ->
     )
 
 
+@dataclass(frozen=True)
+class PinnedArtifact:
+    """A tenant reward file as pinned: ``digest`` (hex sha256 of ``data``; for a file
+    over the cap, ``too-large:`` and why) and ``data``, the bytes read (None when over
+    the cap: never read whole)."""
+
+    digest: str
+    data: bytes | None
+
+
+def pin_artifact(path: Path) -> PinnedArtifact:
+    """Read the tenant's file once, bounded: a regular file, at most the sandbox's
+    artifact cap (:func:`sandbox.classify.read_artifact`, ``MAX_ARTIFACT_BYTES``). Over
+    the cap, nothing past its first bytes is read and the pin says so; the client
+    refuses that file as ``tenant_bad_artifact``. Raises ``OSError`` when unreadable or
+    not a regular file."""
+    from sandbox.classify import ArtifactTooLarge, read_artifact
+
+    try:
+        data = read_artifact(path)
+    except ArtifactTooLarge as exc:
+        return PinnedArtifact("too-large:" + str(exc), None)
+    return PinnedArtifact(hashlib.sha256(data).hexdigest(), data)
+
+
 class SandboxReward:
     """A tenant reward file scored through :class:`sandbox.client.RewardClient`.
 
@@ -225,6 +255,7 @@ class SandboxReward:
         self.cfg = cfg
         self.dataset = dataset
         self._client = None
+        self._pin: PinnedArtifact | None = None
         self._probes = 0
         self.pending_events: list[object] = []
 
@@ -264,31 +295,60 @@ class SandboxReward:
         return tuple(probes)
 
     def file_digest(self) -> str:
-        return hashlib.sha256(self.path.read_bytes()).hexdigest()
+        """The pin of the tenant's file (:func:`pin_artifact`), read once: the bytes the
+        sandbox is later given are these same bytes (:meth:`_get_client`)."""
+        return self.pinned().digest
+
+    def pinned(self) -> PinnedArtifact:
+        """The tenant's file as read (bounded) the first time it was needed."""
+        if self._pin is None:
+            self._pin = pin_artifact(self.path)
+        return self._pin
 
     def _get_client(self):  # type: ignore[no-untyped-def]
         if self._client is None:
-            from sandbox.client import RewardClient  # the sandbox's typed boundary
-            from sandbox.integrity import CanarySet
-            from sandbox.types import ResourceLimits, SandboxConfig
-
-            limits = ResourceLimits(deadline_s=self.cfg.reward.sandbox_deadline_s)
-            rc = self.cfg.reward
-            canaries = CanarySet(
-                every=rc.canary_every,
-                tolerance=rc.canary_tolerance,
-                group=self.cfg.grpo.group_size,
-                draw=self.draw_probes,
-            )
-            self._client = RewardClient(
-                self.path,
-                self.cfg.tenant_id,
-                run_id=self.cfg.run_id,
-                producer=f"sandbox/{self.cfg.run_id}",
-                config=SandboxConfig(limits=limits),
-                canaries=canaries if self.dataset is not None and rc.canary_every else None,
-            )
+            pin = self.pinned()
+            with tempfile.TemporaryDirectory(prefix="runwatch-reward-") as private:
+                # the client stages what it reads here once, at construction: a private
+                # copy of the pinned bytes, which the tenant cannot change in between
+                source = self.path
+                if pin.data is not None:
+                    source = Path(private) / self.path.name
+                    source.write_bytes(pin.data)
+                client = self._make_client(source)
+            if not client.refused and client.artifact_digest != "sha256:" + pin.digest:
+                # only a file over the cap at the pin, under it now, gets here
+                client.close()
+                raise RewardUnavailable(
+                    "reward file changed since the run pinned it: refusing to run code the "
+                    "pin does not name",
+                    "fail",
+                )
+            self._client = client
         return self._client
+
+    def _make_client(self, source: Path):  # type: ignore[no-untyped-def]
+        """A :class:`sandbox.client.RewardClient` for the artifact at ``source``."""
+        from sandbox.client import RewardClient  # the sandbox's typed boundary
+        from sandbox.integrity import CanarySet
+        from sandbox.types import ResourceLimits, SandboxConfig
+
+        limits = ResourceLimits(deadline_s=self.cfg.reward.sandbox_deadline_s)
+        rc = self.cfg.reward
+        canaries = CanarySet(
+            every=rc.canary_every,
+            tolerance=rc.canary_tolerance,
+            group=self.cfg.grpo.group_size,
+            draw=self.draw_probes,
+        )
+        return RewardClient(
+            source,
+            self.cfg.tenant_id,
+            run_id=self.cfg.run_id,
+            producer=f"sandbox/{self.cfg.run_id}",
+            config=SandboxConfig(limits=limits),
+            canaries=canaries if self.dataset is not None and rc.canary_every else None,
+        )
 
     def close(self) -> None:
         if self._client is not None:

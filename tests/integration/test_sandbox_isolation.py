@@ -249,6 +249,28 @@ def test_seccomp_denies_ptrace_mount_unshare_bpf(client: RewardClient) -> None:
     )
 
 
+def test_dnotify_on_the_shared_usr_is_denied(client: RewardClient) -> None:
+    """``fcntl(F_NOTIFY)`` (dnotify) is the older interface to the fsnotify events the
+    inotify denial closed: a watch on a read-only /usr directory fd saw another tenant's
+    sandbox import ``json`` and ``email`` (security review, 2026-11-28, second round,
+    F3). Denied with EPERM; other ``fcntl`` commands still work."""
+    run_ok(
+        client,
+        """
+        import errno, fcntl, os
+        F_NOTIFY, DN_ACCESS, DN_MULTISHOT = 1026, 0x1, 0x80000000
+        fd = os.open('/usr/lib/python3.11/json', os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            fcntl.fcntl(fd, F_NOTIFY, DN_ACCESS | DN_MULTISHOT)
+            raise AssertionError('dnotify allowed')
+        except PermissionError:
+            pass
+        assert fcntl.fcntl(fd, fcntl.F_GETFD) & fcntl.FD_CLOEXEC
+        os.close(fd)
+        """,
+    )
+
+
 SYSINFO = """
 import ctypes, ctypes.util, errno
 libc = ctypes.CDLL(ctypes.util.find_library('c') or 'libc.so.6', use_errno=True)
