@@ -1,11 +1,13 @@
 """RunControllerFold: a paging alert becomes a ``PauseRequested`` (pure fold, per run).
 
 Inputs: ``runwatch.alerts`` (``AlertFired``), ``runwatch.lifecycle`` (the algorithm from
-``RunSubmitted``; whether the run is paused or over, from the trainer's own answers) and
-``runwatch.control`` (requests already made, by anyone). Key: ``run_id``. Output:
+``RunSubmitted``; whether the run is paused or over, from the trainer's own answers),
+``runwatch.control`` (requests already made, by anyone) and ``runwatch.telemetry`` (the
+run's step facts: a pause nobody answers, below). Key: ``run_id``. Output:
 ``PauseRequested(actor="controller")`` on ``runwatch.control``, with a deterministic id
 (``derived_id(producer, alert event id, "pause")``), the alert's ``ts`` and ``step``, the
-alert id and the policy version.
+alert id and the policy version; and ``AlertFired`` / ``AlertResolved``
+(``pause_unanswered``) on ``runwatch.alerts``.
 
 Rules:
 
@@ -48,9 +50,36 @@ Rules:
   ``over`` for a failed run too: it loads as ``failed`` (a restart reopens it; a
   completed run is never restarted, so nothing changes for it).
 
+- **A pause nobody answers pages.** The fold also reads the run's step facts
+  (``TrainerStepCompleted``, ``StepPhaseTimed`` on ``runwatch.telemetry``). A pause
+  request (the controller's or a person's) makes the run "pausing"; once the request is on
+  the log (read back here: steps trained before the run could see it are not its fault), a
+  run that trains more than ``pause_unanswered_steps`` (policy, 2 by default) past the
+  later of the step it was requested at and the last step seen before it was on the log,
+  and at least ``pause_unanswered_grace_s`` (3 s) of its own clock (the step facts'
+  ``ts``) after that step (a hook answers within a step plus its command poll, 0.5 s, and
+  publishes its facts every 0.2 s: a loop of 0.1 s steps is paused 3-4 steps after the
+  request landed), with no ``RunPaused``, derives one
+  ``AlertFired(detector="pause_unanswered", routing="page", escalated=True)`` per request
+  (id ``<run>:pause_unanswered:<request id>``, deterministic) naming the run, the
+  requested step, the steps trained since and who asked and why (the alert that caused a
+  gate's pause): the notifier sends it to the tenant's webhook, the exporter's
+  ``runwatch_alerts_fired_total`` to Alertmanager's paging receiver. It resolves when the
+  run leaves "pausing": ``RunPaused`` (it answered), ``RunResumed``, an unpause before the
+  answer (the pause was withdrawn), or the run's end. (Found by review: a loop that never
+  called ``hook.obey()`` — the documented plain-hook loop — trained and billed 52 steps
+  past a gate's pause and nothing noticed.) It is not a pausing alert itself (the run is
+  pausing already). Cost: a step fact of a run that is not pausing is one type lookup and
+  one comparison, the state untouched; while a request is in flight and not on the log
+  yet, each step replaces the state (bounded by the processor's lag). On Kafka the topics
+  are read in no common order: steps trained after a resume can be read before the
+  ``RunPaused`` and its ``RunResumed`` (a consumer far behind on the lifecycle) and page
+  wrongly; the late ``RunPaused`` resolves it. A state stored before 2026-11-29 mid-pause
+  loads with its request not watched (the next one is).
+
 The fold does not judge people's commands (the API does, against the projected state, and
 the trainer ignores what does not apply to it); it only avoids asking twice. Time: event
-fields only. State: one small NamedTuple per run.
+fields only. State: one small NamedTuple per run (and one for the request in flight).
 """
 
 from __future__ import annotations
@@ -70,7 +99,8 @@ from events.catalog.lifecycle import (
     RunStarted,
     RunSubmitted,
 )
-from events.envelope import EventBase, derive_envelope
+from events.catalog.trainer import StepPhaseTimed, TrainerStepCompleted
+from events.envelope import EventBase, derive_envelope, derived_id
 from stream_processors.control.policy import ControlPolicy
 
 PRODUCER = "stream_processors/run_controller"
@@ -85,6 +115,25 @@ class Owed(NamedTuple):
     detector: str
     routing: str
     reason: str
+
+
+class Waiting(NamedTuple):
+    """A pause request the run has not answered yet (see the module docstring)."""
+
+    request_id: str
+    #: the step it was requested at (None: not said, a person's)
+    asked_step: int | None
+    #: steps are counted past this one: the later of ``asked_step`` (a gate's) and the last
+    #: step seen before the request was on the log (None: none known yet)
+    since: int | None
+    #: the run's own clock at ``since`` (its step fact's ``ts``; a gate's alert's)
+    since_ts: float
+    #: whether the request is on the log yet (read back): the run can see it
+    on_log: bool
+    #: who asked and why (a gate's: the alert that caused it), for the page
+    why: str
+    #: the ``pause_unanswered`` alert fired for it ('' none yet)
+    fired: str = ""
 
 
 class ControlState(NamedTuple):
@@ -104,13 +153,20 @@ class ControlState(NamedTuple):
     #: the step of the ``RunPaused`` in effect (an alert from a later step is not under
     #: it), or of the ``RunFailed`` (an alert from a later step is its restart's)
     paused_step: int | None = None
+    #: the pause request in flight, watched for an answer (None: not pausing)
+    waiting: Waiting | None = None
 
 
 class RunControllerFold:
     """Implements :class:`events.fold.Fold` for run control."""
 
     name = "run-controller"
-    inputs: tuple[str, ...] = ("runwatch.lifecycle", "runwatch.alerts", "runwatch.control")
+    inputs: tuple[str, ...] = (
+        "runwatch.lifecycle",
+        "runwatch.alerts",
+        "runwatch.control",
+        "runwatch.telemetry",  # the run's steps: a pause nobody answers
+    )
 
     def __init__(self, policy: ControlPolicy | None = None) -> None:
         self.policy = policy or ControlPolicy.load()
@@ -125,6 +181,13 @@ class RunControllerFold:
         self, state: ControlState, event: EventBase
     ) -> tuple[ControlState, Sequence[EventBase]]:
         t = type(event)
+        if t in _STEP_FACTS:  # every step of every run: O(1), the state untouched unless
+            w = state.waiting  # a pause is in flight and not paged yet
+            if w is None or w.fired:
+                return state, ()
+            return self._trained(state, w, event)
+        if t not in _INPUTS:  # the telemetry this fold does not read
+            return state, ()
         if t is AlertFired:
             return self._alert(state, event)  # type: ignore[arg-type]
         if state.phase == "over":
@@ -148,11 +211,16 @@ class RunControllerFold:
         if t is PauseRequested:
             rid = str(event.event_id)
             if any(r == rid for r, _ in state.asked):  # ours coming back, or answered already
-                return state, ()  # (its RunPaused read first: another topic)
+                w = state.waiting  # (its RunPaused read first: another topic)
+                if w is not None and w.request_id == rid and not w.on_log:
+                    return state._replace(waiting=w._replace(on_log=True)), ()  # run sees it
+                return state, ()
             by = "controller" if event.actor == "controller" else "person"  # type: ignore[attr-defined]
             asked = _remember(state.asked, rid, by)
             if state.phase == "live":
-                return state._replace(phase="pausing", paused_by=by, asked=asked), ()
+                waiting = _waiting(event, on_log=True)  # type: ignore[arg-type]
+                state = state._replace(phase="pausing", paused_by=by, asked=asked, waiting=waiting)
+                return state, ()
             return state._replace(asked=asked), ()
         if t is RunPaused:
             # whose request the trainer answered (none: the reward's failure policy, a
@@ -164,14 +232,21 @@ class RunControllerFold:
             if by == "person" and state.pending:  # our request came after it: ignored
                 owed = (*owed, *(p for p in state.pending if p not in owed))[-MAX_ACTED:]
             asked = _remember(state.asked, rid, by) if rid else state.asked
+            state, done = self._answered(state, event, f"the run paused at step {event.step}")
             state = state._replace(phase="paused", paused_by=by, owed=owed, pending=())
-            return state._replace(asked=asked, paused_step=event.step), ()
+            return state._replace(asked=asked, paused_step=event.step), done
         if t is RunResumed or (t is UnpauseRequested and state.phase == "pausing"):
-            return self._live(state._replace(phase="live", paused_by=""), event)
+            why = "the run said it resumed" if t is RunResumed else "the pause was withdrawn"
+            state, done = self._answered(state, event, why)
+            state, request = self._live(state._replace(phase="live", paused_by=""), event)
+            return state, (*done, *request)
         if t is RunFailed:
-            return state._replace(phase="failed", owed=(), pending=(), paused_step=event.step), ()
+            state, done = self._answered(state, event, "the run failed")
+            return state._replace(phase="failed", owed=(), pending=(), paused_step=event.step), done
         if t is RunCompleted or t is RunCancelled:
-            return state._replace(phase="over", owed=()), ()
+            why = "the run completed" if t is RunCompleted else "the run was cancelled"
+            state, done = self._answered(state, event, why)
+            return state._replace(phase="over", owed=()), done
         return state, ()  # CancelRequested: the run ends when the trainer says so
 
     def _live(
@@ -193,15 +268,21 @@ class RunControllerFold:
         acted = (*state.acted, *(o.alert_id for o in owed))[-MAX_ACTED:]
         asked = _remember(state.asked, str(request.event_id), "controller")
         state = state._replace(
-            phase="pausing", paused_by="controller", acted=acted, owed=(), asked=asked, pending=owed
+            phase="pausing",
+            paused_by="controller",
+            acted=acted,
+            owed=(),
+            asked=asked,
+            pending=owed,
+            waiting=_waiting(request, on_log=False),
         )
         return state, (request,)
 
     def _alert(
         self, state: ControlState, ev: AlertFired
     ) -> tuple[ControlState, Sequence[EventBase]]:
-        if state.phase == "over" or ev.alert_id in state.acted:
-            return state, ()
+        if state.phase == "over" or ev.alert_id in state.acted or ev.detector == UNANSWERED:
+            return state, ()  # (ours: the run is pausing already)
         if not self.policy.pauses(
             tenant=ev.tenant_id, algorithm=state.algorithm, detector=ev.detector, routing=ev.routing
         ):
@@ -236,8 +317,84 @@ class RunControllerFold:
             acted=acted,
             asked=_remember(state.asked, str(request.event_id), "controller"),
             pending=(Owed(ev.alert_id, ev.detector, ev.routing, ev.reason),),
+            waiting=_waiting(request, on_log=False, gate=True),
         )
         return state, (request,)
+
+    # -- a pause nobody answers (see the module docstring) --------------------------------
+    def _trained(
+        self, state: ControlState, w: Waiting, ev: EventBase
+    ) -> tuple[ControlState, Sequence[EventBase]]:
+        """A step fact while a pause request is in flight and not paged yet."""
+        step = ev.step
+        if step is None:
+            return state, ()
+        since = w.since
+        if not w.on_log or since is None:  # not on the log yet: the run cannot see it (or
+            if since is None or step > since:  # none seen since it was: this one was in flight)
+                return state._replace(waiting=w._replace(since=step, since_ts=ev.ts)), ()
+            return state, ()
+        allowed, grace = self.policy.unanswered_after(
+            tenant=ev.tenant_id, algorithm=state.algorithm
+        )
+        if step <= since + allowed or ev.ts - w.since_ts < grace:
+            return state, ()
+        aid = f"{ev.run_id}:{UNANSWERED}:{w.request_id}"
+        asked = w.asked_step if w.asked_step is not None else since
+        trained = step - asked
+        at = f"at step {w.asked_step}" if w.asked_step is not None else f"after step {since}"
+        alert = AlertFired(
+            event_id=derived_id(PRODUCER, ev.run_id, aid, "fired"),
+            tenant_id=ev.tenant_id,
+            run_id=ev.run_id,
+            step=step,
+            ts=ev.ts,
+            producer=PRODUCER,
+            seq=0,
+            alert_id=aid,
+            detector=UNANSWERED,
+            layer="run_mechanics",
+            routing="page",
+            window_start=asked,
+            window_end=step,
+            observed=(("steps_since_request", trained), ("last_step", step)),
+            thresholds=(("pause_unanswered_steps", allowed), ("pause_unanswered_grace_s", grace)),
+            config_version=self.policy.version,
+            reason=(
+                f"run {ev.run_id} did not answer the pause requested {at} ({w.why}): "
+                f"{trained} steps trained since (to step {step}), no RunPaused: it trains "
+                "and bills on"
+            ),
+            first_response=UNANSWERED_RESPONSE,
+            escalated=True,
+        )
+        return state._replace(waiting=w._replace(fired=aid)), (alert,)
+
+    def _answered(
+        self, state: ControlState, cause: EventBase, why: str
+    ) -> tuple[ControlState, tuple[EventBase, ...]]:
+        """The run left "pausing" (or was never in it): no request in flight any more; the
+        ``pause_unanswered`` page of the one that was, resolved."""
+        w = state.waiting
+        if w is None:
+            return state, ()
+        state = state._replace(waiting=None)
+        if not w.fired:
+            return state, ()
+        resolved = AlertResolved(
+            event_id=derived_id(PRODUCER, cause.run_id, w.fired, "resolved"),
+            tenant_id=cause.tenant_id,
+            run_id=cause.run_id,
+            step=cause.step,
+            ts=cause.ts,
+            producer=PRODUCER,
+            seq=0,
+            alert_id=w.fired,
+            detector=UNANSWERED,
+            reason=f"{why} ({cause.type})",
+            config_version=self.policy.version,
+        )
+        return state, (resolved,)
 
     def dump_state(self, state: ControlState) -> bytes:
         owed = [list(o) for o in state.owed]
@@ -253,6 +410,7 @@ class RunControllerFold:
                 asked,
                 pending,
                 state.paused_step,
+                None if state.waiting is None else list(state.waiting),
             ]
         ).encode()
 
@@ -262,9 +420,9 @@ class RunControllerFold:
         a later field loads with that field's default."""
         algorithm, phase, acted, *rest = json.loads(raw)
         gate = "controller" if phase in ("pausing", "paused") else ""
-        defaults = [gate, [], [], [], None]  # fields added later, each with its default
-        paused_by, owed, asked, pending, paused_step = [*rest, *defaults[len(rest) :]]
-        if phase == "over" and len(rest) < len(defaults):  # stored before "failed" was
+        defaults = [gate, [], [], [], None, None]  # fields added later, each with its default
+        paused_by, owed, asked, pending, paused_step, waiting = [*rest, *defaults[len(rest) :]]
+        if phase == "over" and len(rest) < _FAILED_SINCE:  # stored before "failed" was
             phase = "failed"  # told apart: a restart reopens it (a completed run has none)
         return ControlState(
             algorithm,
@@ -275,6 +433,7 @@ class RunControllerFold:
             tuple((str(a[0]), str(a[1])) for a in asked),
             tuple(Owed(*o) for o in pending),
             paused_step,
+            None if waiting is None else Waiting(*waiting),
         )
 
 
@@ -285,6 +444,53 @@ def _after(ev: AlertFired, paused_step: int | None) -> bool:
     return paused_step is not None and step is not None and step > paused_step
 
 
+def _why(request: PauseRequested) -> str:
+    """Who asked for a pause and why, as the page names it (bounded)."""
+    if request.actor == "controller":
+        cause = f"alert {request.alert_id}: " if request.alert_id else ""
+        return f"by the controller for {cause}{request.reason}"[:300]
+    who = f"{request.actor} {request.principal}".strip()
+    return f"by {who}: {request.reason or 'no reason given'}"[:300]
+
+
+def _waiting(request: PauseRequested, *, on_log: bool, gate: bool = False) -> Waiting:
+    """A pause request to watch. A gate's counts from its alert's step and ``ts`` (the
+    run's own step fact's); any other (a person's, owed ones asked at a resume) from the
+    first step fact after it, so the grace is measured on the run's clock alone."""
+    since, ts = (request.step, request.ts) if gate else (None, 0.0)
+    return Waiting(str(request.event_id), request.step, since, ts, on_log, _why(request))
+
+
+#: ``detector`` (and part of the id) of the page of a pause nobody answers. Never change it.
+UNANSWERED = "pause_unanswered"
+UNANSWERED_RESPONSE = (
+    "The run trains on past a pause request: its training loop does not act on its "
+    "commands (no hook.obey(step) at each step's end, follow_commands=False, a hook from "
+    "before 2026-11-27, a command reader that cannot read the log (said once in the "
+    "run's own log), a multi-process run whose callback is on process zero only). Stop "
+    "it with its scheduler or launcher (or have the tenant stop it), then fix the loop: "
+    "docs/hooks.md, docs/run-control.md."
+)
+#: The facts of a trained step this fold reads (the other telemetry it skips at once).
+_STEP_FACTS = frozenset({TrainerStepCompleted, StepPhaseTimed})
+#: The types this fold acts on besides the step facts.
+_INPUTS = frozenset(
+    {
+        AlertFired,
+        AlertResolved,
+        PauseRequested,
+        UnpauseRequested,
+        RunSubmitted,
+        RunStarted,
+        RunPaused,
+        RunResumed,
+        RunFailed,
+        RunCompleted,
+        RunCancelled,
+    }
+)
+#: State fields after the first three when "failed" was told apart from "over".
+_FAILED_SINCE = 5
 #: The lifecycle facts of a process training a failed run again (a restart).
 _RESTARTS = frozenset({RunSubmitted, RunStarted, RunResumed, RunPaused})
 #: How many pause requests a run remembers (who asked each).
