@@ -9,6 +9,20 @@ Naming (prometheus.io/docs/practices/naming): ``runwatch_`` prefix, base units a
   right), and a name once given is kept for the collector's life (:class:`TenantLabels`);
 - other labels come from closed sets (states, failure classes, detectors, phases, pools).
 
+Silent runs (found by review, F2: a hooked run whose log went away trained on for as long
+as the outage lasted, shown RUNNING at its last shipped step, and nothing on the platform
+said so): ``runwatch_runs_silent{tenant}`` counts the live runs (``RUNNING`` or
+``DEGRADED``) whose newest fact is more than ``silent_after_s`` (:data:`SILENT_AFTER_S`,
+600 s) old, and ``runwatch_runs_silent_max_age_seconds{tenant}`` is the age of the oldest
+such newest fact among a tenant's live runs (0 with none live), so a rule can pick its
+own bound. Time semantics: a run's newest fact is the largest event time (``ts``, the
+producer's clock) folded into its view (``RunView.updated_ts``); its age is the scrape's
+wall clock (``time.time()`` of the exporter's host) minus that, so a producer whose
+clock runs ahead looks fresher than it is, one behind looks silent sooner. A paused run
+(``PAUSED_BY_GATE``) is expected to be silent and is not counted, nor one not started
+yet. A stalled projection makes every live run look silent: read it with
+``runwatch_projection_last_event_timestamp_seconds``.
+
 Nothing of the read model is cached between scrapes (only which tenants have names); each
 read is guarded, so a read-model failure turns into
 ``runwatch_exporter_scrape_errors_total`` instead of a failed scrape.
@@ -25,6 +39,7 @@ import hashlib
 import hmac
 import socket
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator
 from socketserver import ThreadingMixIn
 from typing import Any, get_args
@@ -49,6 +64,12 @@ OTHER = "other"
 #: Every run state, in the order of the append-only enum (derived from it: a state added
 #: there is exported here without an edit).
 STATES: tuple[str, ...] = get_args(RunState)
+#: Run states that are expected to produce facts (a run in them and silent is news).
+LIVE_STATES = frozenset({"RUNNING", "DEGRADED"})
+#: A live run whose newest fact is older than this (seconds) is silent: twice a hook's
+#: default ``pause_when_unmonitored_s`` (a hooked run out of touch that long is held),
+#: well past a step's time for most runs.
+SILENT_AFTER_S = 600.0
 
 
 def bounded_tenants(views: list[RunView], top: int) -> dict[str, str]:
@@ -124,9 +145,20 @@ class _RunTotals:
 
 
 class ProjectionCollector:
-    def __init__(self, store: ReadModel, top_tenants: int = 10) -> None:
+    def __init__(
+        self,
+        store: ReadModel,
+        top_tenants: int = 10,
+        *,
+        silent_after_s: float = SILENT_AFTER_S,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        """``silent_after_s``: how old a live run's newest fact may be before the run
+        counts as silent; ``clock``: the scrape's wall clock (module docstring)."""
         self.store = store
         self.top_tenants = top_tenants
+        self.silent_after_s = silent_after_s
+        self.clock = clock
         self.labels = TenantLabels(top_tenants)
         self.errors = 0
 
@@ -307,12 +339,55 @@ class ProjectionCollector:
             for key, value in sorted(values.items()):
                 m.add_metric(list(key) if isinstance(key, tuple) else [key], value)
             yield m
+        yield from self._silent(views, label)
+
+    def _silent(self, views: list[RunView], label: dict[str, str]) -> Iterator[Metric]:
+        """Live runs whose newest fact is old, per tenant (module docstring); every
+        labelled tenant has both series (0 when none), so a rule needs no ``absent()``."""
+        now = self.clock()
+        silent: dict[str, int] = {}
+        oldest: dict[str, float] = {}
+        for v in views:
+            t = label.get(v.tenant_id, OTHER)
+            silent.setdefault(t, 0)
+            oldest.setdefault(t, 0.0)
+            if (v.state or "SUBMITTED") not in LIVE_STATES:
+                continue
+            age = max(0.0, now - v.updated_ts)
+            oldest[t] = max(oldest[t], age)
+            if age > self.silent_after_s:
+                silent[t] += 1
+        g = GaugeMetricFamily(
+            "runwatch_runs_silent",
+            f"Live runs (RUNNING, DEGRADED) whose newest fact is older than "
+            f"{self.silent_after_s:g} s at the scrape, by tenant.",
+            labels=["tenant"],
+        )
+        for t, n in sorted(silent.items()):
+            g.add_metric([t], n)
+        yield g
+        g = GaugeMetricFamily(
+            "runwatch_runs_silent_max_age_seconds",
+            "Age at the scrape (exporter's wall clock) of the oldest newest-fact among a "
+            "tenant's live runs (event time, producer clock); 0 with none live.",
+            labels=["tenant"],
+        )
+        for t, age in sorted(oldest.items()):
+            g.add_metric([t], age)
+        yield g
 
 
-def make_registry(store: ReadModel, top_tenants: int = 10) -> CollectorRegistry:
+def make_registry(
+    store: ReadModel,
+    top_tenants: int = 10,
+    *,
+    silent_after_s: float = SILENT_AFTER_S,
+    clock: Callable[[], float] = time.time,
+) -> CollectorRegistry:
     """A fresh registry holding only the projection collector (one per app or test)."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(ProjectionCollector(store, top_tenants))  # type: ignore[arg-type]
+    collector = ProjectionCollector(store, top_tenants, silent_after_s=silent_after_s, clock=clock)
+    registry.register(collector)  # type: ignore[arg-type]
     return registry
 
 

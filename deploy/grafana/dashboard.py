@@ -253,6 +253,23 @@ def build() -> dict[str, Any]:
     )
     g.add(
         series(
+            "Live runs gone silent",
+            [
+                target(f"sum by (tenant) (runwatch_runs_silent{{{T}}})", "{{tenant}}"),
+                target(
+                    f"max by (tenant) (runwatch_runs_silent_max_age_seconds{{{T}}})",
+                    "{{tenant}} oldest (s)",
+                    "B",
+                ),
+            ],
+            desc="RUNNING/DEGRADED runs whose newest fact is over 10 minutes old (the gates "
+            "cannot act on them), and the oldest such age; RunwatchRunsSilent pages.",
+        ),
+        6,
+        8,
+    )
+    g.add(
+        series(
             "Terminal runs by failure class",
             [
                 target(

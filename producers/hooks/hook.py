@@ -42,6 +42,11 @@ broker credentials and can only publish its own tenant's hook events:
 (or ``$RUNWATCH_KAFKA``), else the embedded log ``log=DIR`` (or ``$RUNWATCH_LOG_DIR``, else
 ``./runwatch-data/log``). The spool defaults to ``./runwatch-data/spool/<run>``
 (``$RUNWATCH_SPOOL_DIR`` is its parent).
+
+Unmonitored for too long: a hook that has been unable to deliver its events or to read
+its commands for ``pause_when_unmonitored_s`` (300 s by default; ``None``: never) holds
+the run at its next :meth:`obey`, as a pause does, until runwatch is reachable, the
+spooled events delivered and the commands read (:mod:`producers.hooks.unmonitored`).
 """
 
 from __future__ import annotations
@@ -77,6 +82,11 @@ from events.identity import check_id, check_name
 from producers.hooks.mapping import normalized, row_events, scalar
 from producers.hooks.obey import MAX_TEXT_CHARS, CommandFollower, cut_payload, cut_text
 from producers.hooks.publisher import Publisher, Stats, Target
+from producers.hooks.unmonitored import (
+    DEFAULT_PAUSE_WHEN_UNMONITORED_S,
+    UnmonitoredGuard,
+    check_limit,
+)
 from producers.metrics_import import MetricsImportReport, billed_seconds, check_gpus
 
 log = logging.getLogger("runwatch.hooks")
@@ -137,7 +147,16 @@ class RunwatchHook:
         install_exit_hooks: bool = True,
         follow_commands: bool = True,
         command_poll_s: float = 0.5,
+        pause_when_unmonitored_s: float | None = DEFAULT_PAUSE_WHEN_UNMONITORED_S,
     ) -> None:
+        """``pause_when_unmonitored_s``: hold the run at :meth:`obey` once the hook has
+        been unable to deliver its events or read its commands that long, until both work
+        again (:mod:`producers.hooks.unmonitored`; ``None``: train on unmonitored; needs
+        ``follow_commands``)."""
+        try:
+            pause_when_unmonitored_s = check_limit(pause_when_unmonitored_s)
+        except ValueError as exc:
+            raise ValueError(f"RunwatchHook: {exc}") from None
         gateway = gateway or os.environ.get("RUNWATCH_GATEWAY") or None
         if gateway:  # run ids are per tenant there: no other tenant can take this one
             named, run_id = run_id, tenant_run_id(tenant_id, run_id)
@@ -195,6 +214,15 @@ class RunwatchHook:
             connect_timeout_s=connect_timeout_s,
             retry_s=retry_s,
         )
+        #: holds the run when runwatch is out of touch too long (None: off)
+        self.unmonitored: UnmonitoredGuard | None = None
+        if self.follower is not None:
+            # the reader reached the log again: ship the spool now, not after the back-off
+            self.follower.on_reachable = self.publisher.retry_now
+            if pause_when_unmonitored_s is not None:
+                self.unmonitored = UnmonitoredGuard(
+                    pause_when_unmonitored_s, self.publisher, self.follower, run_id=run_id
+                )
         self._seq = 0  # touched on the worker thread only
         self._started = False
         self._finished = False
@@ -282,17 +310,28 @@ class RunwatchHook:
         """Act on the run's commands at a step boundary (training thread, after the step
         was reported): a pause blocks here until an unpause or a cancel; True once the run
         is cancelled — stop training (:mod:`producers.hooks.obey`). ``waiting``: called
-        every poll while paused (a multi-process run's keepalive)."""
+        every poll while paused (a multi-process run's keepalive). Also holds the run while
+        runwatch has been out of touch over ``pause_when_unmonitored_s``
+        (:mod:`producers.hooks.unmonitored`)."""
         follower = self.follower
         if follower is None or self._closed or (self._finished and not follower.cancelled):
             return False
         paused = follower.paused_s
         stop = follower.obey(step, waiting)
+        guard = self.unmonitored
+        if not stop and guard is not None:
+            held = guard.holds
+            stop = guard.hold(step, lambda: follower.obey(step, waiting), waiting, self._is_closed)
+            if guard.holds != held:
+                self._last_step_end = time.perf_counter()  # the time held is no step's time
         if follower.cancelled:
             self._finished = True  # RunCancelled is the run's last lifecycle fact
         if follower.paused_s != paused:
             self._last_step_end = time.perf_counter()  # the pause is no step's time
         return stop
+
+    def _is_closed(self) -> bool:
+        return self._closed
 
     def _publish_now(self, cls: type[EventBase], step: int | None, **payload: Any) -> None:
         self._submit(self._one, cls, step, time.time(), **payload)
@@ -328,6 +367,11 @@ class RunwatchHook:
         self.publisher.stats.submitted_jobs = self.publisher._submitted
         out = self.publisher.stats.as_dict()
         out["mapped"] = dict(sorted(self.report.mapped.items()))
+        guard = self.unmonitored
+        if guard is not None:  # held because runwatch was out of touch: how often, how long
+            out["unmonitored_holds"] = guard.holds
+            out["unmonitored_held_s"] = round(guard.held_so_far(), 3)
+            out["unmonitored_holding"] = guard.holding
         return out
 
     def __enter__(self) -> RunwatchHook:

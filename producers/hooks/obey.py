@@ -38,7 +38,13 @@ adapter on the training thread at every step boundary, after the step was report
 - The reader reads the hook's target: the embedded log (read-only), Kafka or the ingest
   gateway (a client of its own; no call waits more than ``KAFKA_WAIT_S``). A reader that
   cannot be made or read is said once in the log and taken as no command (made again
-  after ``RETRY_S``): training never fails on it. Only the run's own tenant's commands count.
+  after ``RETRY_S``, 2 s: it was 30 s, so a hook whose log came back read no command for
+  up to 30 s): training never fails on it. Only the run's own tenant's commands count.
+  The reader keeps when it last read (:attr:`CommandFollower.read_ok_at`) and since when
+  it cannot (:attr:`CommandFollower.unread_since`, the start of the first failed read
+  after a good one), ``time.monotonic()``: a hook's ``pause_when_unmonitored_s`` holds
+  the run when that lasts (:mod:`producers.hooks.unmonitored`); ``on_reachable`` is
+  called when a read succeeds after a failure (the hook ships its spool at once).
 - A process started for a run cancelled before stops at its first look (nothing more is
   published).
 
@@ -83,8 +89,9 @@ from producers.commands import (
 log = logging.getLogger("runwatch.hooks")
 
 LIFECYCLE = "runwatch.lifecycle"
-#: seconds before a reader that could not be made is tried again
-RETRY_S = 30.0
+#: seconds before a reader that could not be made is tried again (short: a hook held
+#: because runwatch was unreachable is released only once its commands are read again)
+RETRY_S = 2.0
 #: the longest one Kafka call of the reader may take
 KAFKA_WAIT_S = 5.0
 #: the longest the reader's first read may take (the run's lifecycle and every command
@@ -159,10 +166,18 @@ class CommandFollower:
         flush: Callable[[], Any],
         poll_s: float = 0.5,
         producer: str = "",
+        on_reachable: Callable[[], Any] | None = None,
     ) -> None:
         """``producer``: the hook's own producer name (its facts are this process's).
         ``backend``: makes the log to read when it is neither Kafka nor the embedded log
-        (the ingest gateway's :class:`~producers.hooks.gateway.GatewayLog`)."""
+        (the ingest gateway's :class:`~producers.hooks.gateway.GatewayLog`).
+        ``on_reachable``: called (on the reader thread) when a read succeeds after one
+        failed."""
+        self.on_reachable = on_reachable
+        #: monotonic start of the last read that succeeded (None: none yet)
+        self.read_ok_at: float | None = None
+        #: monotonic start of the first failed read since the last good one (None: reading)
+        self.unread_since: float | None = None
         self.producer = producer
         self.backend = backend
         self.run_id = run_id
@@ -323,17 +338,32 @@ class CommandFollower:
 
     def _read(self) -> None:
         while not self._stop.is_set():
-            feed = self._feed or self._open()
+            began = time.monotonic()
+            feed = self._feed or self._open(began)
             if feed is not None:
                 try:
                     for cmd in feed.poll():
                         self._inbox.put(cmd)
                 except Exception as exc:  # the target is away: no command this time
+                    self._read_failed(began)
                     why = f"{type(exc).__name__}: {exc}".rstrip(": ")
                     self._say("poll", f"runwatch: cannot read run {self.run_id}'s commands: {why}")
+                else:
+                    self._read_ok(began)
             self._stop.wait(self.poll_s)
 
-    def _open(self) -> CommandFeed | None:
+    def _read_ok(self, began: float) -> None:
+        failing = self.unread_since is not None
+        self.read_ok_at, self.unread_since = began, None
+        if failing and self.on_reachable is not None:
+            with contextlib.suppress(Exception):  # (a publisher's wake-up: never fails)
+                self.on_reachable()
+
+    def _read_failed(self, began: float) -> None:
+        if self.unread_since is None:
+            self.unread_since = began
+
+    def _open(self, began: float | None = None) -> CommandFeed | None:
         """The feed, made at the first look that can make it (an unreachable target is
         tried again after ``RETRY_S``; no call waits on Kafka more than ``KAFKA_WAIT_S``)."""
         from producers.sinks import BackendSink, EmbeddedSink, KafkaSink
@@ -351,6 +381,7 @@ class CommandFollower:
                 if not self.log_dir.is_dir():
                     self.known = False  # nothing written yet: not paused, no command either
                     self._ready.set()
+                    self._read_ok(time.monotonic() if began is None else began)
                     return None
                 from events.log.embedded import EmbeddedLog
 
@@ -383,6 +414,7 @@ class CommandFollower:
                 backend.timeout_s = KAFKA_WAIT_S
             self._ready.set()
         except Exception as exc:  # (on the reader thread: it tries again later)
+            self._read_failed(time.monotonic() if began is None else began)
             self._open_failed.set()
             sink, self._sink = self._sink, None
             if sink is not None:

@@ -15,10 +15,19 @@ monotonic), then delivers each batch:
 - **spooling**: when a direct write fails or times out, the batch and everything after
   it goes to a local *spool* (an embedded log directory, fsync'd) and a warning says so
   once ("log unreachable, buffering to SPOOL"). Every ``retry_s`` (backing off to
-  ``max_retry_s``) the worker ships the spool to the target with the shipper
-  (:mod:`producers.shipper`: same keys and bytes, positions committed after the ack);
-  once the spool is drained it writes directly again and says so once. A spool left by
-  an earlier process (it crashed while the log was away) is shipped first.
+  ``max_retry_s``, :data:`MAX_RETRY_S` = 2 s) the worker ships the spool to the target
+  with the shipper (:mod:`producers.shipper`: same keys and bytes, positions committed
+  after the ack); once the spool is drained it writes directly again and says so once. A
+  spool left by an earlier process (it crashed while the log was away) is shipped first.
+  :meth:`Publisher.retry_now` (the hook's command reader, when it reaches the log again)
+  ships at once instead of waiting out the back-off. The back-off was 15 s at most; found
+  by review (F2): a gate's pause then landed 9.7 s after the gateway was back, because
+  the facts it needed were still waiting in the spool.
+- **out of touch**: :attr:`Publisher.undelivered_since` is when the worker last became
+  unable to deliver (the start of the write that failed; None while it delivers), and
+  :attr:`Publisher.delivered_at` when it last drained a spool: what a hook's
+  ``pause_when_unmonitored_s`` (:mod:`producers.hooks.unmonitored`) is judged by. Both
+  are ``time.monotonic()``; the worker never waits on them.
 
 Guarantees and their assumptions:
 
@@ -61,6 +70,10 @@ from events.log.embedded import EmbeddedLog
 from producers.shipper import GROUP, ship_once
 
 log = logging.getLogger("runwatch.hooks")
+
+#: The longest pause between two tries to ship the spool (the back-off's cap): commands
+#: a gate wrote about the shipped facts are read within about this of the log's return.
+MAX_RETRY_S = 2.0
 
 #: A job: called on the worker thread, returns the events of one fact.
 Job = Callable[[], Sequence[EventBase]]
@@ -138,7 +151,7 @@ class Publisher:
         write_timeout_s: float = 10.0,
         connect_timeout_s: float = 30.0,
         retry_s: float = 1.0,
-        max_retry_s: float = 15.0,
+        max_retry_s: float = MAX_RETRY_S,
         name: str = "runwatch-hook",
     ) -> None:
         self.target = target
@@ -162,6 +175,10 @@ class Publisher:
         self._spool: EmbeddedLog | None = None
         self._next_probe = 0.0
         self._backoff = retry_s
+        #: monotonic time since which nothing could be delivered (None: delivering)
+        self.undelivered_since: float | None = None
+        #: monotonic time the spool was last drained to the target (None: never)
+        self.delivered_at: float | None = None
         self._closing = False
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
@@ -184,6 +201,14 @@ class Publisher:
         self._queue.append(job)
         self._submitted = next(self._counter) + 1
         return True
+
+    def retry_now(self) -> None:
+        """Ship the spool at the worker's next turn, not after the back-off (the target
+        was seen reachable again; called from any thread, never blocks)."""
+        if self.stats.mode == "spooling":
+            self._backoff = self.retry_s
+            self._next_probe = 0.0
+            self._wake.set()
 
     def flush(self, timeout_s: float = 30.0) -> bool:
         """Wait until every job submitted so far is delivered (to the target or the
@@ -275,6 +300,7 @@ class Publisher:
 
     def _deliver(self, events: list[EventBase]) -> None:
         if self.stats.mode == "direct":
+            began = time.monotonic()
             try:
                 self._write_target(events)
                 self.stats.written += len(events)
@@ -283,6 +309,7 @@ class Publisher:
                 self._drop_backend()
                 why = f"{type(exc).__name__}: {str(exc)[:200] or 'timed out'}"
                 self.stats.outages += 1
+                self.undelivered_since = began
                 self._enter_spooling(
                     f"runwatch hook: {self.target.describe} unreachable ({why}); buffering "
                     f"events to the local spool {self.spool_dir}, shipped when it is back"
@@ -342,6 +369,8 @@ class Publisher:
     def _enter_spooling(self, message: str) -> None:
         """Spool from now on until the spool is shipped; ``message`` says why, once."""
         self.stats.mode = "spooling"
+        if self.undelivered_since is None:
+            self.undelivered_since = time.monotonic()
         self._backoff = self.retry_s
         self._next_probe = time.monotonic()
         self.stats.notices.append(message)
@@ -363,6 +392,8 @@ class Publisher:
             return False
         self.stats.shipped_from_spool += shipped
         self.stats.mode = "direct"
+        self.delivered_at = time.monotonic()
+        self.undelivered_since = None
         message = (
             f"runwatch hook: {shipped} spooled records shipped from {self.spool_dir} to "
             f"{self.target.describe}; writing to it directly again"

@@ -16,7 +16,9 @@ What each callback publishes (through a :class:`~producers.hooks.hook.RunwatchHo
   (``RunCancelled``; ``on_train_end`` then publishes no ``RunCompleted``). In a run of
   several processes (``torchrun``, ``accelerate launch``) every rank takes process
   zero's verdict at the step's end (:mod:`producers.hooks.ranks`): they pause and stop
-  together;
+  together. A run whose runwatch has been unreachable over ``pause_when_unmonitored_s``
+  (a hook argument, 300 s by default, ``None``: off) is held there the same way until
+  runwatch is back (:mod:`producers.hooks.unmonitored`);
 - ``on_log``: what ``runwatch import metrics`` writes for the row — ``reward``, ``kl``,
   ``entropy``, ``completions/*``, ``frac_reward_zero_std`` ... (set ``logging_steps=1``
   for a step event per optimizer step: detectors count steps by their number, a sparser

@@ -19,15 +19,18 @@ Keys are mapped as ``runwatch import metrics`` maps them (``actor/*``, ``critic/
 verl logs before training (``val-core/*`` only) becomes an ``EvalGateScored`` alone.
 
 Settings: the ``trainer.runwatch`` section of verl's config when present (``run_id``,
-``tenant_id``, ``kafka``, ``log``, ``spool``, ``gpus``, ``algorithm``; add it with
+``tenant_id``, ``kafka``, ``log``, ``spool``, ``gpus``, ``algorithm``, any other
+:class:`RunwatchHook` argument such as ``pause_when_unmonitored_s``; add it with
 ``+trainer.runwatch.tenant_id=acme``), else ``$RUNWATCH_RUN_ID``, ``$RUNWATCH_TENANT``,
 ``$RUNWATCH_KAFKA`` / ``$RUNWATCH_LOG_DIR``; the run id defaults to the experiment name,
 the GPUs to ``trainer.nnodes x trainer.n_gpus_per_node``, the algorithm to
 ``algorithm.adv_estimator`` (``gae`` -> ``ppo``).
 
 Commands: a pause (a gate's, a person's) blocks verl's driver in ``log`` until an unpause
-or a cancel; a cancel raises :class:`~producers.hooks.obey.RunCancelledByRunwatch` out of
-``log``, which stops verl's driver (``RunCancelled`` is published first).
+or a cancel (and so does runwatch out of touch over ``pause_when_unmonitored_s``, until it
+is back: :mod:`producers.hooks.unmonitored`); a cancel raises
+:class:`~producers.hooks.obey.RunCancelledByRunwatch` out of ``log``, which stops verl's
+driver (``RunCancelled`` is published first).
 
 Checkpoints: verl writes ``<default_local_dir>/global_step_<N>/`` and then
 ``latest_checkpointed_iteration.txt``; each ``log`` call stats that file (one ``stat``)
