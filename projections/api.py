@@ -13,7 +13,9 @@ fractions, alerts, the reward ledger and run mechanics are operator-only.
 Commands (when the API was given a command sink): customers ``POST
 /v1/runs/{id}/resume|cancel`` for their own runs, operators ``POST
 /v1/operator/runs/{id}/pause|resume|cancel``. A command is judged against the projected
-state (resume needs PAUSED_BY_GATE; nothing applies to an ended run: ``409``), written to
+state (resume needs PAUSED_BY_GATE; nothing applies to an ended run: ``409``; a resume
+with ``overrides`` needs a run trained by runwatch's trainer: a hooked run is the
+customer's own job, which no command can reconfigure: ``409``, nothing written), written to
 the run's control topic (``202``: accepted; the state changes when the trainer answers),
 or recorded as ``CommandRejected``. Events name who asked: the customer's tenant, or the
 operator key's entry (its ``name`` and key id, :func:`projections.auth.operator_label`).
@@ -206,6 +208,35 @@ class CommandAccepted(BaseModel):
     action: str
     command_id: str
     status: str = "accepted"
+
+
+#: The producer of runwatch's own trainer (``trainer.publish.producer_name``): the only
+#: training loop that applies a resume's settings. A hooked loop (``hook/<run>/...``, or the
+#: name a customer gave its hook) is the customer's own job: its hook can resume it but
+#: cannot change its settings.
+TRAINER_PRODUCER = "trainer/"
+
+
+def settings_refusal(view: RunView, overrides: dict[str, object]) -> str:
+    """Why a resume of ``view``'s run cannot carry ``overrides`` ('' when it can): only a
+    run trained by runwatch's trainer applies them; anywhere else they would be dropped
+    while the resume is accepted (the customer believing the fix is in)."""
+    producer = str(view.mechanics.get("producer") or "")
+    if producer.startswith(TRAINER_PRODUCER):
+        return ""
+    names = ", ".join(sorted(overrides))
+    if not producer:
+        return (
+            f"cannot change {names} on resume: runwatch has not seen how run {view.run_id} "
+            "was submitted, so it cannot tell that its trainer applies settings; resume "
+            "without overrides"
+        )
+    return (
+        f"cannot change {names} on resume: run {view.run_id} trains in your own job "
+        "(a runwatch hook reports it), and runwatch cannot change its settings; change "
+        f"{names} in your job's own configuration (e.g. restart it from its checkpoint), "
+        "or resume without overrides"
+    )
 
 
 def _points(pts: list[tuple[int, float]]) -> list[Point]:
@@ -506,6 +537,8 @@ def create_app(
             raise HTTPException(422, "only a resume takes settings to change")
         if why := bad_overrides(overrides):
             raise HTTPException(422, why)
+        if overrides and (why := settings_refusal(view, overrides)):
+            raise HTTPException(409, why)
         issued = await run_in_threadpool(
             lambda: write_command(
                 commands,

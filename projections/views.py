@@ -252,6 +252,9 @@ def _reward_failed(view: RunView, fleet: Fleet, points: Points, ev: RewardBatchF
 
 def _submitted(view: RunView, fleet: Fleet, points: Points, ev: RunSubmitted) -> None:
     view.algorithm = ev.algorithm
+    # who runs the run's loop (``trainer/<run>``: runwatch's trainer; ``hook/...`` or a
+    # customer's name: their own job): the API refuses resume settings the loop cannot apply
+    view.mechanics["producer"] = ev.producer
 
 
 #: What each input type adds to a view beyond its times and step (a type-keyed dispatch:

@@ -43,8 +43,15 @@ save: consumers deduplicate by id, as everywhere.)
 
 Webhooks come from the keys file (``tenants.<id>.webhook``, :mod:`projections.keys`); it is
 watched (a changed file is loaded again; a broken edit keeps the last valid webhooks). A
-tenant without a webhook gets nothing queued; a notification whose tenant lost its webhook
-fails its attempts ("no webhook configured") until abandoned.
+tenant without a webhook gets nothing queued (counted: ``runwatch_notifications_unroutable_
+total``); a notification whose tenant lost its webhook fails its attempts ("no webhook
+configured") until abandoned (counted: ``runwatch_notifications_abandoned_total``).
+
+Metrics (:class:`NotifierCollector`, ``runwatch notify --metrics-port``, loopback by
+default): what was told to nobody, by ``kind`` and ``urgent`` (a paging alert's fire, a run
+paused by a gate), the attempts, and ``runwatch_notifier_last_poll_timestamp_seconds`` (the
+loop's liveness, for the ``RunwatchNotifierStalled`` rule). Read at scrape time from the
+host's counters: the fold knows nothing of them.
 
 Host-side time: the clock stamps the attempts it observes (``ts``) and is compared with
 :func:`~stream_processors.notify.due_at`; the fold itself never reads it.
@@ -56,6 +63,7 @@ import asyncio
 import base64
 import contextlib
 import dataclasses
+import json
 import logging
 import os
 import time
@@ -81,7 +89,7 @@ from runwatch.hosting.state_journal import FoldStateFile
 from runwatch.hosting.tenancy import foreign_owner
 from runwatch.webhook_guard import destination_refusal, public_only_transport
 from stream_processors.notify import NotifierFold, NotifyPolicy, Pending, attempt_event, due
-from stream_processors.notify.payload import KINDS
+from stream_processors.notify.payload import KINDS, data_of
 from stream_processors.notify.signing import (
     ATTEMPT_HEADER,
     DELIVERY_HEADER,
@@ -145,12 +153,38 @@ class NotifierStats:
     failures: int = 0
     delivered: int = 0
     abandoned: int = 0
+    #: customer-visible facts of tenants without a webhook (told to nobody)
+    unroutable: int = 0
     latencies_s: list[float] = field(default_factory=list, repr=False)
+    #: (kind, urgent) -> notifications abandoned / facts unroutable (the metrics' labels)
+    abandoned_by: dict[tuple[str, str], int] = field(default_factory=dict, repr=False)
+    unroutable_by: dict[tuple[str, str], int] = field(default_factory=dict, repr=False)
+    #: wall clock when the loop last polled its inputs (None: not yet): its liveness
+    last_poll_ts: float | None = field(default=None, repr=False)
 
     def as_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
-        d.pop("latencies_s")
+        for name in ("latencies_s", "abandoned_by", "unroutable_by", "last_poll_ts"):
+            d.pop(name)
         return d
+
+
+def urgent(kind: str, data: dict[str, Any]) -> bool:
+    """Whether a notification asks the customer to act: a paging alert's fire, or a run
+    paused by a gate (its body's ``data``: :func:`stream_processors.notify.payload.data_of`)."""
+    if kind == "alert.fired":
+        return data.get("routing") == "page"
+    if kind == "run.state_changed":
+        return data.get("to_state") == "PAUSED_BY_GATE"
+    return False
+
+
+def _urgent_body(kind: str, body: str) -> bool:
+    try:
+        data = json.loads(body).get("data") or {}
+    except (ValueError, AttributeError):
+        return False
+    return urgent(kind, data if isinstance(data, dict) else {})
 
 
 class WebhookBook:
@@ -313,8 +347,28 @@ class Notifier:
         self._dirty.add(key)
         if slot.state.pending:
             self._active.add(key)
+        if type(event) in KINDS and not self.fold.policy.notifies(event.tenant_id):
+            self._unroutable(event)
         self._changed = True
         return out
+
+    def _unroutable(self, event: EventBase) -> None:
+        """Count a customer-visible fact of a tenant without a webhook: the fold queues
+        nothing for it, so without this count nobody would know it was told to nobody."""
+        kind = KINDS[type(event)]
+        if kind == "alert.resolved":
+            return  # its fire was not sent either (counted there)
+        if kind == "alert.fired" and getattr(event, "routing", "") == "advisory":
+            return  # never sent to anyone: not a lost notification
+        is_urgent = urgent(kind, data_of(event))
+        key = (kind, "true" if is_urgent else "false")
+        self.stats.unroutable += 1
+        self.stats.unroutable_by[key] = self.stats.unroutable_by.get(key, 0) + 1
+        if is_urgent:
+            log.warning(
+                "no webhook for tenant %r: %s of run %s told to nobody",
+                event.tenant_id, kind, event.run_id,
+            )  # fmt: skip
 
     def fold_records(self, records: Sequence[Record]) -> list[EventBase]:
         """Fold a polled batch (records before the stored positions are skipped)."""
@@ -369,6 +423,9 @@ class Notifier:
                 self.stats.latencies_s.append(ev.latency_s)
             elif isinstance(ev, NotificationAbandoned):
                 self.stats.abandoned += 1
+                kind = _KIND_OF_TYPE.get(ev.source_type, "other")
+                key = (kind, "true" if _urgent_body(kind, ev.body or "") else "false")
+                self.stats.abandoned_by[key] = self.stats.abandoned_by.get(key, 0) + 1
                 log.warning("abandoned %s: %s", ev.notification_id, ev.reason)
 
     # -- deliveries -----------------------------------------------------------------------
@@ -541,6 +598,7 @@ class Notifier:
                 records: list[Record] = []
                 if time.monotonic() >= next_poll:  # not on every finished attempt: a poll
                     records = await consumer.poll(s.poll_records, timeout_s=0.0)  # costs
+                    self.stats.last_poll_ts = time.time()  # liveness, for the metrics
                     # a backlog is read on at once; else look again after poll_timeout_s
                     next_poll = 0.0 if records else time.monotonic() + s.poll_timeout_s
                 out = self.record_completed()
@@ -593,3 +651,75 @@ class Notifier:
     # -- read-outs ------------------------------------------------------------------------
     def pending(self) -> int:
         return sum(len(self.slots[k].state.pending) for k in self._active if k in self.slots)
+
+
+# -- metrics (read at scrape time; runwatch notify --metrics-port) -------------------------
+class NotifierCollector:
+    """The notifier's own series, read from its host-side counters at scrape time: what was
+    told to nobody (abandoned after its retries; a tenant without a webhook) and whether the
+    loop is alive. Labels come from closed sets: ``kind`` (the body's ``type``) and
+    ``urgent`` (``true``: a paging alert's fire or a run paused by a gate). Every label pair
+    is exported from the start, at 0, so ``increase()`` sees the first one."""
+
+    def __init__(self, notifier: Notifier) -> None:
+        self.notifier = notifier
+        self._pending = 0
+
+    def describe(self) -> list[Any]:
+        return []
+
+    def collect(self) -> Any:
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        stats = self.notifier.stats
+        for name, doc, counts in (
+            (
+                "runwatch_notifications_abandoned",
+                "Notifications abandoned after their last failed attempt (told to nobody).",
+                dict(stats.abandoned_by),
+            ),
+            (
+                "runwatch_notifications_unroutable",
+                "Customer-visible alerts and state changes of tenants without a webhook "
+                "(nothing queued: told to nobody).",
+                dict(stats.unroutable_by),
+            ),
+        ):
+            c = CounterMetricFamily(name, doc, labels=["kind", "urgent"])
+            for kind in sorted(_KIND_OF_TYPE.values()):
+                for flag in ("false", "true"):
+                    c.add_metric([kind, flag], counts.get((kind, flag), 0))
+            yield c
+        for name, doc, value in (
+            ("runwatch_notifications_attempts", "Delivery attempts made.", stats.attempts),
+            ("runwatch_notifications_failed_attempts", "Attempts that failed.", stats.failures),
+            ("runwatch_notifications_delivered", "Notifications delivered.", stats.delivered),
+        ):
+            c = CounterMetricFamily(name, doc)
+            c.add_metric([], value)
+            yield c
+        # the loop's sets change under this thread: on a clash keep the last good count
+        with contextlib.suppress(RuntimeError):
+            self._pending = self.notifier.pending()
+        g = GaugeMetricFamily("runwatch_notifications_pending", "Notifications not yet settled.")
+        g.add_metric([], self._pending)
+        yield g
+        if stats.last_poll_ts is not None:
+            g = GaugeMetricFamily(
+                "runwatch_notifier_last_poll_timestamp_seconds",
+                "Wall clock when the notifier last polled its inputs (its loop is alive).",
+            )
+            g.add_metric([], stats.last_poll_ts)
+            yield g
+
+
+def start_metrics(notifier: Notifier, port: int, host: str = "127.0.0.1") -> Any:
+    """Serve the notifier's ``/metrics`` on ``host:port`` (loopback by default); the server."""
+    from prometheus_client.registry import CollectorRegistry
+
+    from projections.exporter import start_metrics_server
+
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(NotifierCollector(notifier))  # type: ignore[arg-type]
+    server, _ = start_metrics_server(registry, port, host)
+    return server

@@ -59,6 +59,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="also POST to webhooks on private, loopback or link-local addresses",
     )
+    parser.add_argument(
+        "--metrics-port", type=int, help="serve Prometheus metrics (what was told to nobody)"
+    )
+    parser.add_argument(
+        "--metrics-host",
+        default="127.0.0.1",
+        help="address the metrics port binds (default 127.0.0.1: this host only)",
+    )
     parser.add_argument("--json", action="store_true", help="print the summary as JSON")
 
 
@@ -116,6 +124,17 @@ def run(args: argparse.Namespace, term: Terminal) -> int:
         notifier = Notifier(backend, book, policy=policy, settings=config)
     except DamagedState as exc:
         raise Abort(str(exc)) from None
+    if args.metrics_port is not None:
+        from runwatch.notifier import start_metrics
+
+        try:
+            start_metrics(notifier, args.metrics_port, args.metrics_host)
+        except OSError as exc:
+            raise Abort(f"metrics port {args.metrics_host}:{args.metrics_port}: {exc}") from None
+        term.progress(
+            f"notifier: Prometheus metrics on "
+            f"http://{args.metrics_host}:{args.metrics_port}/metrics"
+        )
     tenants = ", ".join(sorted(book.hooks)) or "none"
     term.progress(f"notifier on {where}: webhooks for {tenants} (Ctrl-C to stop)")
 

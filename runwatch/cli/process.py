@@ -66,6 +66,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="S",
         help="faust: seconds without a heartbeat before the group drops a worker (default 10)",
     )
+    parser.add_argument(
+        "--metrics-port",
+        type=int,
+        help="embedded: serve Prometheus metrics (last progress, lag) on this port",
+    )
+    parser.add_argument(
+        "--metrics-host",
+        default="127.0.0.1",
+        help="address the metrics port binds (default 127.0.0.1: this host only)",
+    )
     parser.add_argument("--json", action="store_true", help="print the summary as JSON")
 
 
@@ -77,6 +87,8 @@ def run(args: argparse.Namespace, term: Terminal) -> int:
         folds = processor_folds(args.catalog, control=args.control, prices=args.prices)
     except (CatalogError, ValueError) as exc:
         raise Abort(str(exc)) from None
+    if args.kafka and args.metrics_port is not None:
+        raise Abort("--metrics-port: only the embedded host (--log) exports metrics yet", 2)
     if args.kafka:
         from runwatch.hosting.faust_host import run_worker
 
@@ -99,6 +111,20 @@ def run(args: argparse.Namespace, term: Terminal) -> int:
         host = EmbeddedHost(log, folds)
     except DamagedState as exc:
         raise Abort(str(exc)) from None
+    if args.metrics_port is not None:
+        from projections.exporter import start_metrics_server
+        from runwatch.hosting.progress import make_registry
+
+        try:
+            start_metrics_server(
+                make_registry(host, args.app_id, log.root), args.metrics_port, args.metrics_host
+            )
+        except OSError as exc:
+            raise Abort(f"metrics port {args.metrics_host}:{args.metrics_port}: {exc}") from None
+        term.progress(
+            f"processors: Prometheus metrics on "
+            f"http://{args.metrics_host}:{args.metrics_port}/metrics"
+        )
     if args.once:
         stats = host.run_once()
     else:

@@ -25,12 +25,16 @@ obeyed within one batch (``batch_records``) however long the backlog; the next r
 from the committed positions. (Before 2026-11-28 a pass drained the whole backlog first: a
 tenant's flood kept ``runwatch process`` deaf to SIGTERM for minutes, review finding 2.)
 
-Time: nothing here reads a clock except :meth:`EmbeddedHost.run_forever`'s poll sleep.
+Time: the folds never read a clock. The host reads one for its liveness only:
+:attr:`EmbeddedHost.progress_ts` (wall clock of the last committed batch, or of the last
+pass that found the log read to its end), which ``runwatch process --metrics-port`` exports
+with the lag (:mod:`runwatch.hosting.progress`) so a stalled or dead host is seen.
 """
 
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from itertools import islice
@@ -82,6 +86,9 @@ class EmbeddedHost:
         #: when set, :meth:`run_once` returns after the batch it is in is committed (a
         #: caller that stops on a signal sets it here: ``host.stop = its_event``)
         self.stop: threading.Event | None = None
+        #: wall clock of the last progress: a batch committed, or a pass that found nothing
+        #: new (caught up). None until the first. Read by the metrics, never by a fold.
+        self.progress_ts: float | None = None
 
     def _stopping(self) -> bool:
         return self.stop is not None and self.stop.is_set()
@@ -115,6 +122,8 @@ class EmbeddedHost:
                 break
         self.stats.records += seen
         self.stats.duplicates = host.duplicates
+        if not seen:
+            self.progress_ts = time.time()  # read to the end: caught up as of now
         return seen
 
     def _commit(self, derived: list[EventBase]) -> None:
@@ -135,3 +144,4 @@ class EmbeddedHost:
             for ev in derived:
                 self.stats.derived[ev.type] = self.stats.derived.get(ev.type, 0) + 1
         host.checkpoint()
+        self.progress_ts = time.time()

@@ -62,6 +62,10 @@ def test_rules_only_read_series_the_exporter_exposes(tmp_path):
     exposed = set(
         re.findall(r"^(runwatch_[a-z_]+)", generate_latest(make_registry(store)).decode(), re.M)
     )
+    # the notifier's and the processors' own metrics ports (rules on who is told)
+    from tests.unit.runwatch.test_liveness_series import liveness_series
+
+    exposed |= {re.sub(r"_(bucket|count|sum)$", "", n) for n in liveness_series(tmp_path)}
     doc = yaml.safe_load(RULES.read_text())
     used = {
         name

@@ -23,7 +23,7 @@ from runwatch.cli.main import COMMANDS, build_parser
 
 REPO = Path(__file__).resolve().parents[2]
 COMPOSE = REPO / "docker-compose.yml"
-RUNWATCH_SERVICES = ("processors", "api", "trajectories")
+RUNWATCH_SERVICES = ("processors", "api", "trajectories", "notify")
 
 
 def interpolate(value: str) -> str:

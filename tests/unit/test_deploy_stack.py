@@ -171,7 +171,11 @@ def test_rule_files_are_loaded_and_test_files_are_not():
     assert loaded == on_disk - tests, "a rule file in deploy/prometheus is not loaded"
 
 
-def test_rules_use_only_exposed_metrics(exposed):
+def test_rules_use_only_exposed_metrics(exposed, tmp_path):
+    # and the notifier's and the processors' own metrics ports (rules on who is told)
+    from tests.unit.runwatch.test_liveness_series import liveness_series
+
+    exposed = {**exposed, **liveness_series(tmp_path)}
     recorded = {r["record"] for r in rules() if "record" in r}
     for r in rules():
         check_expr(r.get("record") or r.get("alert"), r["expr"], exposed, recorded)
