@@ -29,8 +29,11 @@ Default action: allow. Denied with EPERM (so tenant code sees a clean error, not
   libseccomp does not know them). The 64-bit unique mount id grows host-wide and never
   repeats: each sandbox start adds ~90 mounts, so its delta between two batches counted
   another tenant's sandbox starts exactly (security review, 2026-11-28, second round,
-  F4). The lowest-free counters that remain (mount ids in ``/proc/self/mountinfo``,
-  namespace inode numbers) are documented in ``docs/threat-model.md``.
+  F4). Every nsfs ``ioctl`` (type 0xb7) is refused too: ``NS_GET_MNTNS_ID`` on
+  ``/proc/self/ns/mnt`` gave the 64-bit mount-namespace id, as host-wide and never reused
+  (each sandbox start makes one: the same count). The lowest-free counters that remain
+  (mount ids in ``/proc/self/mountinfo``, namespace inode numbers) are documented in
+  ``docs/threat-model.md``.
 
 No-ops (the call returns 0 and does nothing): ``sync`` and ``syncfs``. Either one wrote
 back the whole host's dirty page cache, or a whole host filesystem's (``syncfs`` on an
@@ -155,6 +158,9 @@ F_SETFL = 4
 F_NOTIFY = 1026
 #: ``statx`` mask bit of the host-wide, never-reused 64-bit mount id (Linux 6.8+).
 STATX_MNT_ID_UNIQUE = 0x4000
+#: The nsfs ioctls' type byte (``linux/nsfs.h``: ``NSIO``), bits 8-15 of the command;
+#: the type is theirs alone (``Documentation/userspace-api/ioctl/ioctl-number.rst``).
+NSIO_TYPE, IOCTL_TYPE_MASK = 0xB700, 0xFF00
 
 #: Every CLONE_NEW* flag: user, mount, net, pid, ipc, uts, cgroup, time.
 CLONE_NS_BITS: tuple[int, ...] = (
@@ -233,9 +239,10 @@ def _add_direct_io_rules(flt: Any) -> None:
 
 
 def _add_host_counter_rules(flt: Any) -> None:
-    """EPERM for dnotify (``fcntl(F_NOTIFY)``) and for ``statx`` asking for the unique
-    mount id: cross-tenant channels through the shared ``/usr`` inodes and the host-wide
-    mount counter (see the module docstring)."""
+    """EPERM for dnotify (``fcntl(F_NOTIFY)``), for ``statx`` asking for the unique
+    mount id and for the nsfs ioctls (``NS_GET_MNTNS_ID`` and kin): cross-tenant channels
+    through the shared ``/usr`` inodes and the host-wide mount and namespace counters
+    (see the module docstring)."""
     import pyseccomp as sc
 
     deny = sc.ERRNO(errno.EPERM)
@@ -246,3 +253,5 @@ def _add_host_counter_rules(flt: Any) -> None:
         flt.add_rule(
             deny, "statx", sc.Arg(3, sc.MASKED_EQ, STATX_MNT_ID_UNIQUE, STATX_MNT_ID_UNIQUE)
         )
+    with contextlib.suppress(RuntimeError, ValueError, OSError):
+        flt.add_rule(deny, "ioctl", sc.Arg(1, sc.MASKED_EQ, IOCTL_TYPE_MASK, NSIO_TYPE))

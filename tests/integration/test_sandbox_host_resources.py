@@ -218,6 +218,30 @@ def test_statx_unique_mount_id_and_statmount_listmount_are_refused(
     )
 
 
+def test_the_mount_namespace_id_ioctl_is_refused(client: RewardClient) -> None:
+    """``ioctl(NS_GET_MNTNS_ID)`` on ``/proc/self/ns/mnt`` returned the 64-bit mount
+    namespace id, host-wide and never reused: each sandbox start makes one, so its delta
+    counted other tenants' sandbox starts as the unique mount id did (found after the
+    second round's fix). Every nsfs ioctl is refused with EPERM; other ioctls work."""
+    run_ok(
+        client,
+        """
+        import errno, fcntl, os, termios
+        fd = os.open('/proc/self/ns/mnt', os.O_RDONLY)
+        for cmd in (0x8008B705, 0xB701, 0xB702, 0xB704):  # NS_GET_MNTNS_ID, USERNS, ...
+            try:
+                fcntl.ioctl(fd, cmd, b'\\0' * 8)
+                raise AssertionError(hex(cmd) + ' answered')
+            except OSError as exc:
+                assert exc.errno == errno.EPERM, (hex(cmd), exc.errno)
+        os.close(fd)
+        r, w = os.pipe()
+        os.write(w, b'abc')
+        assert fcntl.ioctl(r, termios.FIONREAD, b'\\0' * 4) == (3).to_bytes(4, 'little')
+        """,
+    )
+
+
 # -- F1: the trainer's read of the tenant's file ----------------------------------------
 
 
