@@ -340,6 +340,30 @@ class ProjectionCollector:
                 m.add_metric(list(key) if isinstance(key, tuple) else [key], value)
             yield m
         yield from self._silent(views, label)
+        yield from self._paused(views, label)
+
+    def _paused(self, views: list[RunView], label: dict[str, str]) -> Iterator[Metric]:
+        """How long the oldest gate-paused run of each tenant has waited: a paused run
+        holds its allocation (and a multi-process run's world) until someone resumes or
+        cancels it, and nothing bounds a pause. Age: the scrape's wall clock less the
+        run's newest fact (its ``RunPaused``: a paused run sends nothing more), as
+        :meth:`_silent`; every labelled tenant has the series (0 with none paused)."""
+        now = self.clock()
+        oldest: dict[str, float] = {}
+        for v in views:
+            t = label.get(v.tenant_id, OTHER)
+            oldest.setdefault(t, 0.0)
+            if v.state == "PAUSED_BY_GATE":
+                oldest[t] = max(oldest[t], max(0.0, now - v.updated_ts))
+        g = GaugeMetricFamily(
+            "runwatch_runs_paused_max_age_seconds",
+            "Age at the scrape (exporter's wall clock) of the newest fact of a tenant's "
+            "longest-paused PAUSED_BY_GATE run (event time, producer clock); 0 with none.",
+            labels=["tenant"],
+        )
+        for t, age in sorted(oldest.items()):
+            g.add_metric([t], age)
+        yield g
 
     def _silent(self, views: list[RunView], label: dict[str, str]) -> Iterator[Metric]:
         """Live runs whose newest fact is old, per tenant (module docstring); every

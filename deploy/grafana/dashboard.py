@@ -270,6 +270,22 @@ def build() -> dict[str, Any]:
     )
     g.add(
         series(
+            "Longest gate pause",
+            [
+                target(
+                    f"max by (tenant) (runwatch_runs_paused_max_age_seconds{{{T}}})",
+                    "{{tenant}}",
+                )
+            ],
+            "s",
+            "How long each tenant's longest PAUSED_BY_GATE run has waited for an answer "
+            "(it holds its allocation meanwhile); RunwatchRunPausedLong tickets after 4h.",
+        ),
+        6,
+        8,
+    )
+    g.add(
+        series(
             "Terminal runs by failure class",
             [
                 target(

@@ -86,3 +86,20 @@ def test_a_run_folded_from_its_events_goes_silent_when_its_facts_stop() -> None:
     assert registry.get_sample_value("runwatch_runs_silent", {"tenant": "acme"}) == 0
     now[0] = last + SILENT_AFTER_S + 1  # read at scrape time: nothing cached
     assert registry.get_sample_value("runwatch_runs_silent", {"tenant": "acme"}) == 1
+
+
+def test_the_longest_gate_pause_is_exported_per_tenant() -> None:
+    """``runwatch_runs_paused_max_age_seconds{tenant}``: a gate-paused run holds its
+    allocation until someone answers, and nothing bounds a pause (review, 2026-11-28):
+    the age of the longest wait, for ``RunwatchRunPausedLong``."""
+    now = 100_000.0
+    views = [
+        _view("a1", "acme", "PAUSED_BY_GATE", now - 5 * 3600),
+        _view("a2", "acme", "PAUSED_BY_GATE", now - 60),
+        _view("a3", "acme", "RUNNING", now - 9 * 3600),  # silent, not paused
+        _view("b1", "beta", "FAILED", now - 9 * 3600),
+    ]
+    registry = make_registry(_Views(views), clock=lambda: now)  # type: ignore[arg-type]
+    value = registry.get_sample_value
+    assert value("runwatch_runs_paused_max_age_seconds", {"tenant": "acme"}) == 5 * 3600
+    assert value("runwatch_runs_paused_max_age_seconds", {"tenant": "beta"}) == 0
