@@ -9,6 +9,11 @@ Hosts (the embedded runner, the faust app, tests) keep one state per key — the
 deduplicate by ``event_id``) to :meth:`Fold.apply`, store the new state and append the
 derived events to their topics. A host persists state with :meth:`Fold.dump_state` /
 :meth:`Fold.load_state` (bytes), so folds choose their own state format.
+
+Optional: ``replayable_inputs: tuple[str, ...]``, input topics whose events the fold may
+be handed twice to no effect (it reads them, e.g. to count a run's steps, but an event
+folded again derives nothing new). Hosts fold those without deduplicating them: their ids
+would crowd the key's window of recent ids, which guards the events that matter.
 """
 
 from __future__ import annotations

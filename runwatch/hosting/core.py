@@ -90,9 +90,25 @@ def load_slot(fold: Fold[Any], raw: bytes | None) -> Slot:
     return Slot(fold.load_state(doc["state"]), RecentIds.unpack(doc["recent"]), doc.get("tenant"))
 
 
+def untracked_topics(fold: Fold[Any]) -> frozenset[str]:
+    """The input topics whose events ``fold`` may fold twice to no effect
+    (``fold.replayable_inputs``, none by default, :class:`events.fold.Fold`): a
+    deduplicating host folds them without recording their ids in the key's window, so a
+    flood of them (every step of a run, to a fold that acts on a few lifecycle facts)
+    cannot push the ids that matter out of it, and stores the state only when it changed
+    (review, 2026-11-28: after ~256 steps a redelivered old ``RunPaused`` was folded
+    again by the run controller)."""
+    return frozenset(getattr(fold, "replayable_inputs", ()))
+
+
 def apply_event(fold: Fold[Any], slot: Slot, event: EventBase) -> Sequence[EventBase] | None:
-    """Fold ``event`` into ``slot``; the derived events, or ``None`` for a duplicate. The
-    caller checks the run's tenant first (:mod:`runwatch.hosting.tenancy`)."""
+    """Fold ``event`` into ``slot``; the derived events, or ``None`` for a duplicate (or
+    an event of an untracked topic that changed nothing: nothing to store). The caller
+    checks the run's tenant first (:mod:`runwatch.hosting.tenancy`)."""
+    if type(event).TOPIC in untracked_topics(fold):
+        before = slot.state
+        slot.state, derived = fold.apply(before, event)
+        return None if slot.state is before and not derived else derived
     if not slot.recent.first_time(event.event_id):
         return None
     slot.state, derived = fold.apply(slot.state, event)
@@ -128,6 +144,7 @@ class HostedFold:
         "slots",
         "starts",
         "states",
+        "untracked",
         "window",
     )
 
@@ -142,6 +159,8 @@ class HostedFold:
     ) -> None:
         self.fold = fold
         self.window = window
+        #: topics folded without recording ids (:func:`untracked_topics`)
+        self.untracked = untracked_topics(fold)
         self.name: str = fold.name
         self.dedupe = dedupe
         self.emit = emit
@@ -171,11 +190,17 @@ class HostedFold:
             elif foreign_owner(slot, event) is not None:
                 self.refused += 1
                 return None
-            if not slot.recent.first_time(event.event_id):
-                self.duplicates += 1
-                return None
-            slot.state, derived = fold.apply(slot.state, event)
-            self.dirty.add(key)
+            if type(event).TOPIC in self.untracked:
+                before = slot.state
+                slot.state, derived = fold.apply(before, event)
+                if slot.state is not before:
+                    self.dirty.add(key)
+            else:
+                if not slot.recent.first_time(event.event_id):
+                    self.duplicates += 1
+                    return None
+                slot.state, derived = fold.apply(slot.state, event)
+                self.dirty.add(key)
         else:
             states = self.states
             before = states.get(key)
@@ -259,7 +284,8 @@ class FoldSet:
     def plan(self, topic: str) -> tuple[tuple[Any, ...], ...]:
         """Per fold of ``topic``, what a host's hot path needs, looked up once: (hosted
         fold, dedupe, apply, key_of, initial, its slots or states, its changed keys, emit,
-        its emitted list or None). The containers are the fold's own, kept in place."""
+        its emitted list or None, whether to record the topic's ids: False for a fold's
+        untracked topics). The containers are the fold's own, kept in place."""
         plan = self.plans.get(topic)
         if plan is None:
             plan = self.plans[topic] = tuple(
@@ -273,6 +299,7 @@ class FoldSet:
                     hf.dirty,
                     hf.emit,
                     hf.emitted if hf.collect else None,
+                    topic not in hf.untracked,
                 )
                 for hf in self.routes.get(topic, ())
             )

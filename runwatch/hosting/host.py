@@ -239,7 +239,7 @@ class Host:
         plan = self.folds.plans.get(topic)
         if plan is None:
             plan = self.folds.plan(topic)
-        for hf, dedupe, apply, key_of, initial, states, dirty, emit, emitted in plan:
+        for hf, dedupe, apply, key_of, initial, states, dirty, emit, emitted, track in plan:
             if offset >= 0 and hf.behind(topic, offset):
                 continue
             key = key_of(ev)
@@ -253,12 +253,18 @@ class Host:
                     )
                 elif slot.tenant is None:  # stored unpinned (or before slots held tenants)
                     slot.tenant = pins.by_run.get(ev.run_id)  # type: ignore[union-attr]
-                if not slot.recent.first_time(ev.event_id):
+                if not track:  # folded twice to no effect: ids not kept (untracked_topics)
+                    before = slot.state
+                    slot.state, derived = apply(before, ev)
+                    if slot.state is not before:
+                        dirty.add(key)
+                elif not slot.recent.first_time(ev.event_id):
                     hf.duplicates += 1
                     duplicate = True
                     continue
-                slot.state, derived = apply(slot.state, ev)
-                dirty.add(key)
+                else:
+                    slot.state, derived = apply(slot.state, ev)
+                    dirty.add(key)
             else:
                 before = states.get(key)
                 if before is None:

@@ -55,9 +55,11 @@ Rules:
   request (the controller's or a person's) makes the run "pausing"; once the request is on
   the log (read back here: steps trained before the run could see it are not its fault), a
   run that trains more than ``pause_unanswered_steps`` (policy, 2 by default) past the
-  later of the step it was requested at and the last step seen before it was on the log,
-  and at least ``pause_unanswered_grace_s`` (3 s) of its own clock (the step facts'
-  ``ts``) after that step (a hook answers within a step plus its command poll, 0.5 s, and
+  last step fact read while the request was in flight (or, none, the first one read after
+  it was on the log: never the alert's own step, which may be far behind the run when the
+  processors catch up a backlog or a hook's spool ships), and at least
+  ``pause_unanswered_grace_s`` (3 s) of its own clock (the step facts' ``ts``) after that
+  step (a hook answers within a step plus its command poll, 0.5 s, and
   publishes its facts every 0.2 s: a loop of 0.1 s steps is paused 3-4 steps after the
   request landed), with no ``RunPaused``, derives one
   ``AlertFired(detector="pause_unanswered", routing="page", escalated=True)`` per request
@@ -70,7 +72,8 @@ Rules:
   called ``hook.obey()`` — the documented plain-hook loop — trained and billed 52 steps
   past a gate's pause and nothing noticed.) It is not a pausing alert itself (the run is
   pausing already). Cost: a step fact of a run that is not pausing is one type lookup and
-  one comparison, the state untouched; while a request is in flight and not on the log
+  one comparison, the state untouched (and the host keeps no id of it:
+  ``replayable_inputs``); while a request is in flight and not on the log
   yet, each step replaces the state (bounded by the processor's lag). On Kafka the topics
   are read in no common order: steps trained after a resume can be read before the
   ``RunPaused`` and its ``RunResumed`` (a consumer far behind on the lifecycle) and page
@@ -123,10 +126,10 @@ class Waiting(NamedTuple):
     request_id: str
     #: the step it was requested at (None: not said, a person's)
     asked_step: int | None
-    #: steps are counted past this one: the later of ``asked_step`` (a gate's) and the last
-    #: step seen before the request was on the log (None: none known yet)
+    #: steps are counted past this one: the last step fact read while the request was in
+    #: flight, else the first read after it was on the log (None: none read yet)
     since: int | None
-    #: the run's own clock at ``since`` (its step fact's ``ts``; a gate's alert's)
+    #: the run's own clock at ``since`` (that step fact's ``ts``)
     since_ts: float
     #: whether the request is on the log yet (read back): the run can see it
     on_log: bool
@@ -167,6 +170,10 @@ class RunControllerFold:
         "runwatch.control",
         "runwatch.telemetry",  # the run's steps: a pause nobody answers
     )
+    #: a step fact folded twice changes nothing (its page is once per request, its count
+    #: only moves forward): hosts keep no ids of them, which would crowd the window that
+    #: guards the lifecycle and control facts (:func:`runwatch.hosting.core.untracked_topics`)
+    replayable_inputs: tuple[str, ...] = ("runwatch.telemetry",)
 
     def __init__(self, policy: ControlPolicy | None = None) -> None:
         self.policy = policy or ControlPolicy.load()
@@ -317,7 +324,7 @@ class RunControllerFold:
             acted=acted,
             asked=_remember(state.asked, str(request.event_id), "controller"),
             pending=(Owed(ev.alert_id, ev.detector, ev.routing, ev.reason),),
-            waiting=_waiting(request, on_log=False, gate=True),
+            waiting=_waiting(request, on_log=False),
         )
         return state, (request,)
 
@@ -331,7 +338,7 @@ class RunControllerFold:
             return state, ()
         since = w.since
         if not w.on_log or since is None:  # not on the log yet: the run cannot see it (or
-            if since is None or step > since:  # none seen since it was: this one was in flight)
+            if since is None or step > since:  # none read since it was: this one was in flight)
                 return state._replace(waiting=w._replace(since=step, since_ts=ev.ts)), ()
             return state, ()
         allowed, grace = self.policy.unanswered_after(
@@ -341,7 +348,7 @@ class RunControllerFold:
             return state, ()
         aid = f"{ev.run_id}:{UNANSWERED}:{w.request_id}"
         asked = w.asked_step if w.asked_step is not None else since
-        trained = step - asked
+        trained = step - since  # past the step it could first be seen at
         at = f"at step {w.asked_step}" if w.asked_step is not None else f"after step {since}"
         alert = AlertFired(
             event_id=derived_id(PRODUCER, ev.run_id, aid, "fired"),
@@ -362,7 +369,8 @@ class RunControllerFold:
             config_version=self.policy.version,
             reason=(
                 f"run {ev.run_id} did not answer the pause requested {at} ({w.why}): "
-                f"{trained} steps trained since (to step {step}), no RunPaused: it trains "
+                f"{trained} steps trained since it was on the log (to step {step}), no "
+                "RunPaused: it trains "
                 "and bills on"
             ),
             first_response=UNANSWERED_RESPONSE,
@@ -453,12 +461,12 @@ def _why(request: PauseRequested) -> str:
     return f"by {who}: {request.reason or 'no reason given'}"[:300]
 
 
-def _waiting(request: PauseRequested, *, on_log: bool, gate: bool = False) -> Waiting:
-    """A pause request to watch. A gate's counts from its alert's step and ``ts`` (the
-    run's own step fact's); any other (a person's, owed ones asked at a resume) from the
-    first step fact after it, so the grace is measured on the run's clock alone."""
-    since, ts = (request.step, request.ts) if gate else (None, 0.0)
-    return Waiting(str(request.event_id), request.step, since, ts, on_log, _why(request))
+def _waiting(request: PauseRequested, *, on_log: bool) -> Waiting:
+    """A pause request to watch, counted from step facts read after it (never from its
+    alert's step: a gate's alert may come from a backlog far behind the run, review
+    2026-11-28: a healthy run that obeyed at once was paged for 81 steps), so the steps
+    and the grace are measured on the run's own facts alone."""
+    return Waiting(str(request.event_id), request.step, None, 0.0, on_log, _why(request))
 
 
 #: ``detector`` (and part of the id) of the page of a pause nobody answers. Never change it.

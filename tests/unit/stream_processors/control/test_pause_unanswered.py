@@ -137,9 +137,11 @@ def test_steps_past_the_pause_page_once_naming_the_run_the_step_and_the_alert() 
     log.feed([*started(), *steps(0, S), page()])
     pause = [e for e in log.out if isinstance(e, PauseRequested)]
     assert len(pause) == 1
-    quiet = log.feed(steps(S + 1, S + 2))  # one step in flight, one for the poll
+    # counted from the first step read after the request is on the log (S + 1): one step
+    # in flight, one for the poll
+    quiet = log.feed(steps(S + 1, S + 3))
     assert unanswered(quiet) == []
-    fired = log.feed(trained(S + 3))
+    fired = log.feed(trained(S + 4))
     assert len(fired) == 1 and isinstance(fired[0], AlertFired)
     a = fired[0]
     assert (a.detector, a.routing, a.layer, a.escalated) == (
@@ -152,18 +154,18 @@ def test_steps_past_the_pause_page_once_naming_the_run_the_step_and_the_alert() 
     assert (a.tenant_id, a.run_id, a.step, a.window_start, a.window_end) == (
         "acme",
         "run-1",
-        S + 3,
+        S + 4,
         S,
-        S + 3,
+        S + 4,
     )
-    assert dict(a.observed) == {"steps_since_request": 3, "last_step": S + 3}
+    assert dict(a.observed) == {"steps_since_request": 3, "last_step": S + 4}
     assert dict(a.thresholds) == {"pause_unanswered_steps": 2, "pause_unanswered_grace_s": 3.0}
     assert a.config_version == "p1"
     for said in ("run-1", f"step {S}", "3 steps trained since", "kl_blowup", "run-1:kl_blowup:7"):
         assert said in a.reason, (said, a.reason)
     assert "hook.obey" in a.first_response
     # once per request: fifty more steps say nothing more
-    assert unanswered(log.feed(steps(S + 4, S + 54))) == []
+    assert unanswered(log.feed(steps(S + 5, S + 55))) == []
     assert log.state.phase == "pausing"
 
 
@@ -177,7 +179,7 @@ def test_only_trainer_step_facts_count_and_a_sparse_row_log_still_counts() -> No
         for s in range(S + 1, S + 10)
     ]  # fmt: skip
     assert unanswered(log.feed(usage_only)) == []
-    timed_only = [ev(StepPhaseTimed, step=s, wall_s=1.0) for s in range(S + 1, S + 4)]
+    timed_only = [ev(StepPhaseTimed, step=s, wall_s=1.0) for s in range(S + 1, S + 5)]
     assert len(unanswered(log.feed(timed_only))) == 1
 
 
@@ -190,7 +192,7 @@ def test_steps_trained_before_the_request_was_on_the_log_are_not_the_runs_fault(
     log.flush()
     assert unanswered(log.feed(steps(S + 7, S + 8))) == []
     fired = unanswered(log.feed(trained(S + 9)))
-    assert len(fired) == 1 and dict(fired[0].observed)["steps_since_request"] == 9
+    assert len(fired) == 1 and dict(fired[0].observed)["steps_since_request"] == 3
 
 
 def test_replay_re_emits_identical_events() -> None:
@@ -309,9 +311,9 @@ def test_a_persons_pause_unanswered_pages_too() -> None:
 def test_its_own_page_is_not_a_pausing_alert_and_the_policy_sets_n() -> None:
     policy = ControlPolicy(version="p", pause_unanswered_steps=5)
     log = Log(policy)
-    log.feed([*started(), page(), *steps(S + 1, S + 5)])
+    log.feed([*started(), page(), *steps(S + 1, S + 6)])
     assert unanswered(log.out) == []
-    (fired,) = unanswered(log.feed(trained(S + 6)))
+    (fired,) = unanswered(log.feed(trained(S + 7)))
     before = log.state
     assert log.feed([fired]) == [] and log.state.pending == before.pending  # read back
     assert log.state.owed == before.owed and log.state.acted == before.acted
@@ -360,7 +362,22 @@ def test_fast_steps_get_the_grace_of_the_runs_own_clock() -> None:
         for e in trained(s)
     ]  # fmt: skip
     log.feed([alert])
-    quiet = log.feed(fast[: 3 * 29])  # to step S + 29: 2.9 s of the run's clock
+    quiet = log.feed(fast[: 3 * 30])  # to step S + 30: 2.9 s of the run's clock past S + 1
     assert unanswered(quiet) == []
-    fired = unanswered(log.feed(fast[3 * 29 :]))
-    assert len(fired) == 1 and fired[0].step == S + 30  # 3.0 s after the alert's step
+    fired = unanswered(log.feed(fast[3 * 30 :]))
+    assert len(fired) == 1 and fired[0].step in (S + 31, S + 32)  # 3.0 s past S + 1
+
+
+def test_a_gates_alert_from_a_backlog_counts_from_the_runs_own_steps() -> None:
+    """Found by review (2026-11-28): a gate's request was counted from its alert's step.
+    An alert read from a backlog (the processors catching up after a restart, a hook's
+    spool shipped after an outage) is far behind the run: an obeying run that paused at
+    the end of the step in flight was paged for 81 steps. Now counted from the run's own
+    step facts read after the request."""
+    log = Log()
+    log.feed([*started(), *steps(0, 100)])  # the run is at step 100 ...
+    log.feed([page("run-1:kl_blowup:20", step=20)])  # ... when its step 20 pages
+    assert [type(e) for e in log.out] == [PauseRequested]
+    assert unanswered(log.feed(trained(101))) == []  # in flight when the request landed
+    assert unanswered(log.feed([ev(RunPaused, step=101)])) == []
+    assert unanswered(log.out) == [] and log.state.phase == "paused"
