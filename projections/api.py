@@ -210,27 +210,24 @@ class CommandAccepted(BaseModel):
     status: str = "accepted"
 
 
-#: The producer of runwatch's own trainer (``trainer.publish.producer_name``): the only
-#: training loop that applies a resume's settings. A hooked loop (``hook/<run>/...``, or the
-#: name a customer gave its hook) is the customer's own job: its hook can resume it but
-#: cannot change its settings.
-TRAINER_PRODUCER = "trainer/"
+#: The producer of runwatch's own trainer for a run (``trainer.publish.producer_name``):
+#: the only training loop that applies a resume's settings. Any other loop (a hook's,
+#: ``hook/<run>/...`` or a name a customer gave it) is the customer's own job: its hook can
+#: resume it but cannot change its settings.
+def trainer_producer(run_id: str) -> str:
+    return f"trainer/{run_id}"
 
 
 def settings_refusal(view: RunView, overrides: dict[str, object]) -> str:
     """Why a resume of ``view``'s run cannot carry ``overrides`` ('' when it can): only a
     run trained by runwatch's trainer applies them; anywhere else they would be dropped
-    while the resume is accepted (the customer believing the fix is in)."""
+    while the resume is accepted (the customer believing the fix is in). A run whose
+    submitter is not known (a read model built before 2026-11-28 kept none) is let
+    through, as before: refusing would turn away every such trainer run's resume."""
     producer = str(view.mechanics.get("producer") or "")
-    if producer.startswith(TRAINER_PRODUCER):
+    if not producer or producer == trainer_producer(view.run_id):
         return ""
     names = ", ".join(sorted(overrides))
-    if not producer:
-        return (
-            f"cannot change {names} on resume: runwatch has not seen how run {view.run_id} "
-            "was submitted, so it cannot tell that its trainer applies settings; resume "
-            "without overrides"
-        )
     return (
         f"cannot change {names} on resume: run {view.run_id} trains in your own job "
         "(a runwatch hook reports it), and runwatch cannot change its settings; change "
