@@ -10,6 +10,9 @@
   group with a 10 s session (``--instance-id``, ``--session-timeout``;
   :mod:`runwatch.hosting.membership`), so a worker killed and restarted takes its
   partitions back in seconds.
+
+Either host serves its liveness with ``--metrics-port P`` (``--metrics-host``, default
+loopback): last progress, records read, lag (:mod:`runwatch.hosting.progress`).
 """
 
 from __future__ import annotations
@@ -69,7 +72,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--metrics-port",
         type=int,
-        help="embedded: serve Prometheus metrics (last progress, lag) on this port",
+        help="serve Prometheus metrics (last progress, records read, lag) on this port "
+        "(embedded and faust)",
     )
     parser.add_argument(
         "--metrics-host",
@@ -87,19 +91,25 @@ def run(args: argparse.Namespace, term: Terminal) -> int:
         folds = processor_folds(args.catalog, control=args.control, prices=args.prices)
     except (CatalogError, ValueError) as exc:
         raise Abort(str(exc)) from None
-    if args.kafka and args.metrics_port is not None:
-        raise Abort("--metrics-port: only the embedded host (--log) exports metrics yet", 2)
     if args.kafka:
-        from runwatch.hosting.faust_host import run_worker
+        from runwatch.hosting.faust_host import MetricsPortError, run_worker
 
         term.progress(f"faust worker {args.app_id} on {args.kafka}: {[f.name for f in folds]}")
-        run_worker(
-            folds,
-            args.kafka,
-            app_id=args.app_id,
-            instance_id=args.instance_id,
-            session_timeout_s=args.session_timeout,
-        )
+        metrics = None if args.metrics_port is None else (args.metrics_host, args.metrics_port)
+        try:
+            run_worker(
+                folds,
+                args.kafka,
+                app_id=args.app_id,
+                instance_id=args.instance_id,
+                session_timeout_s=args.session_timeout,
+                metrics=metrics,
+                on_metrics=lambda host, port: term.progress(
+                    f"processors: Prometheus metrics on http://{host}:{port}/metrics"
+                ),
+            )
+        except MetricsPortError as exc:
+            raise Abort(str(exc)) from None
         return 0
     from events.log.embedded import EmbeddedLog
     from runwatch.hosting.embedded import EmbeddedHost

@@ -28,6 +28,7 @@ from events.fast_decode import decode_fast
 from events.fold import Fold
 from events.topics import DEAD_LETTER_TOPIC
 from runwatch.hosting.core import Slot, apply_event, dump_slot, load_slot
+from runwatch.hosting.progress import FaustProgress
 from runwatch.hosting.tenancy import RunPins, foreign_letter
 
 Output = tuple[str, bytes | None, bytes]
@@ -150,10 +151,17 @@ def fold_records(
     return Folded(outputs, store)
 
 
-def fold_agent(app: Any, hosted: Sequence[Hosted], source: Any, sinks: Mapping[str, Any]) -> Any:
+def fold_agent(
+    app: Any,
+    hosted: Sequence[Hosted],
+    source: Any,
+    sinks: Mapping[str, Any],
+    progress: FaustProgress | None = None,
+) -> Any:
     """One agent for co-partitioned folds: each record decoded once, folded into every
     fold that reads its topic, its derived records acknowledged before any slot is
-    stored."""
+    stored. ``progress``: stamped once each record is done (the worker's liveness,
+    :mod:`runwatch.hosting.progress`)."""
     routes: dict[str, list[Hosted]] = {}
     for h in hosted:
         for topic in h[0].inputs:
@@ -170,5 +178,7 @@ def fold_agent(app: Any, hosted: Sequence[Hosted], source: Any, sinks: Mapping[s
             for delivery in pending:
                 await delivery  # acknowledged by the broker before the slots are stored
             folded.store()
+            if progress is not None:
+                progress.folded()
 
     return agent

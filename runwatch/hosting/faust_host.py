@@ -3,12 +3,15 @@
 :func:`run_worker` declares the topics and every table's changelog, assembles the topology
 (:mod:`runwatch.hosting.faust_topology`: topics -> agents -> tables -> sinks; each agent
 is :mod:`runwatch.hosting.faust_agent`'s) and runs it as a static member of its consumer
-group (:mod:`runwatch.hosting.membership`).
+group (:mod:`runwatch.hosting.membership`). With ``metrics`` it serves the worker's
+liveness on ``/metrics`` (:mod:`runwatch.hosting.progress`) from a thread of its own, bound
+before the worker starts; faust's own web server stays off (``web_enabled=False``).
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -21,12 +24,19 @@ def run_worker(
     app_id: str,
     instance_id: str | None = None,
     session_timeout_s: float | None = None,
+    metrics: tuple[str, int] | None = None,
+    on_metrics: Callable[[str, int], None] | None = None,
 ) -> None:
     """Run the processors as a faust worker until SIGINT/SIGTERM (blocks).
 
     Group membership (:mod:`runwatch.hosting.membership`): static, under
     ``instance_id`` (None: ``<host>-<slot>``, see :func:`membership.instance_id`; "":
-    a dynamic member), with a ``session_timeout_s`` session (None: 10 s)."""
+    a dynamic member), with a ``session_timeout_s`` session (None: 10 s).
+
+    ``metrics``: (host, port) to serve Prometheus metrics on (last progress, records,
+    lag; :class:`~runwatch.hosting.progress.FaustProgress`); :class:`MetricsPortError`
+    if it cannot be bound, before the worker starts. ``on_metrics(host, port)`` is told
+    once it serves."""
     import faust
 
     from runwatch.hosting import membership
@@ -39,10 +49,25 @@ def run_worker(
     )
     ensure_topics(folds, bootstrap, app_id)
     topo = build_topology(folds, bootstrap, app_id, **group)
+    if metrics is not None:
+        from projections.exporter import start_metrics_server
+        from runwatch.hosting.progress import make_faust_registry
+
+        host, port = metrics
+        try:
+            start_metrics_server(make_faust_registry(topo.progress, app_id), port, host)
+        except OSError as exc:
+            raise MetricsPortError(f"metrics port {host}:{port}: {exc}") from None
+        if on_metrics is not None:
+            on_metrics(host, port)
     # $RUNWATCH_FAUST_LOGLEVEL=INFO shows faust's rebalances, seeks and recoveries
     loglevel = os.environ.get("RUNWATCH_FAUST_LOGLEVEL", "WARNING")
     worker = faust.Worker(topo.app, loglevel=loglevel, quiet=True)
     worker.execute_from_commandline()
+
+
+class MetricsPortError(Exception):
+    """The metrics port could not be bound (in use, no such address)."""
 
 
 def ensure_topics(folds: list[Fold[Any]], bootstrap: str, app_id: str) -> None:

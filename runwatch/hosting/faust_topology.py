@@ -15,7 +15,10 @@ idea), so tests and the CLI assemble the same graph:
 - one agent per group (:func:`runwatch.hosting.faust_agent.fold_agent`), its input topics
   guarded against faust's restart race (:mod:`runwatch.hosting.faust_holes`: records it
   skipped after a seek are fetched again, in order, instead of committed past);
-- one sink topic per output topic, raw bytes, keyed by run id.
+- one sink topic per output topic, raw bytes, keyed by run id;
+- the worker's liveness (:class:`runwatch.hosting.progress.FaustProgress`, ``progress``):
+  stamped by the agents per record and by a timer every ``CHECK_S`` that finds the
+  assigned input partitions caught up; ``runwatch process --metrics-port`` exports it.
 
 Guarantee: at-least-once (``processing_guarantee``); consumers dedupe by event id.
 Stores are in memory and restored from the changelog topics on start.
@@ -33,6 +36,7 @@ from events.fold import Fold
 from events.topics import DEAD_LETTER_TOPIC, TOPICS, spec
 from runwatch.hosting import faust_holes
 from runwatch.hosting.faust_agent import SlotCache, fold_agent
+from runwatch.hosting.progress import CHECK_S, FaustProgress
 
 
 @dataclass
@@ -41,6 +45,7 @@ class Topology:
     tables: dict[str, Any] = field(default_factory=dict)
     agents: dict[str, Any] = field(default_factory=dict)
     sinks: dict[str, Any] = field(default_factory=dict)
+    progress: FaustProgress = field(default_factory=lambda: FaustProgress(frozenset()))
 
 
 def datadir(app_id: str) -> str:
@@ -74,7 +79,7 @@ def build_app(bootstrap: str, app_id: str, **conf: Any) -> faust.App:
 
 def build_topology(folds: list[Fold[Any]], bootstrap: str, app_id: str, **conf: Any) -> Topology:
     app = build_app(bootstrap, app_id, **conf)
-    topo = Topology(app)
+    topo = Topology(app, progress=FaustProgress(frozenset(t for f in folds for t in f.inputs)))
     topo.sinks = {
         name: app.topic(name, key_type=bytes, value_type=bytes, partitions=spec(name).partitions)
         for name in TOPICS
@@ -102,7 +107,13 @@ def build_topology(folds: list[Fold[Any]], bootstrap: str, app_id: str, **conf: 
         topics = sorted({t for fold in group for t in fold.inputs})
         source = app.topic(*topics, key_type=bytes, value_type=bytes)
         faust_holes.enable(app, faust_holes.Holes(frozenset(topics)))
-        agent = fold_agent(app, hosted, source, topo.sinks)
+        agent = fold_agent(app, hosted, source, topo.sinks, topo.progress)
         for fold in group:
             topo.agents[fold.name] = agent
+    progress = topo.progress
+
+    @app.timer(CHECK_S, name="runwatch.progress")
+    async def check_progress() -> None:  # on the worker's loop: a wedged loop stamps nothing
+        progress.check(app)
+
     return topo
