@@ -39,7 +39,10 @@ adapter on the training thread at every step boundary, after the step was report
   gateway (a client of its own; no call waits more than ``KAFKA_WAIT_S``). A reader that
   cannot be made or read is said once in the log and taken as no command (made again
   after ``RETRY_S``, 2 s: it was 30 s, so a hook whose log came back read no command for
-  up to 30 s): training never fails on it. Only the run's own tenant's commands count.
+  up to 30 s): training never fails on it, but a reader that cannot read for
+  ``pause_when_unmonitored_s`` holds the run (below: a hook whose credentials may write
+  but not read ``runwatch.control`` is held after 300 s, loudly, until it can read or the
+  guard is turned off). Only the run's own tenant's commands count.
   The reader keeps when it last read (:attr:`CommandFollower.read_ok_at`) and since when
   it cannot (:attr:`CommandFollower.unread_since`, the start of the first failed read
   after a good one), ``time.monotonic()``: a hook's ``pause_when_unmonitored_s`` holds
