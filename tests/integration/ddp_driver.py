@@ -9,7 +9,7 @@ passes it to NCCL as this does), and ``ddp_timeout`` says the same. Every rank a
 ``<step>`` to ``OUT_DIR/steps-rank<R>.txt`` at each step's end (before the hook's own
 callback, which may block it), so a test sees what each rank did; each then sleeps
 ``STEP_SLEEP_S`` (a step of a real size, without spending the CPUs). The last line a rank
-prints is ``done rank=<R> step=<global step>``.
+prints is ``done rank=<R> step=<global step>``; then it destroys the process group.
 """
 
 from __future__ import annotations
@@ -78,6 +78,10 @@ def main() -> None:
     )
     trainer.train()
     print(f"done rank={rank} step={trainer.state.global_step}", flush=True)
+    # as a torchrun script should (torch warns otherwise): a gloo group left to the
+    # interpreter's exit sometimes aborts there ("terminate called without an active
+    # exception", SIGABRT after both ranks said done: the job then exits non-zero)
+    dist.destroy_process_group()
 
 
 if __name__ == "__main__":
