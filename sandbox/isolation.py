@@ -181,7 +181,7 @@ def stage_artifact(source: Path, max_bytes: int = MAX_ARTIFACT_BYTES) -> Artifac
     :class:`sandbox.classify.ArtifactTooLarge` past it, ``OSError`` when unreadable."""
     data = read_artifact(Path(source), max_bytes)
     digest = "sha256:" + hashlib.sha256(data).hexdigest()
-    root = base_dir() / f"pool-{os.getpid()}-{uuid.uuid4().hex[:12]}"
+    root = base_dir() / f"pool-{os.getpid()}-{uuid.uuid4().hex[:12]}-{pid_namespace()}"
     (root / "artifact").mkdir(parents=True, mode=0o755)
     (root / "runtime").mkdir(mode=0o755)
     os.chmod(root, 0o755)
@@ -402,19 +402,44 @@ def _pid_alive(pid: int) -> bool:
         return True
 
 
+@functools.lru_cache(maxsize=1)
+def pid_namespace() -> str:
+    """This process's pid namespace, as the inode of ``/proc/self/ns/pid`` ("0" where it
+    cannot be read). Worker names carry it (:func:`worker_name`): a pid names a process
+    only inside its own namespace."""
+    try:
+        return str(os.stat("/proc/self/ns/pid").st_ino)
+    except OSError:
+        return "0"
+
+
+def worker_name(n: int) -> str:
+    """``<pid>-<n>-<pid namespace>``: the name of this process's ``n``-th worker (its
+    cgroups, ``w-<name>`` its scratch). Two trainers in different pid namespaces (two
+    containers) that share the host's cgroup hierarchy may have the same pid: with the
+    namespace in the name they never share a group (one tenant's limits and CPU time
+    booked to another), and :func:`reap_stale` reaps only what its own namespace left
+    (security review, 2026-11-28, second round: a suspicion, not reproduced here)."""
+    return f"{os.getpid()}-{n}-{pid_namespace()}"
+
+
 def reap_stale() -> int:
     """Remove scratch mounts and cgroups left by host processes that died without their
-    ``finally`` (SIGKILL, power loss). Names carry the creating pid: ``w-<pid>-<n>``,
-    ``<pid>-<n>``. Returns how many were reaped. Never raises."""
+    ``finally`` (SIGKILL, power loss). Names carry the creating pid and its pid namespace:
+    ``w-<pid>-<n>-<ns>``, ``<pid>-<n>-<ns>`` (before 2026-11-28 without the namespace:
+    taken as this one's). What another pid namespace's process made is never reaped here:
+    whether its pid is alive cannot be told from this one. Returns how many were reaped.
+    Never raises."""
     reaped = 0
     try:
         root = base_dir()
         entries = list(os.scandir(root))
     except Exception:
         entries = []
+    ours = pid_namespace()
     for entry in entries:
         parts = entry.name.split("-")
-        if entry.name.startswith(("w-", "pool-")) and len(parts) == 3:
+        if entry.name.startswith(("w-", "pool-")) and _ours(parts[3:], ours, len(parts) - 3):
             reaped += _reap_one(entry.path, parts[1], functools.partial(_reap_dir, entry.path))
     for controller in CONTROLLERS:
         parent = Path(CGROUP_V1_ROOT) / controller / CGROUP_PARENT
@@ -424,10 +449,16 @@ def reap_stale() -> int:
             continue
         for name in groups:
             parts = name.split("-")
-            if len(parts) == 2:
+            if _ours(parts[2:], ours, len(parts) - 2):
                 close = Cgroup(controller, name).close
                 reaped += _reap_one(f"{controller}:{name}", parts[0], close)
     return reaped
+
+
+def _ours(tail: list[str], ours: str, extra: int) -> bool:
+    """Is a leftover whose name ends in ``tail`` (after its pid and number) this pid
+    namespace's? No tail: an old name, taken as ours; one part: its namespace."""
+    return extra == 0 or (extra == 1 and tail[0] == ours)
 
 
 def _reap_one(what: str, pid: str, reap: Callable[[], object]) -> int:

@@ -58,6 +58,7 @@ from sandbox.isolation import (
     launch_argv,
     scratch_dir,
     worker_cgroups,
+    worker_name,
 )
 from sandbox.protocol import (
     Frame,
@@ -109,7 +110,7 @@ class SandboxWorker:
         self.config = config
         self.tenant_id = tenant_id
         self.bundle = bundle
-        self.name = f"{os.getpid()}-{next(_COUNTER)}"
+        self.name = worker_name(next(_COUNTER))
         self.uid: int | None = None
         self.proc: subprocess.Popen[bytes] | None = None
         self.sock: socket.socket | None = None
