@@ -5,7 +5,9 @@ Two loops, each run in alternating blocks (A B A B ...) so both see the same mac
 1. ``torch`` (default): a real optimizer step of a small Llama built from a config (CPU,
    forward + backward + AdamW) — the anchor — and the same step followed by what the TRL
    callback does per step: ``hook.step_done(step)`` and ``hook.log(row, step)`` with a
-   GRPO log row of 25 keys, plus ``hook.checkpoint`` every 50 steps.
+   GRPO log row of 25 keys, plus ``hook.checkpoint`` every 50 steps, then
+   ``hook.obey(step)`` (the run's commands and the out-of-touch guard, as the README's
+   loop does; nothing pauses here).
 2. ``--trainer``: a real ``transformers.Trainer`` (logging_steps=1) with and without
    ``RunwatchCallback``, timed per step by a probe callback.
 
@@ -127,6 +129,7 @@ def torch_loop(args: argparse.Namespace, hook: RunwatchHook, ckpt: Path) -> dict
             hook.log(ROW, step=n)
             if n % 50 == 0:
                 hook.checkpoint(ckpt, n)
+            hook.obey(n)  # the run's commands, and the out-of-touch guard (never paused here)
             in_hook_cpu += time.thread_time() - c1
             t2 = time.perf_counter()
             in_hook.append(t2 - t1)
