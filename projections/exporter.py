@@ -66,6 +66,8 @@ OTHER = "other"
 STATES: tuple[str, ...] = get_args(RunState)
 #: Run states that are expected to produce facts (a run in them and silent is news).
 LIVE_STATES = frozenset({"RUNNING", "DEGRADED"})
+#: Run states that wait for a person (a gate's pause holds the run's allocation meanwhile).
+PAUSED_STATES = frozenset({"PAUSED_BY_GATE"})
 #: A live run whose newest fact is older than this (seconds) is silent: twice a hook's
 #: default ``pause_when_unmonitored_s`` (a hooked run out of touch that long is held),
 #: well past a step's time for most runs.
@@ -342,32 +344,12 @@ class ProjectionCollector:
         yield from self._silent(views, label)
         yield from self._paused(views, label)
 
-    def _paused(self, views: list[RunView], label: dict[str, str]) -> Iterator[Metric]:
-        """How long the oldest gate-paused run of each tenant has waited: a paused run
-        holds its allocation (and a multi-process run's world) until someone resumes or
-        cancels it, and nothing bounds a pause. Age: the scrape's wall clock less the
-        run's newest fact (its ``RunPaused``: a paused run sends nothing more), as
-        :meth:`_silent`; every labelled tenant has the series (0 with none paused)."""
-        now = self.clock()
-        oldest: dict[str, float] = {}
-        for v in views:
-            t = label.get(v.tenant_id, OTHER)
-            oldest.setdefault(t, 0.0)
-            if v.state == "PAUSED_BY_GATE":
-                oldest[t] = max(oldest[t], max(0.0, now - v.updated_ts))
-        g = GaugeMetricFamily(
-            "runwatch_runs_paused_max_age_seconds",
-            "Age at the scrape (exporter's wall clock) of the newest fact of a tenant's "
-            "longest-paused PAUSED_BY_GATE run (event time, producer clock); 0 with none.",
-            labels=["tenant"],
-        )
-        for t, age in sorted(oldest.items()):
-            g.add_metric([t], age)
-        yield g
-
-    def _silent(self, views: list[RunView], label: dict[str, str]) -> Iterator[Metric]:
-        """Live runs whose newest fact is old, per tenant (module docstring); every
-        labelled tenant has both series (0 when none), so a rule needs no ``absent()``."""
+    def _ages(
+        self, views: list[RunView], label: dict[str, str], states: frozenset[str]
+    ) -> tuple[dict[str, int], dict[str, float]]:
+        """Per labelled tenant: how many of its runs in ``states`` are silent (newest fact
+        older than ``silent_after_s``) and the oldest such age, at the scrape's wall clock
+        (event times are the producers'). Every tenant is in both, at 0 when none."""
         now = self.clock()
         silent: dict[str, int] = {}
         oldest: dict[str, float] = {}
@@ -375,30 +357,50 @@ class ProjectionCollector:
             t = label.get(v.tenant_id, OTHER)
             silent.setdefault(t, 0)
             oldest.setdefault(t, 0.0)
-            if (v.state or "SUBMITTED") not in LIVE_STATES:
+            if (v.state or "SUBMITTED") not in states:
                 continue
             age = max(0.0, now - v.updated_ts)
             oldest[t] = max(oldest[t], age)
             if age > self.silent_after_s:
                 silent[t] += 1
-        g = GaugeMetricFamily(
+        return silent, oldest
+
+    def _paused(self, views: list[RunView], label: dict[str, str]) -> Iterator[Metric]:
+        """How long the oldest gate-paused run of each tenant has waited: a paused run
+        holds its allocation (and a multi-process run's world) until someone resumes or
+        cancels it, and nothing bounds a pause. Age: as :meth:`_silent`'s (a paused run
+        sends nothing more after its ``RunPaused``)."""
+        _, oldest = self._ages(views, label, PAUSED_STATES)
+        yield _per_tenant(
+            "runwatch_runs_paused_max_age_seconds",
+            "Age at the scrape (exporter's wall clock) of the newest fact of a tenant's "
+            "longest-paused PAUSED_BY_GATE run (event time, producer clock); 0 with none.",
+            oldest,
+        )
+
+    def _silent(self, views: list[RunView], label: dict[str, str]) -> Iterator[Metric]:
+        """Live runs whose newest fact is old, per tenant (module docstring); every
+        labelled tenant has both series (0 when none), so a rule needs no ``absent()``."""
+        silent, oldest = self._ages(views, label, LIVE_STATES)
+        yield _per_tenant(
             "runwatch_runs_silent",
             f"Live runs (RUNNING, DEGRADED) whose newest fact is older than "
             f"{self.silent_after_s:g} s at the scrape, by tenant.",
-            labels=["tenant"],
+            silent,
         )
-        for t, n in sorted(silent.items()):
-            g.add_metric([t], n)
-        yield g
-        g = GaugeMetricFamily(
+        yield _per_tenant(
             "runwatch_runs_silent_max_age_seconds",
             "Age at the scrape (exporter's wall clock) of the oldest newest-fact among a "
             "tenant's live runs (event time, producer clock); 0 with none live.",
-            labels=["tenant"],
+            oldest,
         )
-        for t, age in sorted(oldest.items()):
-            g.add_metric([t], age)
-        yield g
+
+
+def _per_tenant(name: str, doc: str, values: dict[str, int] | dict[str, float]) -> Metric:
+    g = GaugeMetricFamily(name, doc, labels=["tenant"])
+    for t, value in sorted(values.items()):
+        g.add_metric([t], value)
+    return g
 
 
 def make_registry(

@@ -50,20 +50,6 @@ class ProcessorCollector:
 
     def collect(self) -> Iterator[Metric]:
         host = self.host
-        if host.progress_ts is not None:
-            g = GaugeMetricFamily(
-                "runwatch_processor_last_progress_timestamp_seconds",
-                "Wall clock of the processors' last progress: a batch committed, or a pass "
-                "that found the log read to its end.",
-                labels=["app"],
-            )
-            g.add_metric([self.app], host.progress_ts)
-            yield g
-        c = CounterMetricFamily(
-            "runwatch_processor_records", "Records the processors read.", labels=["app"]
-        )
-        c.add_metric([self.app], host.stats.records)
-        yield c
         # the host's thread moves its positions meanwhile: on a clash, the last good copy
         with contextlib.suppress(RuntimeError):
             self._positions = dict(host.host.positions)
@@ -72,13 +58,44 @@ class ProcessorCollector:
             behind[topic] = behind.get(topic, 0) - at
         for topic in host.host.folds.topics:
             behind[topic] = behind.get(topic, 0) + self._end(topic)
-        g = GaugeMetricFamily(
-            "runwatch_processor_lag_records",
-            "Records on the processors' input topics not read yet.",
-            labels=["app", "topic"],
+        yield from liveness_series(
+            self.app,
+            host.progress_ts,
+            host.stats.records,
+            {topic: max(0, n) for topic, n in behind.items()},
+            progress_help="a batch committed, or a pass that found the log read to its end",
+            lag_help="Records on the processors' input topics not read yet.",
         )
-        for topic, n in sorted(behind.items()):
-            g.add_metric([self.app, topic], max(0, n))
+
+
+def liveness_series(
+    app: str,
+    progress_ts: float | None,
+    records: int,
+    lag: dict[str, int] | None,
+    *,
+    progress_help: str,
+    lag_help: str,
+) -> Iterator[Metric]:
+    """The processors' three series, one shape for both hosts: the last progress (absent
+    until the first), the records read, the lag per input topic (absent when unknown)."""
+    if progress_ts is not None:
+        g = GaugeMetricFamily(
+            "runwatch_processor_last_progress_timestamp_seconds",
+            f"Wall clock of the processors' last progress: {progress_help}.",
+            labels=["app"],
+        )
+        g.add_metric([app], progress_ts)
+        yield g
+    c = CounterMetricFamily(
+        "runwatch_processor_records", "Records the processors read.", labels=["app"]
+    )
+    c.add_metric([app], records)
+    yield c
+    if lag is not None:
+        g = GaugeMetricFamily("runwatch_processor_lag_records", lag_help, labels=["app", "topic"])
+        for topic, n in sorted(lag.items()):
+            g.add_metric([app, topic], n)
         yield g
 
 
@@ -170,31 +187,16 @@ class FaustProgressCollector:
 
     def collect(self) -> Iterator[Metric]:
         p = self.progress
-        if p.progress_ts is not None:
-            g = GaugeMetricFamily(
-                "runwatch_processor_last_progress_timestamp_seconds",
-                "Wall clock of the processors' last progress: a record folded, or a check "
-                "that found every assigned input partition read to its end.",
-                labels=["app"],
-            )
-            g.add_metric([self.app], p.progress_ts)
-            yield g
-        c = CounterMetricFamily(
-            "runwatch_processor_records", "Records the processors read.", labels=["app"]
+        yield from liveness_series(
+            self.app,
+            p.progress_ts,
+            p.records,
+            p.lag(),
+            progress_help="a record folded, or a check that found every assigned input "
+            "partition read to its end",
+            lag_help="Records on the processors' input topics (their partitions assigned "
+            "to this worker) not read and committed yet.",
         )
-        c.add_metric([self.app], p.records)
-        yield c
-        lag = p.lag()
-        if lag is not None:
-            g = GaugeMetricFamily(
-                "runwatch_processor_lag_records",
-                "Records on the processors' input topics (their partitions assigned to this "
-                "worker) not read and committed yet.",
-                labels=["app", "topic"],
-            )
-            for topic, n in sorted(lag.items()):
-                g.add_metric([self.app, topic], n)
-            yield g
 
 
 def make_faust_registry(progress: FaustProgress, app: str) -> CollectorRegistry:
