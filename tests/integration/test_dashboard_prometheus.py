@@ -99,13 +99,14 @@ def prometheus(tmp_path_factory):
             try:
                 r = _get(f"{base}/api/v1/query?query=count_over_time(up[1m])")
                 values = [int(x["value"][1]) for x in r["data"]["result"]]
-                scrapes = min(values) if len(values) == 2 else 0
+                jobs = len(config["scrape_configs"])  # every target up, each scraped
+                scrapes = min(values) if len(values) == jobs else 0
             except OSError:
                 pass
             if scrapes >= 4:  # enough samples for rate() and increase()
                 break
             time.sleep(0.5)
-        assert scrapes >= 4, "prometheus did not scrape both targets"
+        assert scrapes >= 4, "prometheus did not scrape every target"
         yield base
     finally:
         proc.terminate()
@@ -126,10 +127,14 @@ def query(base: str, expr: str) -> dict[str, Any]:
         return json.loads(exc.read())
 
 
-def test_both_targets_are_up(prometheus):
+def test_every_target_is_up(prometheus):
+    """Every job of the project's config (the exporter; the others, the notifier's and the
+    processors' among them, pointed at Prometheus itself here) is scraped and up."""
     r = _get(f"{prometheus}/api/v1/targets")
     health = {t["labels"]["job"]: t["health"] for t in r["data"]["activeTargets"]}
-    assert health == {"runwatch-projections": "up", "prometheus": "up"}
+    jobs = yaml.safe_load((PROM_DIR / "prometheus.yml").read_text())["scrape_configs"]
+    assert health == {job["job_name"]: "up" for job in jobs}
+    assert {"runwatch-projections", "runwatch-notifier", "runwatch-processors"} <= set(health)
 
 
 def test_the_projects_rules_are_loaded(prometheus):
