@@ -534,7 +534,10 @@ def create_app(
             raise HTTPException(422, "only a resume takes settings to change")
         if why := bad_overrides(overrides):
             raise HTTPException(422, why)
-        if overrides and (why := settings_refusal(view, overrides)):
+        phase = phase_of_state(view.state)
+        # a resume the run could take, whose settings it could not (a run that is not
+        # paused is refused below for that, as before: an ended run is "ended")
+        if overrides and phase == "paused" and (why := settings_refusal(view, overrides)):
             raise HTTPException(409, why)
         issued = await run_in_threadpool(
             lambda: write_command(
@@ -542,7 +545,7 @@ def create_app(
                 run_id=run_id,
                 tenant_id=view.tenant_id,
                 action=action,
-                phase=phase_of_state(view.state),
+                phase=phase,
                 actor="operator" if who.operator else "customer",
                 principal=operator_label(keys, who) if who.operator else str(who.tenant_id),
                 reason=body.reason,
