@@ -37,14 +37,17 @@ its layers refuses the function tier too.
 from __future__ import annotations
 
 import ast
+import contextlib
 import hashlib
 import json
 import os
 import stat
 import subprocess
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 from sandbox.types import ArtifactKind, Tier
 
@@ -112,6 +115,18 @@ class ArtifactTooLarge(ValueError):
     """The artifact is larger than the cap: refused before it is read whole."""
 
 
+@contextlib.contextmanager
+def open_regular(path: Path) -> Iterator[tuple[BinaryIO, int]]:
+    """``path`` opened for reading without blocking (a FIFO would wait for a writer), and
+    its size, checked on the open file: a regular file only, else ``OSError``."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    with os.fdopen(fd, "rb") as fh:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise OSError(f"{path} is not a regular file")
+        yield fh, st.st_size
+
+
 def read_artifact(path: Path, cap: int = MAX_ARTIFACT_BYTES) -> bytes:
     """The bytes of the file at ``path``, never more than ``cap``.
 
@@ -121,15 +136,9 @@ def read_artifact(path: Path, cap: int = MAX_ARTIFACT_BYTES) -> bytes:
     is caught by the read). Raises :class:`ArtifactTooLarge` past the cap, ``OSError``
     when unreadable.
     """
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    with os.fdopen(fd, "rb") as fh:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise OSError(f"{path} is not a regular file")
-        if st.st_size > cap:
-            raise ArtifactTooLarge(
-                f"artifact larger than {cap} bytes ({st.st_size} bytes): refused"
-            )
+    with open_regular(path) as (fh, size):
+        if size > cap:
+            raise ArtifactTooLarge(f"artifact larger than {cap} bytes ({size} bytes): refused")
         data = fh.read(cap + 1)
     if len(data) > cap:
         raise ArtifactTooLarge(f"artifact larger than {cap} bytes: refused")
@@ -181,17 +190,13 @@ def _classify_weights(path: Path, cap: int = MAX_WEIGHTS_HASH_BYTES) -> Classifi
     (opened without blocking: a FIFO named ``*.bin`` would wait for a writer), hashed
     only up to ``cap`` bytes: a larger one gets no digest, so its size cannot set how long
     the caller hashes (security review, 2026-11-28, second round). Raises ``OSError``."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    with os.fdopen(fd, "rb") as fh:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise OSError(f"{path} is not a regular file")
-        if st.st_size > cap:
+    with open_regular(path) as (fh, size):
+        if size > cap:
             return Classification(
                 ArtifactKind.REWARD_MODEL,
                 "reward_model",
                 "",
-                (f"weights file ({path.suffix}), {st.st_size} bytes: over {cap}, not hashed",),
+                (f"weights file ({path.suffix}), {size} bytes: over {cap}, not hashed",),
             )
         sha = hashlib.sha256()
         left = cap
