@@ -21,9 +21,13 @@ from pydantic import Field, TypeAdapter, ValidationError
 from events import catalog  # noqa: F401  (registers every event type)
 from events.dead_letter import DeadLetter
 from events.envelope import EventBase, event_classes
-from events.upcasting import upcast
+from events.upcasting import DOWNCASTERS, downcast, upcast
 
 _CLASSES = event_classes()
+#: types whose current version may be written as an older one (:mod:`events.upcasting`)
+_DOWNCASTABLE = frozenset(
+    cls for name, cls in _CLASSES.items() if (name, cls.SCHEMA_VERSION) in DOWNCASTERS
+)
 
 #: The discriminated union of every event type, tagged by ``type``.
 Event = Annotated[Union[tuple(_CLASSES.values())], Field(discriminator="type")]  # noqa: UP007
@@ -31,7 +35,12 @@ EVENT_ADAPTER: TypeAdapter[Any] = TypeAdapter(Event)
 
 
 def encode(event: EventBase) -> bytes:
-    """The event's wire bytes (deterministic for equal events)."""
+    """The event's wire bytes (deterministic for equal events), at the oldest schema
+    version that carries all of it (:func:`events.upcasting.downcast`: a record that
+    needs no new field stays readable by consumers of earlier releases)."""
+    if type(event) in _DOWNCASTABLE:
+        raw = downcast(event.__pydantic_serializer__.to_python(event, mode="json"))
+        return pydantic_core.to_json(raw, inf_nan_mode="constants")
     return event.__pydantic_serializer__.to_json(event)
 
 

@@ -30,7 +30,7 @@ from events import catalog  # noqa: F401  (registers every event type)
 from events.dead_letter import DeadLetter
 from events.envelope import Attributes, EventBase, event_classes
 from events.topics import DEAD_LETTER_TOPIC, RETENTION_MS, TOPICS
-from events.upcasting import UPCASTERS
+from events.upcasting import DOWNCASTERS, UPCASTERS
 
 JSON_SCHEMA_DIALECT = "https://json-schema.org/draft/2020-12/schema"
 #: A scalar value of an attribute map, as written.
@@ -107,9 +107,13 @@ def union_schema(versions: Mapping[str, int]) -> dict[str, Any]:
 
 
 def upcasting_rules() -> list[dict[str, Any]]:
-    """Each registered upcaster: type, from -> to version, and its rule in words."""
+    """Each registered upcaster: type, from -> to version, and its rule in words; and,
+    where writers still write the older version, when (``written_as_from_version``: a
+    record of ``to_version`` that carries nothing new is written as ``from_version``, so
+    consumers of earlier releases keep reading it; '' when never)."""
     rules = []
     for (event_type, from_version), fn in sorted(UPCASTERS.items()):
+        down = DOWNCASTERS.get((event_type, from_version + 1))
         rules.append(
             {
                 "type": event_type,
@@ -117,6 +121,7 @@ def upcasting_rules() -> list[dict[str, Any]]:
                 "to_version": from_version + 1,
                 "rule": " ".join((fn.__doc__ or "").split()),
                 "current_version": event_classes()[event_type].SCHEMA_VERSION,
+                "written_as_from_version": " ".join((down.__doc__ or "").split()) if down else "",
             }
         )
     return rules

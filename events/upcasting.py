@@ -1,8 +1,17 @@
-"""Upcasters: old payload versions read as the current one.
+"""Upcasters: old payload versions read as the current one; downcasters: a new version
+written as the old one when it says nothing the old one cannot.
 
 An upcaster maps the raw dict of ``(type, version)`` to the dict of ``version + 1``; the
 codec chains them until the current version. Old records are never rewritten; they are
 upcast every time they are read, so an auditor's export stays byte-identical.
+
+A downcaster maps the raw dict of ``(type, version)`` to the dict of ``version - 1``, or
+``None`` when the record uses what the older version lacks. The codec writes a record at
+the oldest version that carries all of it, so a consumer of an earlier release (a
+customer's training process on an older hook) keeps reading what it always read, and
+only a record that needs the new field reaches it as a version it refuses. Writers that
+send such a record must know the reader takes it (``RunPaused.refuses_stale_resume``
+tells a resume's writer). A downcast record upcasts back to the equal event.
 """
 
 from __future__ import annotations
@@ -11,8 +20,10 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 Upcaster = Callable[[dict[str, Any]], dict[str, Any]]
+Downcaster = Callable[[dict[str, Any]], dict[str, Any] | None]
 
 UPCASTERS: dict[tuple[str, int], Upcaster] = {}
+DOWNCASTERS: dict[tuple[str, int], Downcaster] = {}
 
 
 def upcaster(event_type: str, from_version: int) -> Callable[[Upcaster], Upcaster]:
@@ -26,6 +37,35 @@ def upcaster(event_type: str, from_version: int) -> Callable[[Upcaster], Upcaste
         return fn
 
     return register
+
+
+def downcaster(event_type: str, from_version: int) -> Callable[[Downcaster], Downcaster]:
+    """Register ``fn`` as the downcaster of ``event_type`` from ``from_version`` to the
+    version before it (``fn`` returns ``None`` when the record cannot be written so)."""
+
+    def register(fn: Downcaster) -> Downcaster:
+        key = (event_type, from_version)
+        if key in DOWNCASTERS:
+            raise ValueError(f"downcaster for {key} registered twice")
+        DOWNCASTERS[key] = fn
+        return fn
+
+    return register
+
+
+def downcast(raw: dict[str, Any]) -> dict[str, Any]:
+    """``raw`` at the oldest version that carries all of it (chaining downcasters from
+    ``raw['schema_version']`` while each one can); ``raw`` itself when none can."""
+    event_type = raw["type"]
+    version = int(raw.get("schema_version", 1))
+    while (fn := DOWNCASTERS.get((event_type, version))) is not None:
+        older = fn(dict(raw))
+        if older is None:
+            break
+        version -= 1
+        older["schema_version"] = version
+        raw = older
+    return raw
 
 
 def upcast(raw: dict[str, Any], current: int) -> dict[str, Any]:
@@ -140,6 +180,41 @@ def _paused_v2_to_v3(raw: dict[str, Any]) -> dict[str, Any]:
     _not_yet(raw, ("requested_by", "alert_id"))
     raw["requested_by"] = ""
     raw["alert_id"] = ""
+    return raw
+
+
+@upcaster("RunPaused", 3)
+def _paused_v3_to_v4(raw: dict[str, Any]) -> dict[str, Any]:
+    """v3's writer did not say it refuses a stale resume: ``refuses_stale_resume`` is
+    False (send it v1 resumes only)."""
+    _not_yet(raw, ("refuses_stale_resume",))
+    raw["refuses_stale_resume"] = False
+    return raw
+
+
+@downcaster("RunPaused", 4)
+def _paused_v4_to_v3(raw: dict[str, Any]) -> dict[str, Any] | None:
+    """A pause whose process does not refuse stale resumes says nothing v3 cannot."""
+    if raw.pop("refuses_stale_resume", False):
+        return None
+    return raw
+
+
+@upcaster("UnpauseRequested", 1)
+def _unpause_v1_to_v2(raw: dict[str, Any]) -> dict[str, Any]:
+    """v1 did not name the pause it answers: ``answers`` is "" (the pause in effect,
+    whichever it is, as v1 consumers took it); a v1 record carrying it is refused."""
+    _not_yet(raw, ("answers",))
+    raw["answers"] = ""
+    return raw
+
+
+@downcaster("UnpauseRequested", 2)
+def _unpause_v2_to_v1(raw: dict[str, Any]) -> dict[str, Any] | None:
+    """A resume naming no pause is a v1 resume (what trainers and hooks of earlier
+    releases read; they dead-letter a v2 one)."""
+    if raw.pop("answers", ""):
+        return None
     return raw
 
 

@@ -47,6 +47,7 @@ from events.catalog.lifecycle import (
 from events.codec import decode
 from events.envelope import EventBase
 from events.log.base import Record
+from events.pauses import pause_in_effect
 from producers.emitter import Emitter
 from producers.sinks import BackendSink, EmbeddedSink, EventSink, MemorySink
 
@@ -189,6 +190,27 @@ def paused_reason(facts: Iterable[EventBase]) -> str | None:
     return reason
 
 
+def stale_resume(command: object, pause_id: str | None) -> str:
+    """Why a resume must not lift the pause ``pause_id`` ('' when it may): it names
+    another pause (``answers``), so it was judged on a view from before this pause (a
+    lagging read model: the pause it saw was lifted and the run paused again since). A
+    resume naming no pause, or a pause that is not known, is taken as before."""
+    answers = getattr(command, "answers", "")
+    if not isinstance(command, UnpauseRequested) or not answers or not pause_id:
+        return ""
+    if answers == pause_id:
+        return ""
+    return (
+        f"resume answers pause {answers}, but the run is paused by {pause_id} "
+        "(paused again since): look again"
+    )
+
+
+def _answers(facts: Iterable[EventBase]) -> str:
+    pause = pause_in_effect(facts)
+    return pause.answered_by if pause is not None else ""
+
+
 Action = str  # "pause" | "resume" | "cancel"
 ACTIONS: dict[str, type[EventBase]] = {
     "pause": PauseRequested,
@@ -297,9 +319,12 @@ def write_command(
     principal: str,
     reason: str = "",
     overrides: dict[str, object] | None = None,
+    answers: str = "",
 ) -> Issued:
     """Judge one command against the run's ``phase`` and write it, or write its
-    ``CommandRejected`` (never a state change). Returns what became of it."""
+    ``CommandRejected`` (never a state change). Returns what became of it. ``answers``
+    (a resume): the pause the requester saw (:attr:`events.pauses.Pause.answered_by`;
+    '' for none)."""
     cls = ACTIONS.get(action)
     if cls is None:
         raise ValueError(f"unknown action {action!r} (pause, resume or cancel)")
@@ -308,6 +333,8 @@ def write_command(
         first_seq=time.time_ns(),
     )  # fmt: skip
     extra: dict[str, object] = {"overrides": overrides} if overrides and action == "resume" else {}
+    if answers and action == "resume":
+        extra["answers"] = answers
     command = emitter.emit(cls, actor=actor, principal=principal, reason=reason, **extra)
     why = refusal(action, phase, overrides)
     if why:
@@ -364,4 +391,5 @@ def issue(
         principal=principal,
         reason=reason,
         overrides=overrides,
+        answers=_answers(facts) if action == "resume" and not foreign else "",
     )

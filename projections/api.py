@@ -236,6 +236,16 @@ def settings_refusal(view: RunView, overrides: dict[str, object]) -> str:
     )
 
 
+def _answers(view: RunView) -> str:
+    """The pause a resume through this view names (``UnpauseRequested.answers``): the
+    pause the view shows, where the process holding it refuses a resume naming another
+    (a run paused again since the view was read refuses the resume rather than lift a
+    pause the requester never saw); '' otherwise (a v1 resume, what older trainers and
+    hooks read)."""
+    m = view.mechanics
+    return str(m.get("pause_id") or "") if m.get("pause_checked") else ""
+
+
 def _points(pts: list[tuple[int, float]]) -> list[Point]:
     return [Point(step=s, value=v) for s, v in pts]
 
@@ -550,6 +560,7 @@ def create_app(
                 principal=operator_label(keys, who) if who.operator else str(who.tenant_id),
                 reason=body.reason,
                 overrides=overrides,
+                answers=_answers(view) if action == "resume" else "",
             )
         )
         if issued.refused:

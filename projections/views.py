@@ -27,6 +27,10 @@ from events import (
     RewardBatchFailed,
     RewardBatchScored,
     RolloutBatchCompleted,
+    RunCancelled,
+    RunCompleted,
+    RunPaused,
+    RunResumed,
     RunStateChanged,
     RunSubmitted,
     StepPhaseTimed,
@@ -35,6 +39,7 @@ from events import (
     WeightSyncCompleted,
 )
 from events.envelope import EventBase
+from events.pauses import Pause, next_pause
 from projections.fleet import PHASES, Fleet
 
 CUSTOMER_METRICS = ("reward_mean", "kl_to_ref", "eval_score", "spend_usd")
@@ -257,6 +262,21 @@ def _submitted(view: RunView, fleet: Fleet, points: Points, ev: RunSubmitted) ->
     view.mechanics["producer"] = ev.producer
 
 
+def _pause_fact(view: RunView, fleet: Fleet, points: Points, ev: EventBase) -> None:
+    # the pause in effect (``pause_id``, absent: none; ``pause_checked``: its process
+    # refuses a resume naming another pause): a resume through the API names it
+    # (``UnpauseRequested.answers``) where checked, so a run paused again since this view
+    # was read refuses it rather than lift a pause the customer never saw
+    m = view.mechanics
+    known = Pause(m["pause_id"], bool(m.get("pause_checked"))) if "pause_id" in m else None
+    pause = next_pause(known, ev)
+    if pause is None:
+        m.pop("pause_id", None)
+        m.pop("pause_checked", None)
+    else:
+        m["pause_id"], m["pause_checked"] = pause.id, pause.checked
+
+
 #: What each input type adds to a view beyond its times and step (a type-keyed dispatch:
 #: the fold's hot path, so one dict lookup instead of a chain of type tests; types not
 #: here, e.g. UsageRecorded, only move the times).
@@ -274,6 +294,10 @@ _PRIMARY: dict[type[EventBase], Callable[[RunView, Fleet, Points, Any], None]] =
     RewardBatchScored: _reward_scored,
     RewardBatchFailed: _reward_failed,
     RunSubmitted: _submitted,
+    RunPaused: _pause_fact,
+    RunResumed: _pause_fact,
+    RunCancelled: _pause_fact,
+    RunCompleted: _pause_fact,
 }
 
 

@@ -50,7 +50,12 @@ from typing import Any
 import torch
 
 from events.catalog.checkpoint import CheckpointWritten
-from events.catalog.control import CancelRequested, PauseRequested, UnpauseRequested
+from events.catalog.control import (
+    CancelRequested,
+    CommandRejected,
+    PauseRequested,
+    UnpauseRequested,
+)
 from events.catalog.eval import EvalGateScored
 from events.catalog.lifecycle import (
     RunCancelled,
@@ -71,7 +76,7 @@ from events.catalog.trainer import (
     WeightSyncCompleted,
 )
 from events.catalog.usage import UsageRecorded
-from producers.commands import RESUME_OVERRIDES, CommandFeed, first_cancel
+from producers.commands import RESUME_OVERRIDES, CommandFeed, first_cancel, stale_resume
 from producers.emitter import Emitter
 from trainer import checkpoint as ckpt
 from trainer.config import TrainerConfig
@@ -224,6 +229,9 @@ class Trainer:
         self.commands: CommandFeed | None = None
         #: commands polled and not acted on yet, oldest first (see :meth:`follow_commands`)
         self.commands_due: deque[Any] = deque()
+        #: the id of the pause in effect when a restarted trainer began (it holds it
+        #: again: :func:`producers.commands.pause_in_effect`); None: not paused
+        self.pause_in_effect: str | None = None
         self.poll_interval_s = 0.05
         self.cancelled = False
         self.paused_s = 0.0  # wall time spent paused (not billed, not a step's time)
@@ -652,7 +660,7 @@ class Trainer:
         (False, ``RunResumed`` published) or a cancel (True); see :meth:`follow_commands`.
         A pause of a paused run is ignored."""
         t0 = time.perf_counter()
-        self._emit(
+        paused = self._emit(
             RunPaused,
             step=self.step,
             reason=reason,
@@ -660,8 +668,12 @@ class Trainer:
             request_id=request_id,
             requested_by=requested_by,
             alert_id=alert_id,
+            refuses_stale_resume=True,  # a resume naming another pause is refused below
         )
         self._flush()
+        # the pause a resume must name (when it names one): this request's, the one in
+        # effect when a restarted trainer began, or this RunPaused's own (no request)
+        pause_id = request_id or self.pause_in_effect or (str(paused.event_id) if paused else "")
         self.say(f"at step {self.step} {reason}")
         assert self.commands is not None
         queue = self.commands_due
@@ -675,6 +687,17 @@ class Trainer:
             c = queue.popleft()
             if not isinstance(c, UnpauseRequested):
                 continue  # a pause of a paused run
+            if stale := stale_resume(c, pause_id):  # judged on a view from before this pause
+                self._emit(
+                    CommandRejected,
+                    command_id=str(c.event_id),
+                    command=type(c).__name__,
+                    reason=stale,
+                )
+                self._flush()
+                self.say(f"at step {self.step} resume by {c.actor} refused: {stale}")
+                continue
+            self.pause_in_effect = None
             changed = self.apply_overrides(dict(c.overrides))
             why = f"resumed by {c.actor}: {c.reason}".rstrip(": ")
             if changed:
@@ -785,7 +808,8 @@ class Trainer:
             for ev in self.reward.drain_events():
                 self.emitter.emit_event(ev)  # type: ignore[arg-type]
         if isinstance(exc, RewardUnavailable) and exc.action == "pause":
-            self._emit(RunPaused, step=self.step, reason=str(exc))
+            # the restarted trainer that answers its resume refuses a stale one
+            self._emit(RunPaused, step=self.step, reason=str(exc), refuses_stale_resume=True)
             self._flush()
             return
         # the tenant's reward code is attributed by the sandbox; anything else that stops

@@ -52,6 +52,7 @@ from events.catalog.lifecycle import (
 from events.catalog.trainer import TrainerStepCompleted, WeightSyncCompleted
 from events.catalog.usage import UsageRecorded
 from events.envelope import EventBase
+from events.pauses import pause_in_effect
 from producers.commands import (
     CommandFeed,
     answered_requests,
@@ -505,6 +506,8 @@ def _resume_locked(
         return result, None
     trainer.commands = feed
     trainer.commands_due.extend(due)
+    pause = pause_in_effect(events)
+    trainer.pause_in_effect = pause.id if pause is not None else None
     try:
         continue_run(result, trainer, cfg.resume.max_staleness, paused_reason(events))
     except BaseException as exc:

@@ -43,10 +43,21 @@ class UnpauseRequested(_Command):
     and CLI call this "resume"; the name ``ResumeRequested`` is the checkpoint room's fact
     that a (preempted) run is being restarted from a checkpoint."""
 
+    SCHEMA_VERSION: ClassVar[int] = 2
     type: Literal["UnpauseRequested"] = "UnpauseRequested"
+    schema_version: int = 2
     #: Settings to change before continuing (the "fix"): only keys the trainer lists in
     #: its ``RESUME_OVERRIDES`` (e.g. ``lr``); the API refuses any other.
     overrides: Attributes = ()
+    #: v2: the pause this resume answers, as its requester saw it: the ``request_id`` of
+    #: the ``RunPaused`` that began the pause in effect, or that ``RunPaused``'s own event
+    #: id when it named no request (:func:`producers.commands.pause_in_effect`). A run
+    #: paused by another pause since refuses it (``CommandRejected``: a resume judged on a
+    #: stale view must not lift a pause its requester never saw). '' (a v1 record, a
+    #: client that names none): the pause in effect, whichever it is. Writers name a pause
+    #: only to a process that declared it checks (``RunPaused.refuses_stale_resume``); a
+    #: resume naming none is written as v1, which older trainers and hooks read.
+    answers: str = ""
 
 
 class CancelRequested(_Command):

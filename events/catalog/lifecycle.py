@@ -39,16 +39,22 @@ class RunPaused(_Lifecycle):
     ``request_id`` (the ``PauseRequested`` it answers; '' when the trainer paused itself).
     v3 adds, from that request, ``requested_by`` (its ``actor``: ``controller``,
     ``operator`` or ``customer``; '' when no request) and ``alert_id`` (the alert a
-    controller's request named), so whoever reads the pause knows whose it is and why."""
+    controller's request named), so whoever reads the pause knows whose it is and why.
+    v4 adds ``refuses_stale_resume``: the process holding the pause refuses a resume that
+    names another pause (``UnpauseRequested.answers``), so a resume sent to it names the
+    pause it answers; False (v3 and earlier, an older trainer or hook): it reads v1
+    resumes only, so none is sent a v2 one. A v4 record with it False is written as v3
+    (:mod:`events.upcasting`'s downcasters), which older readers still read."""
 
-    SCHEMA_VERSION: ClassVar[int] = 3
+    SCHEMA_VERSION: ClassVar[int] = 4
     type: Literal["RunPaused"] = "RunPaused"
-    schema_version: int = 3
+    schema_version: int = 4
     reason: str = ""
     checkpoint: str = ""
     request_id: str = ""
     requested_by: str = ""
     alert_id: str = ""
+    refuses_stale_resume: bool = False
 
 
 class RunResumed(_Lifecycle):

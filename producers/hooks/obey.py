@@ -69,7 +69,7 @@ from pathlib import Path
 from queue import Empty, Queue
 from typing import Any
 
-from events.catalog.control import PauseRequested, UnpauseRequested
+from events.catalog.control import CommandRejected, PauseRequested, UnpauseRequested
 from events.catalog.lifecycle import (
     RunCancelled,
     RunCompleted,
@@ -80,6 +80,7 @@ from events.catalog.lifecycle import (
     RunSubmitted,
 )
 from events.envelope import EventBase
+from events.pauses import pause_in_effect
 from producers.commands import (
     CommandFeed,
     answered_requests,
@@ -87,6 +88,7 @@ from producers.commands import (
     last_answered,
     paused_reason,
     read_to_end,
+    stale_resume,
 )
 
 log = logging.getLogger("runwatch.hooks")
@@ -200,6 +202,8 @@ class CommandFollower:
         self._said: set[str] = set()
         #: the reason of the run's pause when this process started (read at the first look)
         self.still_paused: str | None = None
+        #: the id of that pause (:func:`~producers.commands.pause_in_effect`)
+        self.still_paused_id: str | None = None
         self._retry_at = -float("inf")  # no reader before then (the last try failed)
         self._inbox: Queue[Any] = Queue()  # commands the reader found, oldest first
         self._reader: threading.Thread | None = None
@@ -290,6 +294,9 @@ class CommandFollower:
         none: a restart still paused)."""
         t0 = time.perf_counter()
         request_id, requested_by, alert_id = request
+        # the pause a resume must name (when it names one): this request's, or the one in
+        # effect when this process started (a restart still paused)
+        pause_id = request_id or self.still_paused_id or ""
         self.publish(
             RunPaused,
             step,
@@ -297,6 +304,7 @@ class CommandFollower:
             request_id=request_id,
             requested_by=requested_by,
             alert_id=alert_id,
+            refuses_stale_resume=True,  # a resume naming another pause is refused below
         )
         self.flush()
         log.warning("runwatch: run %s paused at step %s: %s", self.run_id, step, reason)
@@ -313,6 +321,9 @@ class CommandFollower:
             c = queue.popleft()
             if not isinstance(c, UnpauseRequested):
                 continue  # a pause of a paused run
+            if stale := stale_resume(c, pause_id):
+                self._refuse(c, stale)
+                continue
             why = f"resumed by {c.actor}: {c.reason}".rstrip(": ")
             if c.overrides:
                 kept = ", ".join(f"{k}={v}" for k, v in dict(c.overrides).items())
@@ -320,8 +331,27 @@ class CommandFollower:
             self.publish(RunResumed, step, reason=why, request_id=str(c.event_id))
             self.flush()
             self.paused_s += time.perf_counter() - t0
+            self.still_paused_id = None
             log.warning("runwatch: run %s resumed at step %s by %s", self.run_id, step, c.actor)
             return False
+
+    def _refuse(self, command: UnpauseRequested, why: str) -> None:
+        """A resume that names another pause than the one in effect is not acted on: said
+        in the log and, where the hook may write the control topic (the embedded log,
+        Kafka; not the ingest gateway, which takes a run's own facts only), recorded as a
+        ``CommandRejected``."""
+        log.warning("runwatch: run %s: resume %s refused: %s", self.run_id, command.event_id, why)
+        if self.backend is not None:
+            return
+        with contextlib.suppress(Exception):  # a record of the refusal never fails the run
+            self.publish(
+                CommandRejected,
+                None,
+                command_id=str(command.event_id),
+                command=type(command).__name__,
+                reason=why,
+            )
+            self.flush()
 
     # -- reading (the reader thread) --------------------------------------------------
     def _start_reader(self) -> None:
@@ -401,6 +431,8 @@ class CommandFollower:
             answered = answered_requests(facts)
             paused = paused_reason(facts)
             self.still_paused = paused.removeprefix(STILL_PAUSED) if paused is not None else None
+            pause = pause_in_effect(facts) if paused is not None else None
+            self.still_paused_id = pause.id if pause is not None else None
             # a process started for a run cancelled before: it stops at once
             self.cancelled = bool(facts) and isinstance(facts[-1], RunCancelled)
             self.known = bool(every)

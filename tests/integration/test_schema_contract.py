@@ -30,11 +30,12 @@ from events.upcasting import ROLLOUT_V2_FIELDS, upcast
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
 
 ROOT = Path(__file__).resolve().parents[2]
-#: Fields RunPaused gained in v3 (what a v2 producer did not write).
+#: Fields RunPaused gained in v3 (what a v2 producer did not write) and in v4.
 RUN_PAUSED_V3 = ("requested_by", "alert_id")
+RUN_PAUSED_V4 = ("refuses_stale_resume",)
 #: Fields each upcast type gained since v1 (what a v1 producer did not write).
 ADDED_IN_V2 = {
-    "RunPaused": ("checkpoint", "request_id", *RUN_PAUSED_V3),
+    "RunPaused": ("checkpoint", "request_id", *RUN_PAUSED_V3, *RUN_PAUSED_V4),
     "RunResumed": ("checkpoint", "request_id", "rolled_back_to"),
     "RunCancelled": ("request_id",),
     "RolloutBatchCompleted": ROLLOUT_V2_FIELDS,
@@ -63,7 +64,8 @@ def _without(fields: tuple[str, ...]) -> Callable[[dict], dict]:
 OLD_VERSIONS: dict[tuple[str, int], Callable[[dict], dict]] = {
     ("UsageRecorded", 1): _usage_as(1),
     ("UsageRecorded", 2): _usage_as(2),
-    ("RunPaused", 2): _without(RUN_PAUSED_V3),
+    ("RunPaused", 2): _without(RUN_PAUSED_V3 + RUN_PAUSED_V4),
+    ("RunPaused", 3): _without(RUN_PAUSED_V4),
     **{(t, 1): _without(fields) for t, fields in ADDED_IN_V2.items()},
 }
 
@@ -121,10 +123,15 @@ def test_every_demo_record_validates_with_jsonschema(contract: Path, demo_log: P
     log = EmbeddedLog(demo_log, readonly=True)
     log.open_sync()
     seen: Counter[str] = Counter()
+    written_old: Counter[str] = Counter()
     for topic in log.topic_names():
         for rec in log.read_sync(topic):
             body = json.loads(rec.value)  # NaN / Infinity tokens: Python's json reads them
             kind = "DeadLetter" if topic == DEAD_LETTER_TOPIC else body["type"]
+            current = schemas[kind].get("x-runwatch-schema-version", 1)
+            if body.get("schema_version", 1) < current:  # written at an older version
+                written_old[kind] += 1  # (it carries nothing newer): read it upcast
+                body = upcast(body, current)
             validators[kind].validate(body)
             embedded[kind].validate(body)
             if kind != "DeadLetter":
@@ -144,6 +151,7 @@ def test_every_demo_record_validates_with_jsonschema(contract: Path, demo_log: P
         "RunCancelled",
         "UsageRecorded",
     } <= set(seen), seen
+    assert set(written_old) <= {"RunPaused", "UnpauseRequested"}, written_old  # downcast
     print(f"\nvalidated {sum(seen.values())} records of {len(seen)} types with jsonschema")
 
 

@@ -207,9 +207,10 @@ def test_old_rollout_and_certified_records_with_newer_fields_are_dead_letters() 
         assert isinstance(out, DeadLetter) and out.kind == "upcast_failed", out
 
 
-def test_a_v2_pause_reads_as_v3_whose_request_is_unknown() -> None:
+def test_a_v2_pause_reads_as_current_whose_request_is_unknown() -> None:
     """RunPaused v3 names who asked for the pause and for which alert; a v2 record reads
-    with both '' (unknown), and a v2 record carrying either is not a v2 record."""
+    with both '' (unknown), and a v2 record carrying either is not a v2 record. (v4's
+    ``refuses_stale_resume`` reads False.)"""
     from events.fast_decode import decode_fast
 
     v2 = {
@@ -219,6 +220,7 @@ def test_a_v2_pause_reads_as_v3_whose_request_is_unknown() -> None:
     }  # fmt: skip
     for fn in (decode, decode_fast):
         ev = fn(json.dumps(v2).encode())
-        assert ev.schema_version == 3 and (ev.requested_by, ev.alert_id) == ("", "")  # type: ignore[union-attr]
+        assert ev.schema_version == 4 and (ev.requested_by, ev.alert_id) == ("", "")  # type: ignore[union-attr]
+        assert ev.refuses_stale_resume is False  # type: ignore[union-attr]
         out = fn(json.dumps({**v2, "requested_by": "controller"}).encode())
         assert isinstance(out, DeadLetter) and out.kind == "upcast_failed", out
