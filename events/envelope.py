@@ -11,7 +11,8 @@ fields are the same for all events:
 - ``tenant_id`` / ``run_id``: identity; ``run_id`` is the partition key. What each may be
   (at most 256 characters, no control characters, ``/`` or ``\\``, not ``.`` or ``..``):
   :mod:`events.identity` (a customer's hook names them).
-- ``step``: training step where it applies, else ``None``.
+- ``step``: training step where it applies, else ``None``. Every integer field, this one
+  included, lies within ``±MAX_INT`` (2**53 - 1); ``seq`` within a signed 64-bit int.
 - ``ts``: unix seconds as the *producer* saw them, finite. Folds read time only from here.
 - ``producer``: who wrote it (e.g. ``"trainer/run-7"``; :mod:`events.identity`); ``seq``:
   that producer's monotonic counter, so gaps are visible.
@@ -29,6 +30,7 @@ import uuid
 from collections.abc import Mapping
 from typing import Annotated, Any, ClassVar
 
+from annotated_types import Ge, Le
 from pydantic import BaseModel, BeforeValidator, ConfigDict, PlainSerializer, model_validator
 
 from events.identity import EventTime, Identifier, ProducerName
@@ -37,7 +39,21 @@ from events.identity import EventTime, Identifier, ProducerName
 RUNWATCH_NAMESPACE = uuid.UUID("6f1c3c52-6a63-4f1e-9b7e-2f4d8f0b7a11")
 _NAMESPACE_BYTES = RUNWATCH_NAMESPACE.bytes
 
-Scalar = str | int | float | bool | None
+#: The largest integer any event field holds: 2**53 - 1, what every reader holds exactly
+#: (a JavaScript number, a SQLite INTEGER, a msgpack int, a float's mantissa). A record
+#: with a larger one is refused at decode (dead-lettered), so no host, store or consumer
+#: meets an integer it cannot persist (one tenant's 2**70 stopped every tenant's
+#: processors: their state codec could not write it).
+MAX_INT = 2**53 - 1
+#: An integer field of an event: bounded by :data:`MAX_INT` either way.
+Int = Annotated[int, Ge(-MAX_INT), Le(MAX_INT)]
+#: A count (never negative), bounded alike.
+Count = Annotated[int, Ge(0), Le(MAX_INT)]
+#: The envelope's ``seq``: a signed 64-bit integer (what SQLite and msgpack hold), since
+#: writers of commands number them from ``time.time_ns()`` (~1.8e18, past ``MAX_INT``).
+Seq = Annotated[int, Ge(-(2**63)), Le(2**63 - 1)]
+
+Scalar = str | Int | float | bool | None
 
 
 def _to_pairs(value: Any) -> Any:
@@ -75,10 +91,10 @@ class EventBase(BaseModel):
     schema_version: int = 1
     tenant_id: Identifier
     run_id: Identifier
-    step: int | None = None
+    step: Int | None = None
     ts: EventTime
     producer: ProducerName
-    seq: int
+    seq: Seq
 
     _registry: ClassVar[dict[str, type[EventBase]]] = {}
 

@@ -42,10 +42,11 @@ from pydantic import BaseModel
 
 from events.codec import decode
 from events.dead_letter import DeadLetter
-from events.envelope import EventBase, _to_pairs, event_classes
+from events.envelope import MAX_INT, EventBase, _to_pairs, event_classes
 from events.identity import PASSED_IDS, PASSED_NAMES, check_id, check_name
 
-_Scalar = Union[str, int, float, bool, None]  # noqa: UP007 (msgspec takes typing forms)
+_Int = Annotated[int, msgspec.Meta(ge=-MAX_INT, le=MAX_INT)]
+_Scalar = Union[str, _Int, float, bool, None]  # noqa: UP007 (msgspec takes typing forms)
 _ATOMS = (str, int, float, bool, type(None), uuid.UUID)
 _new = object.__new__
 _set = object.__setattr__
@@ -70,6 +71,8 @@ def _twin_type(annotation: Any) -> Any:
         if all(type(a) is str for a in args):
             return annotation
         raise _Unsupported(annotation)
+    if origin is Annotated:  # a bounded number inside a union or a tuple (``Int | None``)
+        return _bounded(args[0], list(args[1:]))
     if origin in (Union, types.UnionType):
         return Union[tuple(_twin_type(a) for a in args)]  # noqa: UP007
     if origin is tuple and len(args) == 2 and args[1] is Ellipsis:

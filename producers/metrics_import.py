@@ -71,7 +71,7 @@ from events.catalog.lifecycle import RunCompleted, RunFailed, RunStarted, RunSub
 from events.catalog.rollout import RolloutBatchCompleted
 from events.catalog.trainer import StepPhaseTimed, TrainerStepCompleted
 from events.catalog.usage import UsageRecorded
-from events.envelope import EventBase, derived_id
+from events.envelope import MAX_INT, EventBase, derived_id
 
 PRODUCER = "metrics-import"
 #: seqs per step in a lane: a row yields at most 5 events (rollout, step, phases, usage, eval)
@@ -79,8 +79,9 @@ ROW_SEQS = 8
 
 STEP_KEYS = ("step", "global_step", "_step", "train/global_step")
 #: the largest step imported: every integer up to it is exact as a float (the detectors do
-#: arithmetic on steps), and ``ROW_SEQS x`` it fits a signed 64-bit ``seq``
-MAX_STEP = 2**53
+#: arithmetic on steps), and ``ROW_SEQS x`` it fits a signed 64-bit ``seq``; the bound of
+#: every integer of an event
+MAX_STEP = MAX_INT
 TS_KEYS = ("timestamp", "_timestamp", "time")
 
 #: Key prefixes of held-out evaluation, as TRL and verl log them.
@@ -277,7 +278,7 @@ def _bad_step(step: int | None) -> str | None:
         return "no integer 'step' of 0 or more"
     if step > MAX_STEP:
         shown = str(step) if step < 10**18 else f"~1e{int(math.log10(step))}"
-        return f"step {shown} is beyond 2**53, the largest step runwatch counts exactly"
+        return f"step {shown} is beyond 2**53 - 1, the largest step runwatch counts exactly"
     return None
 
 

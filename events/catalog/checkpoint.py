@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import ClassVar, Literal
 
-from events.envelope import Attributes, EventBase
+from events.envelope import Attributes, EventBase, Int
 
 
 class _Checkpoint(EventBase):
@@ -21,18 +21,18 @@ class CheckpointWritten(_Checkpoint):
 
     type: Literal["CheckpointWritten"] = "CheckpointWritten"
     path: str
-    checkpoint_schema: int
+    checkpoint_schema: Int
     digest: str
     sentinels: Attributes = ()
     pins: Attributes = ()
-    size_bytes: int = 0
+    size_bytes: Int = 0
     duration_s: float = 0.0
 
 
 class ResumeRequested(_Checkpoint):
     type: Literal["ResumeRequested"] = "ResumeRequested"
     checkpoint_path: str
-    checkpoint_step: int
+    checkpoint_step: Int
     reason: str = ""
 
 
@@ -49,9 +49,9 @@ class ResumeCertified(_Checkpoint):
     type: Literal["ResumeCertified"] = "ResumeCertified"
     schema_version: int = 2
     checkpoint_path: str
-    checkpoint_step: int
-    window_start: int
-    window_end: int
+    checkpoint_step: Int
+    window_start: Int
+    window_end: Int
     tier: Literal["bitwise", "statistical"]
     tolerance: float
     max_deviation: float
@@ -65,7 +65,7 @@ class ResumeRejected(_Checkpoint):
 
     type: Literal["ResumeRejected"] = "ResumeRejected"
     checkpoint_path: str
-    checkpoint_step: int
+    checkpoint_step: Int
     reason: Literal[
         "schema_mismatch", "corrupt", "pin_mismatch", "deviation", "missing", "no_overlap"
     ]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import ClassVar, Literal
 
 from events.catalog.lifecycle import FailureClass
-from events.envelope import Attributes, EventBase
+from events.envelope import Attributes, EventBase, Int
 
 Routing = Literal["page", "ticket", "advisory"]
 Layer = Literal["infra", "run_mechanics", "algorithmic"]
@@ -21,8 +21,8 @@ class AlertFired(EventBase):
     detector: str
     layer: Layer
     routing: Routing
-    window_start: int
-    window_end: int
+    window_start: Int
+    window_end: Int
     observed: Attributes = ()
     thresholds: Attributes = ()
     config_version: str
@@ -82,8 +82,8 @@ class TenantUsageUpdated(EventBase):
     gpu_seconds_by_pool: Attributes = ()
     gpu_seconds_by_phase: Attributes = ()
     device_seconds_by_kind: Attributes = ()
-    tokens_generated: int = 0
-    tokens_trained: int = 0
-    committed_steps: int = 0
+    tokens_generated: Int = 0
+    tokens_trained: Int = 0
+    committed_steps: Int = 0
     spend_usd: float = 0.0
     cost_per_step_usd: float | None = None

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import ClassVar, Literal
 
-from events.envelope import EventBase
+from events.envelope import EventBase, Int
 
 
 class EvalGateScored(EventBase):
@@ -13,5 +13,5 @@ class EvalGateScored(EventBase):
     TOPIC: ClassVar[str] = "runwatch.telemetry"
     type: Literal["EvalGateScored"] = "EvalGateScored"
     score: float
-    n_items: int = 0
+    n_items: Int = 0
     split: str = "heldout"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import ClassVar, Literal
 
-from events.envelope import Attributes, EventBase
+from events.envelope import Attributes, EventBase, Int
 
 FailureClass = Literal["platform_fault", "tenant_code_fault", "algorithmic_non_convergence"]
 
@@ -68,7 +68,7 @@ class RunResumed(_Lifecycle):
     reason: str = ""
     checkpoint: str = ""
     request_id: str = ""
-    rolled_back_to: int | None = None
+    rolled_back_to: Int | None = None
 
 
 class RunCompleted(_Lifecycle):

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from typing import ClassVar, Literal
 
-from events.envelope import EventBase
+from events.envelope import EventBase, Int
 
 NOTIFY_TOPIC = "runwatch.notifications"
 
@@ -42,12 +42,12 @@ class NotificationAttempted(_Notification):
 
     type: Literal["NotificationAttempted"] = "NotificationAttempted"
     #: 1 for the first try.
-    attempt: int
+    attempt: Int
     #: ``scheme://host[:port]/path`` of the webhook (never its credentials or query).
     endpoint: str = ""
     ok: bool
     #: The HTTP status, ``None`` when no answer came back.
-    status_code: int | None = None
+    status_code: Int | None = None
     #: Why no answer came back ('' when one did).
     error: str = ""
     duration_ms: float = 0.0
@@ -59,8 +59,8 @@ class NotificationDelivered(_Notification):
     """The webhook accepted the notification (a 2xx)."""
 
     type: Literal["NotificationDelivered"] = "NotificationDelivered"
-    attempts: int
-    status_code: int
+    attempts: Int
+    status_code: Int
     #: From the source event's ``ts`` to the end of the accepted attempt (seconds).
     latency_s: float
 
@@ -70,8 +70,8 @@ class NotificationAbandoned(_Notification):
     was to be sent, so an operator can redeliver it by hand."""
 
     type: Literal["NotificationAbandoned"] = "NotificationAbandoned"
-    attempts: int
+    attempts: Int
     reason: str
-    last_status_code: int | None = None
+    last_status_code: Int | None = None
     last_error: str = ""
     body: str = ""

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import ClassVar, Literal
 
-from events.envelope import Attributes, EventBase
+from events.envelope import Attributes, EventBase, Int
 
 #: Length of every ``*_quantiles_s`` tuple: 0 %, 1 %, …, 100 %.
 QUANTILE_POINTS = 101
@@ -45,11 +45,11 @@ class StepProfiled(_Profile):
     """
 
     type: Literal["StepProfiled"] = "StepProfiled"
-    trace_events: int
-    workers: int
-    requests: int
-    completed_requests: int
-    aborted_requests: int = 0
+    trace_events: Int
+    workers: Int
+    requests: Int
+    completed_requests: Int
+    aborted_requests: Int = 0
     aborted_share: float = 0.0
     aborted_cost_s: float = 0.0
     padding_s: float = 0.0
@@ -78,7 +78,7 @@ class StepProfiled(_Profile):
     request_s_by_turns: Attributes = ()
     slow_step: bool = False
     median_step_s: float | None = None
-    late_events: int = 0
+    late_events: Int = 0
 
 
 class WorkerProfiled(_Profile):
@@ -87,10 +87,10 @@ class WorkerProfiled(_Profile):
 
     type: Literal["WorkerProfiled"] = "WorkerProfiled"
     worker: str
-    trace_events: int
-    requests: int
-    completed_requests: int
-    aborted_requests: int = 0
+    trace_events: Int
+    requests: Int
+    completed_requests: Int
+    aborted_requests: Int = 0
     completion_s: float
     barrier_wait_s: float = 0.0
     busy_s: float = 0.0

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import ClassVar, Literal
 
-from events.envelope import EventBase
+from events.envelope import EventBase, Int
 
 FailureCause = Literal[
     "tenant_timeout",
@@ -31,13 +31,13 @@ class RewardBatchScored(_Reward):
     type: Literal["RewardBatchScored"] = "RewardBatchScored"
     batch_id: str
     tier: str = "function"
-    n: int
+    n: Int
     score_mean: float
     score_std: float
     score_min: float
     score_max: float
     duration_s: float
-    attempt: int = 1
+    attempt: Int = 1
     #: every batch of the last window had constant scores (a dead gradient signal)
     degenerate: bool = False
     #: sha256 of the tenant artifact that produced the scores ("" when unknown)
@@ -51,12 +51,12 @@ class RewardBatchFailed(_Reward):
     type: Literal["RewardBatchFailed"] = "RewardBatchFailed"
     batch_id: str
     tier: str = "function"
-    n: int
+    n: Int
     cause: FailureCause
     message: str
     action: Literal["retry", "skip", "pause"] = "skip"
     duration_s: float = 0.0
-    attempt: int = 1
+    attempt: Int = 1
     examples: tuple[str, ...] = ()
     artifact_digest: str = ""
 
@@ -66,7 +66,7 @@ class CanaryProbeScored(_Reward):
     platform's reference. Inflation = mean above expected."""
 
     type: Literal["CanaryProbeScored"] = "CanaryProbeScored"
-    n: int
+    n: Int
     score_mean: float
     expected_mean: float
     #: the batch the probes were mixed into, the tier, and the verdict (mean above

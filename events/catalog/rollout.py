@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import ClassVar, Literal
 
-from events.envelope import Attributes, EventBase
+from events.envelope import Attributes, EventBase, Int
 
 
 class RolloutBatchCompleted(EventBase):
@@ -34,22 +34,22 @@ class RolloutBatchCompleted(EventBase):
     SCHEMA_VERSION: ClassVar[int] = 2
     type: Literal["RolloutBatchCompleted"] = "RolloutBatchCompleted"
     schema_version: int = 2
-    policy_version: int
-    num_sequences: int
+    policy_version: Int
+    num_sequences: Int
     mean_length: float
-    max_length: int | None = None
+    max_length: Int | None = None
     truncation_rate: float = 0.0
     unparseable_rate: float = 0.0
-    tokens_generated: int = 0
+    tokens_generated: Int = 0
     worker: str = ""
-    engine_steps: int | None = None
+    engine_steps: Int | None = None
     engine_busy_s: float | None = None
     tokens_per_s: float | None = None
-    queue_depth_max: int | None = None
+    queue_depth_max: Int | None = None
     queue_depth_mean: float | None = None
-    running_max: int | None = None
+    running_max: Int | None = None
     kv_cache_usage_max: float | None = None
-    preemptions: int | None = None
+    preemptions: Int | None = None
     logprob_abs_diff_mean: float | None = None
     logprob_abs_diff_max: float | None = None
     importance_weight_mean: float | None = None
@@ -74,14 +74,14 @@ class RolloutTraceRecorded(EventBase):
     type: Literal["RolloutTraceRecorded"] = "RolloutTraceRecorded"
     worker: str
     request_id: str | None = None
-    turn: int | None = None
+    turn: Int | None = None
     event_name: str
     duration_s: float
     started_at: float | None = None
-    prompt_tokens: int | None = None
-    completion_tokens: int | None = None
+    prompt_tokens: Int | None = None
+    completion_tokens: Int | None = None
     finish_reason: str | None = None
     aborted: bool = False
     unparseable: bool | None = None
-    policy_version: int | None = None
+    policy_version: Int | None = None
     extra: Attributes = ()

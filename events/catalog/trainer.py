@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import ClassVar, Literal
 
-from events.envelope import Attributes, EventBase
+from events.envelope import Attributes, EventBase, Int
 
 #: The float metrics of :class:`TrainerStepCompleted`, in field order: the one list of them.
 #: The ``nan_metric`` detector checks these; the trainer's resume gate compares these plus
@@ -50,7 +50,7 @@ class TrainerStepCompleted(_Trainer):
     advantage_std: float | None = None
     loss: float | None = None
     lr: float | None = None
-    tokens_trained: int | None = None
+    tokens_trained: Int | None = None
     grad_clip_threshold: float | None = None
     extra: Attributes = ()
 
@@ -73,5 +73,5 @@ class WeightSyncCompleted(_Trainer):
     """The rollout fleet now serves ``policy_version`` (the trainer's step that produced it)."""
 
     type: Literal["WeightSyncCompleted"] = "WeightSyncCompleted"
-    policy_version: int
+    policy_version: Int
     duration_s: float = 0.0

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from typing import ClassVar, Literal
 
-from events.envelope import EventBase
+from events.envelope import EventBase, Int
 
 TRAJECTORIES_TOPIC = "runwatch.trajectories"
 PAYLOADS_TOPIC = "runwatch.trajectory-payloads"
@@ -44,8 +44,8 @@ class ScoredDataGroupAccepted(EventBase):
     TOPIC: ClassVar[str] = TRAJECTORIES_TOPIC
     type: Literal["ScoredDataGroupAccepted"] = "ScoredDataGroupAccepted"
     group_id: str
-    env_id: int | None = None
-    num_sequences: int
+    env_id: Int | None = None
+    num_sequences: Int
     mean_score: float | None = None
     payload: str
 
@@ -76,17 +76,17 @@ class ScoredDataGroupStored(EventBase):
     type: Literal["ScoredDataGroupStored"] = "ScoredDataGroupStored"
     schema_version: int = 2
     group_id: str
-    env_id: int | None = None
-    num_sequences: int
+    env_id: Int | None = None
+    num_sequences: Int
     mean_score: float | None = None
-    payload_partition: int
-    payload_offset: int
-    payload_bytes: int
-    payload_crc: int
+    payload_partition: Int
+    payload_offset: Int
+    payload_bytes: Int
+    payload_crc: Int
     idempotency_key: str | None = None
-    key_index: int = 0
+    key_index: Int = 0
     content_digest: str | None = None
-    dedupe_window: int = 0
+    dedupe_window: Int = 0
 
 
 class TrajectoryTrainerRegistered(EventBase):
@@ -100,13 +100,13 @@ class TrajectoryTrainerRegistered(EventBase):
     requester_uuid: str
     wandb_group: str
     wandb_project: str
-    batch_size: int
-    max_token_len: int
+    batch_size: Int
+    max_token_len: Int
     checkpoint_dir: str
-    save_checkpoint_interval: int
-    starting_step: int
-    num_steps: int
-    max_off_policy_steps: int | None = None
+    save_checkpoint_interval: Int
+    starting_step: Int
+    num_steps: Int
+    max_off_policy_steps: Int | None = None
 
 
 class TrajectoryEnvRegistered(EventBase):
@@ -116,12 +116,12 @@ class TrajectoryEnvRegistered(EventBase):
     TOPIC: ClassVar[str] = TRAJECTORIES_TOPIC
     type: Literal["TrajectoryEnvRegistered"] = "TrajectoryEnvRegistered"
     request_id: str
-    max_token_length: int
+    max_token_length: Int
     desired_name: str
     weight: float
-    group_size: int
+    group_size: Int
     min_batch_allocation: float | None = None
-    max_off_policy_steps: int | None = None
+    max_off_policy_steps: Int | None = None
 
 
 class TrajectoryEnvDisconnected(EventBase):
@@ -129,7 +129,7 @@ class TrajectoryEnvDisconnected(EventBase):
 
     TOPIC: ClassVar[str] = TRAJECTORIES_TOPIC
     type: Literal["TrajectoryEnvDisconnected"] = "TrajectoryEnvDisconnected"
-    env_id: int
+    env_id: Int
 
 
 class TrajectoryDataReset(EventBase):
@@ -184,11 +184,11 @@ class TrajectoryBatchServed(EventBase):
     type: Literal["TrajectoryBatchServed"] = "TrajectoryBatchServed"
     batch_id: str
     group_ids: tuple[str, ...]
-    num_sequences: int
+    num_sequences: Int
     request_id: str = ""
-    env_ids: tuple[int | None, ...] = ()
+    env_ids: tuple[Int | None, ...] = ()
     mean_score: float | None = None
-    max_staleness: int | None = None
+    max_staleness: Int | None = None
 
 
 class TrajectoryBatchUnavailable(EventBase):
@@ -198,8 +198,8 @@ class TrajectoryBatchUnavailable(EventBase):
     type: Literal["TrajectoryBatchUnavailable"] = "TrajectoryBatchUnavailable"
     request_id: str
     reason: UnavailableReason
-    queued_groups: int = 0
-    queued_sequences: int = 0
+    queued_groups: Int = 0
+    queued_sequences: Int = 0
 
 
 class TrajectoryGroupRejected(EventBase):
@@ -209,8 +209,8 @@ class TrajectoryGroupRejected(EventBase):
     TOPIC: ClassVar[str] = BATCHES_TOPIC
     type: Literal["TrajectoryGroupRejected"] = "TrajectoryGroupRejected"
     group_id: str
-    env_id: int | None = None
-    num_sequences: int
+    env_id: Int | None = None
+    num_sequences: Int
     reason: RejectReason
     detail: str = ""
 
@@ -225,11 +225,11 @@ class TrajectoryGroupDeduplicated(EventBase):
     TOPIC: ClassVar[str] = BATCHES_TOPIC
     type: Literal["TrajectoryGroupDeduplicated"] = "TrajectoryGroupDeduplicated"
     group_id: str
-    env_id: int | None = None
-    num_sequences: int
+    env_id: Int | None = None
+    num_sequences: Int
     by: Literal["idempotency_key", "content"]
     idempotency_key: str | None = None
-    key_index: int = 0
+    key_index: Int = 0
     content_digest: str | None = None
 
 
@@ -241,9 +241,9 @@ class TrajectoryGroupBuffered(EventBase):
     TOPIC: ClassVar[str] = BATCHES_TOPIC
     type: Literal["TrajectoryGroupBuffered"] = "TrajectoryGroupBuffered"
     group_id: str
-    env_id: int
-    num_sequences: int
-    buffer_sequences: int
+    env_id: Int
+    num_sequences: Int
+    buffer_sequences: Int
 
 
 class TrajectoryGroupsAdmitted(EventBase):
@@ -251,7 +251,7 @@ class TrajectoryGroupsAdmitted(EventBase):
 
     TOPIC: ClassVar[str] = BATCHES_TOPIC
     type: Literal["TrajectoryGroupsAdmitted"] = "TrajectoryGroupsAdmitted"
-    env_id: int
+    env_id: Int
     group_ids: tuple[str, ...]
 
 

@@ -19,7 +19,7 @@ from typing import ClassVar, Literal
 
 from pydantic import Field
 
-from events.envelope import EventBase
+from events.envelope import Count, EventBase
 
 Pool = Literal["rollout_fleet", "trainer"]
 DeviceKind = Literal["cpu", "gpu"]
@@ -43,5 +43,5 @@ class UsageRecorded(EventBase):
     #: what is billed: never negative, never NaN or infinite (a record that says so is a
     #: dead letter, not a credit on the tenant's bill or a NaN spend)
     device_seconds: float = Field(ge=0, allow_inf_nan=False)
-    tokens_generated: int = Field(0, ge=0)
-    tokens_trained: int = Field(0, ge=0)
+    tokens_generated: Count = 0
+    tokens_trained: Count = 0

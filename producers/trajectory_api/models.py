@@ -34,6 +34,8 @@ from pydantic import (
     field_validator,
 )
 
+from events.envelope import MAX_INT
+
 
 def _unicode_text(value: str) -> str:
     """Text that can go into an event: JSON's ``"\\ud800"`` escape parses to a lone
@@ -53,7 +55,7 @@ Text = Annotated[str, AfterValidator(_unicode_text)]
 #: Largest size or length (sequences, tokens) a registration may give.
 MAX_SIZE = 2**31 - 1
 #: Largest step count or interval (the largest integer every JSON client reads exactly).
-MAX_STEP = 2**53 - 1
+MAX_STEP = MAX_INT
 #: Largest sampling weight of an env (weights are relative; finite, so sums stay finite).
 MAX_WEIGHT = 1e9
 #: Token ids (and mask values, distillation ids) must be below this: int64's range, what a

@@ -11,6 +11,7 @@ command runs) and read every tenant's commands and lifecycle (docs/threat-model.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -18,6 +19,7 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from pathlib import Path
 
 import httpx
@@ -489,3 +491,57 @@ def test_a_restart_with_the_gateway_away_does_not_wait_for_it(tmp_path: Path) ->
     assert waited < 10.0, f"the restart waited {waited:.1f} s for an unreachable gateway"
     assert hook.obey(10) is False  # trains on, and says why
     hook.close(1)
+
+
+def test_a_tenants_oversized_integers_are_dead_lettered_and_stop_no_ones_processors(
+    gateway: Gateway, tmp_path: Path
+) -> None:
+    """Found by review: one record of a tenant's own run with ``step = 2**70`` (or an
+    integer payload field that large) stopped the shared processors on every start (their
+    state codec cannot persist it) and, at 2**63, the query API's projection (SQLite):
+    no gate of any tenant fired. Every integer of an event is bounded (``MAX_INT``,
+    2**53 - 1): such a record is dead-lettered with the reason, and the processors go on
+    with everyone's runs."""
+    good = _hook(gateway, tmp_path, "exp", "tenant-b", B)
+    good.start({"lr": 1e-5})
+    for step in range(1, 6):
+        good.log({"reward": 0.1 * step, "kl": 0.01}, step=step)
+        good.step_done(step, wall_s=1.0)
+    assert good.close(30).left_in_spool == 0
+
+    def record(typ: str, step: int, **payload: object) -> dict[str, str]:
+        ev = {
+            "event_id": str(uuid.uuid4()), "type": typ, "schema_version": 1,
+            "tenant_id": "tenant-a", "run_id": "tenant-a:exp", "step": step,
+            "ts": time.time(), "producer": "hook/tenant-a:exp/x", "seq": 9, **payload,
+        }  # fmt: skip
+        return {"key": "tenant-a:exp", "value": json.dumps(ev)}
+
+    big = [
+        ("runwatch.telemetry", record("TrainerStepCompleted", 2**70, reward_mean=0.5)),
+        ("runwatch.telemetry", record("TrainerStepCompleted", 2**63, reward_mean=0.5)),
+        ("runwatch.telemetry", record("TrainerStepCompleted", 7, tokens_trained=-(2**64))),
+    ]
+    for topic, rec in big:
+        r = httpx.post(
+            f"{gateway.url}/v1/ingest/{topic}",
+            json={"records": [rec]},
+            headers={"X-API-Key": A},
+            timeout=30,
+        )
+        assert r.status_code < 500, r.text
+    _wait(lambda: len(_letters(gateway.log_dir)) >= len(big), "the dead letters")
+    letters = _letters(gateway.log_dir)
+    assert all("less than or equal" in d.reason or "greater than" in d.reason for d in letters)
+    events = embedded_events(gateway.log_dir, "tenant-a:exp")
+    assert not [e for e in events if e.type == "TrainerStepCompleted"]
+
+    done = subprocess.run(
+        [sys.executable, "-m", "runwatch.cli.main", "process", "--log", str(gateway.log_dir),
+         "--once", "--json"],
+        cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True, text=True, timeout=180,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    b_runs = embedded_events(gateway.log_dir, "tenant-b:exp")
+    assert [e.step for e in b_runs if e.type == "TrainerStepCompleted"] == [1, 2, 3, 4, 5]
