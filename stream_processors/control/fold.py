@@ -40,11 +40,16 @@ Rules:
   pause of a paused run.)
 - A pause request by anyone makes the run "pausing" until the trainer answers
   ``RunPaused``; ``RunResumed`` makes it live again; ``RunCompleted`` and ``RunCancelled``
-  end it (later alerts do nothing). ``RunFailed`` ends it too, until a process trains it
-  again: a failed run may be restarted (``runwatch resume``, a requeued hooked job), and
-  its restart's ``RunStarted``/``RunResumed`` (or ``RunPaused``: restarted still paused)
-  makes it live again, gates included; a page from a step after the failure read ahead
-  of the restart's own fact (another topic) is owed, asked for when the run is live.
+  end it (later alerts do nothing) — unless a step fact from a step after the end is read:
+  the run trains on, so it is live again, gates included, and a pause request in flight
+  at the end stays watched (``pause_unanswered`` below counts from the end). (Found by
+  review: a hook that published ``RunCompleted`` right after a gate's pause request, then
+  trained 50 steps more, was never paused nor paged.) ``RunFailed`` ends it too, until
+  a process trains it again: a failed run may be restarted (``runwatch resume``, a
+  requeued hooked job), and its restart's ``RunStarted``/``RunResumed`` (or
+  ``RunPaused``: restarted still paused) makes it live again, gates included; a page
+  from a step after the failure read ahead of the restart's own fact (another topic) is
+  owed, asked for when the run is live.
   (Before 2026-11-28 a failed run stayed ended: its restart trained with every gate off
   — 186 steps billed after a page in the review's run.) A state stored before then says
   ``over`` for a failed run too: it loads as ``failed`` (a restart reopens it; a
@@ -154,10 +159,14 @@ class ControlState(NamedTuple):
     #: answers a person's pause instead (it ignores a pause of a paused run)
     pending: tuple[Owed, ...] = ()
     #: the step of the ``RunPaused`` in effect (an alert from a later step is not under
-    #: it), or of the ``RunFailed`` (an alert from a later step is its restart's)
+    #: it), or of the ``RunFailed`` (an alert from a later step is its restart's), or of
+    #: the run's end (``RunCompleted`` / ``RunCancelled``: a later step trains on)
     paused_step: int | None = None
     #: the pause request in flight, watched for an answer (None: not pausing)
     waiting: Waiting | None = None
+    #: the run's own clock at its end (``RunCompleted`` / ``RunCancelled``'s ``ts``): with
+    #: no end step said, a step fact stamped later trains on (None: not ended)
+    ended_ts: float | None = None
 
 
 class RunControllerFold:
@@ -189,7 +198,11 @@ class RunControllerFold:
     ) -> tuple[ControlState, Sequence[EventBase]]:
         t = type(event)
         if t in _STEP_FACTS:  # every step of every run: O(1), the state untouched unless
-            w = state.waiting  # a pause is in flight and not paged yet
+            if state.phase == "over":  # a pause is in flight and not paged yet (or the
+                state = _trains_after_end(state, event)  # run said it ended: below)
+                if state.phase == "over":  # a fact from before the end: not counted
+                    return state, ()
+            w = state.waiting
             if w is None or w.fired:
                 return state, ()
             return self._trained(state, w, event)
@@ -198,6 +211,9 @@ class RunControllerFold:
         if t is AlertFired:
             return self._alert(state, event)  # type: ignore[arg-type]
         if state.phase == "over":
+            w = state.waiting  # a request watched past the end, read back: the run sees it
+            if t is PauseRequested and w is not None and w.request_id == str(event.event_id):
+                return state._replace(waiting=w._replace(on_log=True)), ()
             return state, ()
         if state.phase == "failed":  # over, unless a process trains the run again
             if t not in _RESTARTS:
@@ -251,9 +267,23 @@ class RunControllerFold:
             state, done = self._answered(state, event, "the run failed")
             return state._replace(phase="failed", owed=(), pending=(), paused_step=event.step), done
         if t is RunCompleted or t is RunCancelled:
+            w = state.waiting
+            end = event.step if event.step is not None else (w.since if w is not None else None)
+            if w is not None and not w.fired:
+                # a pause in flight stays watched past the end the run said: a run that
+                # trains on after it did not stop (steps up to its end were its last)
+                since = w.since if end is None or w.since is None else max(w.since, end)
+                since = end if since is None else since
+                return state._replace(
+                    phase="over",
+                    owed=(),
+                    paused_step=end,
+                    waiting=w._replace(since=since),
+                    ended_ts=event.ts,
+                ), ()
             why = "the run completed" if t is RunCompleted else "the run was cancelled"
             state, done = self._answered(state, event, why)
-            return state._replace(phase="over", owed=()), done
+            return state._replace(phase="over", owed=(), paused_step=end, ended_ts=event.ts), done
         return state, ()  # CancelRequested: the run ends when the trainer says so
 
     def _live(
@@ -288,6 +318,8 @@ class RunControllerFold:
     def _alert(
         self, state: ControlState, ev: AlertFired
     ) -> tuple[ControlState, Sequence[EventBase]]:
+        if state.phase == "over" and _after(ev, state.paused_step):  # trained after its end
+            state = _trains_after_end(state, ev)  # (read ahead of that step's own fact)
         if state.phase == "over" or ev.alert_id in state.acted or ev.detector == UNANSWERED:
             return state, ()  # (ours: the run is pausing already)
         if not self.policy.pauses(
@@ -419,6 +451,7 @@ class RunControllerFold:
                 pending,
                 state.paused_step,
                 None if state.waiting is None else list(state.waiting),
+                state.ended_ts,
             ]
         ).encode()
 
@@ -428,8 +461,11 @@ class RunControllerFold:
         a later field loads with that field's default."""
         algorithm, phase, acted, *rest = json.loads(raw)
         gate = "controller" if phase in ("pausing", "paused") else ""
-        defaults = [gate, [], [], [], None, None]  # fields added later, each with its default
-        paused_by, owed, asked, pending, paused_step, waiting = [*rest, *defaults[len(rest) :]]
+        defaults = [gate, [], [], [], None, None, None]  # fields added later, with defaults
+        paused_by, owed, asked, pending, paused_step, waiting, ended_ts = [
+            *rest,
+            *defaults[len(rest) :],
+        ]
         if phase == "over" and len(rest) < _FAILED_SINCE:  # stored before "failed" was
             phase = "failed"  # told apart: a restart reopens it (a completed run has none)
         return ControlState(
@@ -442,7 +478,25 @@ class RunControllerFold:
             tuple(Owed(*o) for o in pending),
             paused_step,
             None if waiting is None else Waiting(*waiting),
+            ended_ts,
         )
+
+
+def _trains_after_end(state: ControlState, ev: EventBase) -> ControlState:
+    """A step fact of a run that said it ended (``RunCompleted`` / ``RunCancelled`` at
+    ``paused_step``; none said: stamped after it, ``ended_ts``): one from a later step means
+    it trains on, so it is live again, its gates included (found by review: a hook's
+    ``RunCompleted`` turned every gate of a run off while it trained and billed on). Steps
+    up to the end (late facts of the ended run, read from another topic) change nothing."""
+    end, step = state.paused_step, ev.step
+    if end is not None:
+        if step is None or step <= end:
+            return state
+    elif state.ended_ts is None or ev.ts <= state.ended_ts:
+        return state  # no end step said: judged on the run's own clock
+    if state.waiting is not None:  # a pause in flight at the end still stands
+        return state._replace(phase="pausing", paused_step=None, ended_ts=None)
+    return state._replace(phase="live", paused_by="", paused_step=None, ended_ts=None)
 
 
 def _after(ev: AlertFired, paused_step: int | None) -> bool:

@@ -167,3 +167,46 @@ def test_a_pause_the_run_never_answers_pages_and_one_it_obeys_does_not(tmp_path:
         if processor.poll() is None:
             processor.terminate()
             processor.wait(30)
+
+
+def test_a_run_that_says_it_ended_and_trains_on_is_paged(tmp_path: Path) -> None:
+    """Found by review: a hooked run that published ``RunCompleted`` as soon as a gate's
+    pause was on the log, then trained 50 steps more, was never paged (the end silenced
+    the gate). Its steps after the end are training: the pause in flight pages."""
+    log = tmp_path / "log"
+    with open(tmp_path / "process.out", "w") as sink:
+        processor = subprocess.Popen(
+            [sys.executable, "-m", "runwatch.cli.main", "process", "--log", str(log)],
+            cwd=tmp_path, env=ENV, stdout=sink, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+    try:
+        run = "ends-early"
+        hook = _hook(tmp_path, log, run)
+        hook.start({})
+        ended_at: int | None = None
+        page: list[EventBase] = []
+        step = 0
+        for step in range(400):
+            hook.log(_row(step), step=step)
+            hook.step_done(step, wall_s=10.0)
+            hook.flush(10)
+            time.sleep(STEP_S)
+            facts = _facts(log, run)
+            if ended_at is None and any(isinstance(e, PauseRequested) for e in facts):
+                hook.finish()  # "completed" (no step said), and it trains on
+                hook.flush(10)
+                ended_at = step
+            page = _unanswered(facts)
+            if page:
+                break
+            assert processor.poll() is None, processor.stderr.read() if processor.stderr else ""
+        assert ended_at is not None, "the gate never asked for a pause"
+        assert page, f"no {DETECTOR} page in {step} steps (said it ended at step {ended_at})"
+        assert isinstance(page[0], AlertFired) and page[0].routing == "page"
+        assert step - ended_at <= 12, (ended_at, step, page[0].reason)
+        print(f"\nsaid it ended at step {ended_at}, {DETECTOR} paged at step {step}")
+        hook.close(10)
+    finally:
+        if processor.poll() is None:
+            processor.terminate()
+            processor.wait(30)

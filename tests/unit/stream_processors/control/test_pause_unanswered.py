@@ -248,9 +248,63 @@ def test_a_cancelled_completed_or_failed_run_never_pages() -> None:
         log = Log()
         kw: dict[str, Any] = {"reason": "CUDA error"} if end is RunFailed else {}
         log.feed([*started(), page(), *steps(S + 1, S + 2), ev(end, step=S + 2, **kw)])
-        log.feed(steps(S + 3, S + 30))  # late steps of the ended run (another topic)
+        log.feed(steps(S - 3, S + 2))  # late steps of the ended run (another topic)
         assert unanswered(log.out) == [], end
-        assert log.state.waiting is None
+        if end is RunFailed:
+            log.feed(steps(S + 3, S + 30))  # a restart's, read ahead of its RunStarted
+            assert unanswered(log.out) == [] and log.state.waiting is None
+
+
+def test_a_run_that_trains_on_after_its_end_is_paged_and_gated_again() -> None:
+    """Found by review: a hook published ``RunCompleted`` right after a gate's pause
+    request and trained 50 steps more: no pause, no page, billed on. Steps after the end
+    the run said are training: the request in flight stays watched, and the gates are on."""
+    for end in (RunCompleted, RunCancelled):
+        log = Log()
+        log.feed([*started(), page(), *steps(S + 1, S + 2), ev(end, step=S + 2)])
+        assert unanswered(log.out) == [] and log.state.phase == "over"
+        log.feed(steps(S + 1, S + 2))  # its last steps, read late: nothing
+        assert unanswered(log.out) == [] and log.state.phase == "over"
+        fired = unanswered(log.feed(steps(S + 3, S + 6)))
+        assert len(fired) == 1, end  # counted from the end: 3 steps trained past it
+        assert dict(fired[0].observed)["steps_since_request"] == 3
+        assert log.state.phase == "pausing"
+
+
+def test_an_end_without_a_step_right_after_the_request_still_pages() -> None:
+    """The integration's case: the request is the controller's own (not read back yet),
+    no step read since, and the hook's ``finish()`` says no step."""
+    log = Log()
+    log.feed([*started(), *steps(0, S), page()], lag=100)
+    log.feed([ev(RunCompleted, step=None)], lag=100)
+    log.flush()
+    assert unanswered(log.out) == [] and log.state.phase == "over"
+    fired = unanswered(log.feed(steps(S + 1, S + 5)))
+    assert len(fired) == 1 and log.state.phase == "pausing"
+
+
+def test_an_end_without_a_step_is_judged_on_the_runs_own_clock() -> None:
+    """A plain hook's ``finish()`` says no step: a step fact stamped after the end trains
+    on, and a page from it pauses the run (its gates are on again)."""
+    log = Log()
+    log.feed([*started(), *steps(1, S), ev(RunCompleted, step=None)])
+    before = [e for e in log.out if isinstance(e, PauseRequested)]
+    assert before == [] and log.state.phase == "over"
+    log.feed(steps(S + 1, S + 3))  # stamped after the end (the Log's clock moves on)
+    assert log.state.phase == "live"
+    log.feed([page("run-1:kl_blowup:11", step=S + 4)])
+    assert len([e for e in log.out if isinstance(e, PauseRequested)]) == 1
+
+
+def test_a_page_from_after_the_end_read_ahead_of_its_step_pauses() -> None:
+    log = Log()
+    log.feed([*started(), *steps(1, S), ev(RunCompleted, step=S)])
+    log.feed([page("run-1:kl_blowup:9", step=S + 2)])  # alerts read ahead of telemetry
+    assert len([e for e in log.out if isinstance(e, PauseRequested)]) == 1
+    log2 = Log()
+    log2.feed([*started(), *steps(1, S), ev(RunCompleted, step=S)])
+    log2.feed([page("run-1:kl_blowup:7", step=S)])  # from before the end: nothing
+    assert [e for e in log2.out if isinstance(e, PauseRequested)] == []
 
 
 def test_the_end_of_a_run_that_paged_resolves_it() -> None:
