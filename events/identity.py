@@ -21,6 +21,10 @@ from pydantic import AfterValidator, Field, WithJsonSchema
 #: The longest tenant or run id, in characters (a Kafka key every log backend takes: the
 #: embedded log's limit is 64 KiB, Kafka's a few MiB).
 MAX_ID_CHARS = 256
+#: Every producer name a customer's hook writes under begins so (``RunwatchHook``'s
+#: default; the ingest gateway refuses any other from a tenant): facts a tenant's own job
+#: reported, which claim nothing about the platform (a failure's class, say).
+HOOK_PRODUCER_PREFIX = "hook/"
 #: The longest producer name (a role and an id, e.g. ``trainer/<run id>``).
 MAX_NAME_CHARS = 2 * MAX_ID_CHARS
 #: the characters an id may not hold (control characters, ``/``, ``\\``)

@@ -177,7 +177,8 @@ def tenant_fault(ledger: Ledger, detail: str = "") -> Attribution:
         msg += f" (it also {', '.join(others)})"
     if not tenant and detail:
         msg = f"your code failed: {detail}"
-    msg += f"; {len(examples)} example{'s' if len(examples) != 1 else ''} attached"
+    if tenant or examples or not detail:  # (a job's own error has no scored examples)
+        msg += f"; {len(examples)} example{'s' if len(examples) != 1 else ''} attached"
     return Attribution(
         "tenant_code_fault", msg, tuple(ledger.counts().items()), examples, detail=detail
     )
@@ -205,11 +206,20 @@ def attribute_failure(
     tenant_failure_ratio: float,
     history: tuple[tuple[str, str, int, int], ...],
     active_reasons: tuple[str, ...],
+    reported_by_tenant: bool = False,
 ) -> Attribution:
     """Exactly one class for a RunFailed. The producer's class is a hint; without one the
     ledger decides (tenant share of failed samples), then active algorithmic alerts, and
-    otherwise the platform takes the blame (an unexplained failure is ours)."""
+    otherwise the platform takes the blame (an unexplained failure is ours) — unless the
+    failure was reported by the tenant's own job (``reported_by_tenant``: a customer's
+    hook, whose process raised): then it is the tenant's code, and a hook's claim of a
+    platform fault is not taken (found by review: every hooked run's own exception, and
+    a forged ``failure_class``, was booked as a platform fault, spending the platform's
+    error budget and paging operators; the platform's own faults in a hooked run are the
+    platform's to report)."""
     tenant_share = ledger.tenant_failed / ledger.total_samples if ledger.total_samples else 0.0
+    if reported_by_tenant and producer_class == "platform_fault":
+        producer_class = None
     if producer_class == "tenant_code_fault":
         return tenant_fault(ledger, detail)
     if producer_class == "platform_fault":
@@ -220,4 +230,6 @@ def attribute_failure(
         return tenant_fault(ledger, detail)
     if active_reasons:
         return non_convergence(history, active_reasons, detail)
+    if reported_by_tenant:
+        return tenant_fault(ledger, detail)
     return platform_fault(ledger, detail)

@@ -59,6 +59,7 @@ from events import (
 from events.catalog.derived import RunState
 from events.codec import decode_or_raise, encode
 from events.envelope import EventBase, derive_envelope
+from events.identity import HOOK_PRODUCER_PREFIX
 from projections.attribution import (
     Attribution,
     Ledger,
@@ -280,6 +281,7 @@ class _Stepper:
                 self.policy.attribution.tenant_failure_ratio,
                 m.fired,
                 algorithmic,
+                reported_by_tenant=ev.producer.startswith(HOOK_PRODUCER_PREFIX),
             )
             return self.move(m, "FAILED", att.message, ev, att)
         degrading = [a for a in m.active if a.action != "advisory"]

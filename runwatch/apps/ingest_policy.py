@@ -51,6 +51,7 @@ from events.codec import decode
 from events.dead_letter import DeadLetter
 from events.envelope import EventBase
 from events.fast_decode import decode_fast
+from events.identity import HOOK_PRODUCER_PREFIX
 
 #: The event types a hook publishes (``producers.hooks``: hook, obey, mapping).
 HOOK_EVENTS = frozenset(
@@ -74,8 +75,6 @@ HOOK_EVENTS = frozenset(
 #: (``producers.hooks.hook.tenant_run_id``, whose ``TENANT_SEPARATOR`` must be this one; a
 #: tenant id holds no ``:``, ``projections.keys``).
 RUN_SEPARATOR = ":"
-#: Every producer name a hook writes under begins so (``RunwatchHook``'s default).
-HOOK_PRODUCER_PREFIX = "hook/"
 LIFECYCLE_TOPIC = "runwatch.lifecycle"
 #: The largest record a hook may publish (under a broker's default 1 MB message, as its
 #: dead letter too): a step, a config, a checkpoint's file list are far below it.

@@ -301,6 +301,32 @@ def test_platform_blamed_when_nothing_points_at_the_tenant():
     assert "platform fault" in out[-1].reason and "node lost" in out[-1].reason
 
 
+def test_a_hooked_jobs_own_failure_is_the_tenants_and_cannot_claim_the_platform():
+    """Found by review: a hook's ``RunFailed`` (its process raised: the customer's code or
+    data) was booked ``platform_fault`` (nothing pointed at the tenant), and a hook could
+    claim ``failure_class="platform_fault"`` itself: the platform's error budget spent,
+    operators paged, the customer told "it was ours". runwatch's own trainer still books
+    an unexplained failure to the platform (the test above)."""
+    for claimed in (None, "platform_fault"):
+        fold, f = RunStateFold(), RunFactory()
+        running = path_to(f, "RUNNING")
+        failed = f.ev(
+            RunFailed, 3, reason="ValueError: corrupt shard", failure_class=claimed,
+            producer="hook/run-1/0123456789ab",
+        )  # fmt: skip
+        _state, out = fold_all(fold, [*running, failed])
+        assert out[-1].failure_class == "tenant_code_fault", claimed
+        assert "corrupt shard" in out[-1].reason and "platform" not in out[-1].reason
+    fold, f = RunStateFold(), RunFactory()
+    running = path_to(f, "RUNNING")
+    said = f.ev(
+        RunFailed, 3, reason="stopped", failure_class="algorithmic_non_convergence",
+        producer="hook/run-1/0123456789ab",
+    )  # fmt: skip
+    _state, out = fold_all(fold, [*running, said])
+    assert out[-1].failure_class == "algorithmic_non_convergence"  # its other claims hold
+
+
 def test_non_convergence_carries_health_history():
     fold = RunStateFold()
     f = RunFactory()
