@@ -22,6 +22,7 @@ DeadLetterKind = Literal[
     "foreign_tenant",
     "key_too_long",
     "refused_at_ingest",
+    "fold_failed",
 ]
 
 
@@ -31,6 +32,9 @@ class DeadLetter(BaseModel):
     ``foreign_tenant``: a valid event whose run id belongs to another tenant (the run's
     first); the hosts refuse it rather than fold it into that run. ``key_too_long``: a
     Kafka record whose key the embedded log cannot hold (an export keeps its value here).
+    ``fold_failed``: a valid event a processor's fold raised on (a bug, or an input no
+    validation foresaw): not folded by that fold, its other folds and every other record
+    go on, instead of the processors stopping for every tenant on every start.
 
     ``error_types`` are pydantic error codes (``float_parsing``, ``missing``, …) for
     validation errors, so tests and operators match on codes, not message text.

@@ -18,6 +18,7 @@ already delivered; the slot then holds the record's event id and it derives noth
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -29,7 +30,9 @@ from events.fold import Fold
 from events.topics import DEAD_LETTER_TOPIC
 from runwatch.hosting.core import Slot, apply_event, dump_slot, load_slot
 from runwatch.hosting.progress import FaustProgress
-from runwatch.hosting.tenancy import RunPins, foreign_letter
+from runwatch.hosting.tenancy import RunPins, fold_failed_letter, foreign_letter
+
+log = logging.getLogger("runwatch.hosting")
 
 Output = tuple[str, bytes | None, bytes]
 
@@ -139,7 +142,14 @@ def fold_records(
         letter = foreign_letter(event, owner, topic, partition, offset)
         return Folded([(DEAD_LETTER_TOPIC, None, letter.encode())])
     pinned = pins.by_run.get(event.run_id)
-    parts = [fold_event(fold, table, cache, event, pinned) for fold, table, cache in hosted]
+    parts: list[Folded] = []
+    for fold, table, cache in hosted:
+        try:  # a fold that raises on one event (or cannot store what it made of it) stops
+            parts.append(fold_event(fold, table, cache, event, pinned))  # nothing else
+        except Exception as exc:
+            letter = fold_failed_letter(event, fold.name, exc, topic, partition, offset)
+            log.error("runwatch: %s (%s)", letter.reason, topic)
+            parts.append(Folded([(DEAD_LETTER_TOPIC, None, letter.encode())]))
     outputs = [out for part in parts for out in part]
     if len(parts) == 1:
         return Folded(outputs, parts[0].store)

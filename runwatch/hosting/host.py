@@ -21,6 +21,7 @@ Time: nothing here reads a clock (the follower's settle time is its caller's).
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
@@ -32,7 +33,9 @@ from events.log.base import Record
 from runwatch.hosting.barrier import TerminalBarrier
 from runwatch.hosting.core import FoldSet, HostedFold, RecentIds, Slot
 from runwatch.hosting.ports import DIRECT, Commit, Position, StateStore, View
-from runwatch.hosting.tenancy import foreign_letter, group_pins
+from runwatch.hosting.tenancy import fold_failed_letter, foreign_letter, group_pins
+
+log = logging.getLogger("runwatch.hosting")
 
 
 class Host:
@@ -69,6 +72,8 @@ class Host:
         self.dead_letters: list[DeadLetter] = []
         #: records refused (their run id is another tenant's; each is a dead letter too)
         self.refused = 0
+        #: records a fold raised on (dead-lettered, ``fold_failed``)
+        self.fold_failures = 0
         #: the runs' tenants, for hosts of deduplicating folds (the processors; the read
         #: model's view pins its own): :mod:`runwatch.hosting.tenancy`
         self.pins_by_topic = group_pins(self.folds)
@@ -240,39 +245,43 @@ class Host:
         if plan is None:
             plan = self.folds.plan(topic)
         for hf, dedupe, apply, key_of, initial, states, dirty, emit, emitted, track in plan:
-            if offset >= 0 and hf.behind(topic, offset):
-                continue
-            key = key_of(ev)
-            if dedupe:
-                slot = states.get(key)
-                if slot is None:  # its tenant: the run's pin (none yet: a command)
-                    slot = states[key] = Slot(
-                        initial(),
-                        RecentIds(capacity=hf.window),
-                        pins.by_run.get(ev.run_id),  # type: ignore[union-attr]
-                    )
-                elif slot.tenant is None:  # stored unpinned (or before slots held tenants)
-                    slot.tenant = pins.by_run.get(ev.run_id)  # type: ignore[union-attr]
-                if not track:  # folded twice to no effect: ids not kept (untracked_topics)
-                    before = slot.state
-                    slot.state, derived = apply(before, ev)
-                    if slot.state is not before:
-                        dirty.add(key)
-                elif not slot.recent.first_time(ev.event_id):
-                    hf.duplicates += 1
-                    duplicate = True
+            try:  # (free unless raised: a fold that raises on one event stops nothing else)
+                if offset >= 0 and hf.behind(topic, offset):
                     continue
+                key = key_of(ev)
+                if dedupe:
+                    slot = states.get(key)
+                    if slot is None:  # its tenant: the run's pin (none yet: a command)
+                        slot = states[key] = Slot(
+                            initial(),
+                            RecentIds(capacity=hf.window),
+                            pins.by_run.get(ev.run_id),  # type: ignore[union-attr]
+                        )
+                    elif slot.tenant is None:  # stored unpinned (or before slots held tenants)
+                        slot.tenant = pins.by_run.get(ev.run_id)  # type: ignore[union-attr]
+                    if not track:  # folded twice to no effect: ids not kept (untracked_topics)
+                        before = slot.state
+                        slot.state, derived = apply(before, ev)
+                        if slot.state is not before:
+                            dirty.add(key)
+                    elif not slot.recent.first_time(ev.event_id):
+                        hf.duplicates += 1
+                        duplicate = True
+                        continue
+                    else:
+                        slot.state, derived = apply(slot.state, ev)
+                        dirty.add(key)
                 else:
-                    slot.state, derived = apply(slot.state, ev)
-                    dirty.add(key)
-            else:
-                before = states.get(key)
-                if before is None:
-                    before = initial()
-                state, derived = apply(before, ev)
-                if state is not before:
-                    states[key] = state
-                    dirty.add(key)
+                    before = states.get(key)
+                    if before is None:
+                        before = initial()
+                    state, derived = apply(before, ev)
+                    if state is not before:
+                        states[key] = state
+                        dirty.add(key)
+            except Exception as exc:
+                self._failed(topic, ev, hf, exc)
+                continue
             if derived and emitted is not None:
                 emitted.extend(derived)
             if derived:
@@ -284,6 +293,20 @@ class Host:
                         self._tag(hf, len(derived))
         if duplicate:
             self.duplicates += 1
+
+    def _failed(self, topic: str, ev: EventBase, hf: HostedFold, exc: Exception) -> None:
+        """Dead-letter ``ev`` for fold ``hf``, which raised on it: not folded there (its
+        key's state stays as it was, its id stays seen: a redelivery is not retried), and
+        every other fold and record goes on. (Found by review: one tenant's record that a
+        processor could not handle stopped every tenant's processors on every start.)"""
+        self.fold_failures += 1
+        at = self._at
+        where = (at.partition, at.offset) if at is not None else ()
+        letter = fold_failed_letter(ev, hf.name, exc, topic, *where)
+        log.error("runwatch: %s (%s)", letter.reason, topic)
+        self.dead_letters.append(letter)
+        if self.view is not None:
+            self.view.dead_letter(letter)
 
     def _refuse(self, topic: str, ev: EventBase, owner: str) -> None:
         """Dead-letter ``ev``: its run id is ``owner``'s, not its tenant's (once per record,

@@ -129,6 +129,27 @@ def foreign_owner(slot: Pinned, event: EventBase) -> str | None:
     return owner
 
 
+def fold_failed_letter(
+    event: EventBase,
+    fold: str,
+    exc: BaseException,
+    topic: str | None = None,
+    partition: int | None = None,
+    offset: int | None = None,
+) -> DeadLetter:
+    """The dead letter of an event fold ``fold`` raised on: kept with its reason, not
+    folded there (the host goes on with the fold's state as it was before it)."""
+    return DeadLetter(
+        kind="fold_failed",
+        reason=f"{fold} could not fold this {event.type}: {type(exc).__name__}: {exc}"[:2000],
+        event_type=event.type,
+        raw=encode(event),
+        source_topic=topic,
+        source_partition=partition,
+        source_offset=offset,
+    )
+
+
 def foreign_letter(
     event: EventBase,
     owner: str,
