@@ -141,13 +141,19 @@ NOOP_SYSCALLS: tuple[str, ...] = ("sync", "syncfs", "fadvise64", "fadvise64_64")
 
 #: Answered ENOSYS, so libc falls back to a call the filter can judge by its arguments
 #: (``clone3``, ``openat2``: flags in a struct) or the caller sees "not on this kernel"
-#: (``statmount``, ``listmount``). Numbers are the x86_64/generic ones, used where this
+#: (``statmount``, ``listmount``; ``statfs``, ``fstatfs``, ``ustat``: a filesystem's free
+#: blocks and inodes, which every sandbox's /proc masks, scratch and /usr share with the
+#: host and each other, so one tenant read another's artifact sizes and sandbox starts
+#: off them: found by review). Numbers are the x86_64/generic ones, used where this
 #: libseccomp does not know the name.
 ENOSYS_SYSCALLS: tuple[tuple[str, int], ...] = (
     ("clone3", 435),
     ("openat2", 437),
     ("statmount", 457),
     ("listmount", 458),
+    ("statfs", 137),
+    ("fstatfs", 138),
+    ("ustat", 136),
 )
 
 #: ``O_DIRECT`` on x86_64 (and most arches; arm64 differs: ``os.O_DIRECT`` is used when

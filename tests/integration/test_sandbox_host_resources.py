@@ -218,6 +218,37 @@ def test_statx_unique_mount_id_and_statmount_listmount_are_refused(
     )
 
 
+def test_filesystem_free_counts_are_not_readable(client: RewardClient) -> None:
+    """``statvfs`` on a /proc mask (a bind of the sandbox base's filesystem), /scratch or
+    /usr gave that filesystem's free blocks and inodes, which every other tenant's staged
+    artifact and sandbox start move: a tenant read another's artifact size and when its
+    client opened and closed (found by review, 224 blocks for a 900 KB artifact).
+    ``statfs``, ``fstatfs`` and ``ustat`` answer ENOSYS; ``os.stat`` still works."""
+    run_ok(
+        client,
+        """
+        import ctypes, ctypes.util, errno, os
+        for path in ('/proc/acpi', '/scratch', '/usr', '/'):
+            try:
+                os.statvfs(path)
+                raise AssertionError(path + ' answered statvfs')
+            except OSError as exc:
+                assert exc.errno == errno.ENOSYS, (path, exc.errno)
+        fd = os.open('/usr', os.O_RDONLY)
+        try:
+            os.fstatvfs(fd)
+            raise AssertionError('fstatvfs answered')
+        except OSError as exc:
+            assert exc.errno == errno.ENOSYS, exc.errno
+        os.close(fd)
+        libc = ctypes.CDLL(ctypes.util.find_library('c') or 'libc.so.6', use_errno=True)
+        assert libc.syscall(136, os.stat('/usr').st_dev, ctypes.create_string_buffer(64)) == -1
+        assert ctypes.get_errno() == errno.ENOSYS, ctypes.get_errno()
+        assert os.stat('/usr').st_ino > 0
+        """,
+    )
+
+
 def test_the_mount_namespace_id_ioctl_is_refused(client: RewardClient) -> None:
     """``ioctl(NS_GET_MNTNS_ID)`` on ``/proc/self/ns/mnt`` returned the 64-bit mount
     namespace id, host-wide and never reused: each sandbox start makes one, so its delta
