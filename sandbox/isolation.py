@@ -25,6 +25,7 @@ Inside a sandbox the filesystem is only: /usr (ro) and its /bin, /lib* links, /e
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import functools
 import hashlib
@@ -196,6 +197,32 @@ def unstage_artifact(bundle: ArtifactBundle) -> None:
     remove_tree(bundle.root)
 
 
+#: set when this kernel (or Python) has no ``pidfd_open``: :meth:`Cgroup.kill_all` kills
+#: by pid then, racing pid reuse as before
+_NO_PIDFD: list[bool] = []
+
+
+def _pidfds(pids: set[int]) -> dict[int, int]:
+    """A pidfd for each of ``pids`` still alive (the process is pinned: its pid can no
+    longer name another); {} and :data:`_NO_PIDFD` set where pidfds are not available."""
+    out: dict[int, int] = {}
+    if _NO_PIDFD or not hasattr(os, "pidfd_open"):
+        _NO_PIDFD[:] = [True]
+        return out
+    for pid in pids:
+        try:
+            out[pid] = os.pidfd_open(pid)
+        except ProcessLookupError:
+            continue  # gone already
+        except OSError as exc:
+            if exc.errno in (errno.ENOSYS, errno.EPERM):
+                _NO_PIDFD[:] = [True]
+                for fd in out.values():
+                    os.close(fd)
+                return {}
+    return out
+
+
 class Cgroup:
     """One v1 cgroup directory of one controller, with a limit; ``close`` kills and removes."""
 
@@ -254,15 +281,31 @@ class Cgroup:
     def kill_all(self, keep: set[int] | None = None, rounds: int = 50) -> bool:
         """SIGKILL every process of the group but ``keep``, round after round while new
         ones appear (forked between a listing and its kill). True when none is left; False
-        after ``rounds`` (processes that keep forking): the caller must not trust it."""
+        after ``rounds`` (processes that keep forking): the caller must not trust it.
+
+        A listed pid is signalled through a pidfd opened after the listing and only if
+        the group still lists it once the pidfd is open: a process that exited after the
+        listing and whose pid the host reused meanwhile is never the one killed (a plain
+        ``kill(pid)`` could hit a host process; suspected by review, closed here)."""
         keep = keep or set()
         for _ in range(rounds):
             victims = self.procs() - keep
             if not victims:
                 return True
-            for pid in victims:
-                with contextlib.suppress(OSError):
-                    os.kill(pid, signal.SIGKILL)
+            pinned = _pidfds(victims)
+            still = self.procs() if pinned else set()
+            for pid, fd in pinned.items():
+                try:
+                    if pid in still:
+                        signal.pidfd_send_signal(fd, signal.SIGKILL)
+                except OSError:
+                    pass
+                finally:
+                    os.close(fd)
+            if not pinned and _NO_PIDFD:  # a kernel without pidfds: as before
+                for pid in victims:
+                    with contextlib.suppress(OSError):
+                        os.kill(pid, signal.SIGKILL)
             time.sleep(0.002)
         return not (self.procs() - keep)
 
