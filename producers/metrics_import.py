@@ -480,9 +480,10 @@ def emit_row(
             continue
         key, value = hit
         if name == "tokens_trained":
-            if not math.isfinite(value):
-                continue  # stays in extra, where the nan_metric detector sees it
-            value = int(value)
+            if not math.isfinite(value) or not -MAX_INT <= value <= MAX_INT:
+                continue  # stays in extra (the nan_metric detector sees a NaN there; an
+            value = int(value)  # integer past an event's bound goes as a float, found
+            # by review: it failed the whole step, the step fact the controller counts too)
         fields[name] = float(value) if name != "tokens_trained" else value
         used.add(key)
         report.mapped[name] = key
@@ -499,7 +500,9 @@ def emit_row(
             policy_version=step,
             num_sequences=0,
             mean_length=float(rollout["mean_length"][1]),
-            max_length=int(max_len[1]) if max_len and math.isfinite(max_len[1]) else None,
+            max_length=int(max_len[1])
+            if max_len and math.isfinite(max_len[1]) and abs(max_len[1]) <= MAX_INT
+            else None,
             truncation_rate=float(rollout["truncation_rate"][1])
             if "truncation_rate" in rollout
             else 0.0,

@@ -103,7 +103,7 @@ class RegisterEnv(BaseModel):
 
 
 class EnvIdentifier(BaseModel):
-    env_id: int
+    env_id: int = Field(ge=-MAX_INT, le=MAX_INT)
 
 
 class ScoredData(BaseModel):
@@ -347,7 +347,7 @@ class GroupRules:
     masks and scores together and embeds token ids (a CUDA assert at best).
 
     Always: at least one sequence; as many mask rows and scores as token rows; each mask
-    row as long as its token row; no negative token id; ``env_id`` not negative; token
+    row as long as its token row; no negative token id; ``env_id`` in ``[0, MAX_INT]``; token
     ids below :data:`TOKEN_LIMIT`, mask values and distillation ids within int64; free-form
     fields nested at most :data:`MAX_NESTING` deep. With ``vocab_size``: every token id
     below it, and every mask value either -100 (ignored) or below it. With
@@ -396,6 +396,11 @@ def group_errors(
     if g.env_id is not None and g.env_id < 0:
         msg = "Input should be greater than or equal to 0"
         errors.append({**_error(loc, "env_id", "greater_than_equal", msg), "ctx": {"ge": "0"}})
+    elif g.env_id is not None and g.env_id > MAX_INT:  # (an event's integers are bounded:
+        msg = f"Input should be less than or equal to {MAX_INT}"  # a 500 after the payload
+        errors.append(  # was appended, found by review)
+            {**_error(loc, "env_id", "less_than_equal", msg), "ctx": {"le": str(MAX_INT)}}
+        )
     for name in _FREE_FORM:
         if _nested_deeper(getattr(g, name), MAX_NESTING):
             msg = f"nested deeper than {MAX_NESTING} levels of lists and objects"

@@ -18,6 +18,7 @@ already delivered; the slot then holds the record's event id and it derives noth
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -66,6 +67,11 @@ class SlotCache:
 
     def put(self, key: bytes, raw: bytes, slot: Slot) -> None:
         self._live[key] = (raw, slot)
+
+    def forget(self, key: bytes) -> None:
+        """Drop ``key``'s live slot: the next event loads it from the table again (what
+        was stored last), e.g. after a fold raised mid-way through changing it."""
+        self._live.pop(key, None)
 
 
 def fold_event(
@@ -146,7 +152,9 @@ def fold_records(
     for fold, table, cache in hosted:
         try:  # a fold that raises on one event (or cannot store what it made of it) stops
             parts.append(fold_event(fold, table, cache, event, pinned))  # nothing else
-        except Exception as exc:
+        except Exception as exc:  # the slot may be half-changed: back to the stored one
+            with contextlib.suppress(Exception):
+                cache.forget(fold.key_of(event).encode())
             letter = fold_failed_letter(event, fold.name, exc, topic, partition, offset)
             log.error("runwatch: %s (%s)", letter.reason, topic)
             parts.append(Folded([(DEAD_LETTER_TOPIC, None, letter.encode())]))

@@ -44,12 +44,17 @@ Rules:
   the run trains on, so it is live again, gates included, and a pause request in flight
   at the end stays watched (``pause_unanswered`` below counts from the end). (Found by
   review: a hook that published ``RunCompleted`` right after a gate's pause request, then
-  trained 50 steps more, was never paused nor paged.) ``RunFailed`` ends it too, until
-  a process trains it again: a failed run may be restarted (``runwatch resume``, a
-  requeued hooked job), and its restart's ``RunStarted``/``RunResumed`` (or
-  ``RunPaused``: restarted still paused) makes it live again, gates included; a page
-  from a step after the failure read ahead of the restart's own fact (another topic) is
-  owed, asked for when the run is live.
+  trained 50 steps more, was never paused nor paged.) "After the end" is after the step
+  the end names, or, naming none (a plain hook's ``finish()``), stamped after it on the
+  run's own clock: the run's last steps read late (another topic) are not training after
+  it. Both are the run's own word, as every fact of a hooked run is: a job that lies
+  about its end (a far-future step or time) hides the training it reports after it, as
+  a job that stops reporting hides all of it; stopping such a job is its scheduler's.
+  ``RunFailed`` ends it too, until a process trains it again: a failed run may be
+  restarted (``runwatch resume``, a requeued hooked job), and its restart's
+  ``RunStarted``/``RunResumed`` (or ``RunPaused``: restarted still paused) makes it live
+  again, gates included; a page from a step after the failure read ahead of the restart's
+  own fact (another topic) is owed, asked for when the run is live.
   (Before 2026-11-28 a failed run stayed ended: its restart trained with every gate off
   — 186 steps billed after a page in the review's run.) A state stored before then says
   ``over`` for a failed run too: it loads as ``failed`` (a restart reopens it; a
@@ -268,7 +273,7 @@ class RunControllerFold:
             return state._replace(phase="failed", owed=(), pending=(), paused_step=event.step), done
         if t is RunCompleted or t is RunCancelled:
             w = state.waiting
-            end = event.step if event.step is not None else (w.since if w is not None else None)
+            end = event.step  # None (a plain hook's finish()): judged on its clock alone
             if w is not None and not w.fired:
                 # a pause in flight stays watched past the end the run said: a run that
                 # trains on after it did not stop (steps up to its end were its last)
@@ -466,6 +471,8 @@ class RunControllerFold:
             *rest,
             *defaults[len(rest) :],
         ]
+        if phase == "over" and len(rest) < _ENDED_SINCE:  # stored before the end's step was
+            paused_step = None  # kept: what it holds is an old pause's step, not the end's
         if phase == "over" and len(rest) < _FAILED_SINCE:  # stored before "failed" was
             phase = "failed"  # told apart: a restart reopens it (a completed run has none)
         return ControlState(
@@ -553,6 +560,8 @@ _INPUTS = frozenset(
 )
 #: State fields after the first three when "failed" was told apart from "over".
 _FAILED_SINCE = 5
+#: State fields after the first three when the end of a run (its step, its clock) was kept.
+_ENDED_SINCE = 7
 #: The lifecycle facts of a process training a failed run again (a restart).
 _RESTARTS = frozenset({RunSubmitted, RunStarted, RunResumed, RunPaused})
 #: How many pause requests a run remembers (who asked each).

@@ -159,6 +159,7 @@ def test_bad_registrations_are_refused_and_nothing_is_stored(server: Server) -> 
         ({"tokens": [[1, -7, 3], [1, 2, 3]]}, "token_out_of_range", ["tokens", 0]),
         ({"masks": [[-100, 2, 3], [-1, 2, 3]]}, "token_out_of_range", ["masks", 1]),
         ({"env_id": -1}, "greater_than_equal", ["env_id"]),
+        ({"env_id": 2**53}, "less_than_equal", ["env_id"]),  # an event's bound (review)
         ({"tokens": [], "masks": [], "scores": []}, "empty_group", ["tokens"]),
         (
             {"tokens": [[1]] * 5, "masks": [[1]] * 5, "scores": [0.0] * 5},

@@ -90,6 +90,22 @@ def test_a_step_beyond_2_53_is_refused_with_its_reason(tmp_path: Path) -> None:
         _import(only)
 
 
+def test_a_token_count_past_an_events_bound_stays_in_extra_and_the_step_is_kept(
+    tmp_path: Path,
+) -> None:
+    """Found by review: a cumulative ``num_tokens`` past 2**53 - 1 (an event's integer
+    bound) failed the whole step's events, the step fact the run controller counts too."""
+    path = _jsonl(tmp_path / "h.jsonl", [
+        {"step": 1, "reward": 0.1, "num_tokens": 2**60},
+        {"step": 2, "reward": 0.2, "num_tokens": 5},
+    ])  # fmt: skip
+    events, report = _import(path)
+    steps = [e for e in events if e.type == "TrainerStepCompleted"]
+    assert [e.step for e in steps] == [1, 2] and report.skipped == 0
+    assert steps[0].tokens_trained is None and dict(steps[0].extra)["num_tokens"] == 2.0**60
+    assert steps[1].tokens_trained == 5
+
+
 def test_an_integer_too_long_to_parse_is_a_bad_row(tmp_path: Path) -> None:
     path = tmp_path / "h.jsonl"
     path.write_text('{"step": 1' + "0" * 5000 + ', "reward": 0.1}\n{"step": 2, "reward": 0.2}\n')

@@ -135,6 +135,23 @@ def test_the_view_keeps_the_pause_in_effect() -> None:
     assert _answers(view) == ""
 
 
+def test_a_view_kept_before_pauses_were_named_sends_a_resume_naming_none() -> None:
+    """Found by review: a run paused under the earlier release has a view with no pause
+    id; its process restarted still paused says ``RunPaused`` (no request), which the
+    view took as the pause's id while the process holds the original request's, so every
+    resume through the API was refused. The view names no pause then (a v1 resume)."""
+    view, fleet, points = RunView(TENANT, RUN), Fleet(), {}
+    view.state = "PAUSED_BY_GATE"  # stored by the earlier release: no pause_id
+    restart = _ev(RunPaused, reason="still paused", refuses_stale_resume=True)
+    apply_primary(view, fleet, points, restart)
+    assert _answers(view) == ""
+    apply_primary(view, fleet, points, _ev(RunResumed, request_id="u1"))
+    assert "pause_id" not in view.mechanics
+    view.state = "RUNNING"  # (the run-state fold's answer to the resume)
+    apply_primary(view, fleet, points, _ev(RunPaused, request_id="q", refuses_stale_resume=True))
+    assert _answers(view) == "q"  # the next pause is named as before
+
+
 def _follower(tmp_path: Path, published: list) -> CommandFollower:
     def publish(cls, step, **kw):
         published.append(_ev(cls, **kw))

@@ -119,3 +119,26 @@ def test_the_faust_agent_dead_letters_the_event_and_goes_on() -> None:
         assert "run-health" in letters[0].reason and error in letters[0].reason
         assert letters[0].source_offset is not None
         assert len(sent) == len(clean), at  # every other record's outputs, as without it
+
+
+def test_the_faust_agent_forgets_a_slot_a_fold_left_half_changed() -> None:
+    """Found by review: the fold changed the cached slot in place before its state could
+    not be stored; the next record folded on top of the change the dead letter said was
+    not made (and a restart would not have it). The slot is loaded again from the table."""
+    folds = _folds("dump")
+    hosted = {f.name: (f, {}, SlotCache()) for f in folds}
+    owners = agent_pins(list(hosted.values()))
+    fold, table, cache = hosted["run-health"]
+    for offset, ev in enumerate(_events()):
+        if type(ev).TOPIC != "runwatch.telemetry" or fold.inner.key_of(ev) != RUN:
+            continue
+        folded = fold_records([hosted["run-health"]], type(ev).TOPIC, 0, offset, encode(ev), owners)
+        folded.store()
+        if ev.step == POISON and ev.type == "TrainerStepCompleted":
+            assert [t for t, _, _ in folded] == ["runwatch.dead-letters"]
+            assert RUN.encode() not in cache._live  # the stored slot is what counts now
+            stored = table[RUN.encode()]
+            assert cache.get(fold, RUN.encode(), stored).recent.first_time(ev.event_id)
+            break
+    else:
+        raise AssertionError("the poisoned step was never folded")

@@ -44,7 +44,7 @@ def ev(cls: type[EventBase], *, step: int | None = S, tenant: str = "acme", **kw
         tenant_id=tenant,
         run_id="run-1",
         step=step,
-        ts=float(n),
+        ts=kw.pop("ts", float(n)),
         producer="test",
         seq=n,
         **kw,
@@ -283,6 +283,17 @@ def test_an_end_without_a_step_right_after_the_request_still_pages() -> None:
     assert len(fired) == 1 and log.state.phase == "pausing"
 
 
+def test_the_last_steps_of_a_run_that_ended_read_late_never_page() -> None:
+    """Found by review: a plain hook's ``finish()`` says no step; on Kafka its last step
+    facts (telemetry) can be read after its ``RunCompleted`` (lifecycle). Stamped before
+    the end, they are the run's last steps, not training after it: no page, still over."""
+    log = Log()
+    log.feed([*started(), *steps(0, S), page(), *steps(S + 1, S + 1)])
+    last = steps(S + 2, S + 9)  # trained before the end, read after it
+    log.feed([ev(RunCompleted, step=None, ts=last[-1].ts + 1)])
+    assert unanswered(log.feed(last)) == [] and log.state.phase == "over"
+
+
 def test_an_end_without_a_step_is_judged_on_the_runs_own_clock() -> None:
     """A plain hook's ``finish()`` says no step: a step fact stamped after the end trains
     on, and a page from it pauses the run (its gates are on again)."""
@@ -390,6 +401,17 @@ def test_the_state_round_trips_and_an_old_state_loads() -> None:
     assert f.load_state(old).waiting is None and f.load_state(old).phase == "pausing"
     over = json.dumps(["grpo", "over", [], "", [], [], [], 12]).encode()
     assert f.load_state(over).phase == "over"
+    # stored before 2026-11-28 (tenth: nine fields): the step it holds is an old pause's,
+    # not the end's, so a late fact of the completed run must not revive it (review)
+    done = json.dumps(["grpo", "over", [], "", [], [], [], 100, None]).encode()
+    state = f.load_state(done)
+    assert state.phase == "over" and state.paused_step is None and state.ended_ts is None
+    for late in (trained(450), [page("run-1:kl_blowup:450", step=450)]):
+        after, derived = state, []
+        for e in late:
+            after, out = f.apply(after, e)
+            derived += out
+        assert after.phase == "over" and derived == []
 
 
 def test_a_step_of_a_run_not_pausing_leaves_the_state_as_it_is() -> None:
