@@ -239,8 +239,9 @@ def test_regression_trajectory_registrations_are_bounded_text_and_numbers(
 def test_regression_a_poison_record_on_the_log_does_not_end_the_tail(tmp_path: Path) -> None:
     """A registration the API refuses now (400-digit batch_size), already on the log: the
     fold raised on the next batch request and the tail task died with it (every later
-    answer that needs the fold: a 503, for good). Now the record is skipped and counted,
-    the tail goes on, and a reset plus a sound registration brings batches back."""
+    answer that needs the fold: a 503, for good). Now the record is skipped and counted
+    (since 2026-11-28 at decode: an event's integers are bounded), the tail goes on, and
+    a reset plus a sound registration brings batches back."""
     from events.catalog.trajectory import TrajectoryEnvRegistered, TrajectoryTrainerRegistered
     from events.codec import encode
     from events.envelope import new_envelope
@@ -248,15 +249,16 @@ def test_regression_a_poison_record_on_the_log_does_not_end_the_tail(tmp_path: P
     log = EmbeddedLog(tmp_path / "log", sync=False)
     log.open_sync()
     env = {"tenant_id": "default", "run_id": "atropos", "producer": "old-version", "seq": 1}
-    poison = [
-        TrajectoryTrainerRegistered(
-            **new_envelope(**env), requester_uuid="1", **{**REGISTRATION, "batch_size": 10**400}
-        ),
-        TrajectoryEnvRegistered(
-            **new_envelope(**env), request_id="r", **{**ENV, "min_batch_allocation": 0.5}
-        ),
-    ]
-    log.append_many_sync("runwatch.trajectories", [(b"atropos", encode(e)) for e in poison])
+    trainer = TrajectoryTrainerRegistered(
+        **new_envelope(**env), requester_uuid="1", **REGISTRATION
+    )  # as an earlier release wrote it: no bound on its integers (this one refuses it)
+    registered = json.loads(encode(trainer))
+    registered["batch_size"] = 10**400
+    env_registered = TrajectoryEnvRegistered(
+        **new_envelope(**env), request_id="r", **{**ENV, "min_batch_allocation": 0.5}
+    )
+    poison = [json.dumps(registered).encode(), encode(env_registered)]
+    log.append_many_sync("runwatch.trajectories", [(b"atropos", raw) for raw in poison])
     config = TrajectorySettings(instance="poison", batch_timeout_s=1.0)
     host = TrajectoryHost(EmbeddedLog(tmp_path / "log", sync=False), config)
     with TestClient(build_app(host), base_url="http://127.0.0.1") as client:
@@ -265,7 +267,10 @@ def test_regression_a_poison_record_on_the_log_does_not_end_the_tail(tmp_path: P
             assert time.monotonic() < deadline
             time.sleep(0.02)
         client.post("/scored_data", json=GROUP)
-        assert client.get("/batch").status_code == 503  # the fold cannot take the request
+        # the record is refused at decode now (an event's integers are bounded), so the
+        # fold never sees it: skipped and counted, the tail lives and answers
+        answer = client.get("/batch")
+        assert answer.status_code == 200, answer.text
         assert host.skipped >= 1 and not host._tasks[0].done()  # the tail lives
         assert client.get("/status").status_code == 200
         assert client.get("/reset_data").status_code == 200

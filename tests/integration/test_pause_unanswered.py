@@ -10,11 +10,13 @@ the run ends); a loop that obeys pauses and never gets that page.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -74,34 +76,60 @@ def _row(step: int) -> dict[str, float]:
     return {"reward": step / 100, "kl": step / 10}  # past the kl_blowup ceiling at ~7
 
 
+@contextlib.contextmanager
+def _processor(tmp: Path, log: Path) -> Iterator[subprocess.Popen[str]]:
+    """The real ``runwatch process`` following ``log`` (its output in process.out)."""
+    with open(tmp / "process.out", "w") as sink:
+        processor = subprocess.Popen(
+            [sys.executable, "-m", "runwatch.cli.main", "process", "--log", str(log)],
+            cwd=tmp, env=ENV, stdout=sink, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+    try:
+        yield processor
+    finally:
+        if processor.poll() is None:
+            processor.terminate()
+            processor.wait(30)
+
+
+def _until_paged(
+    hook: RunwatchHook,
+    log: Path,
+    run: str,
+    processor: subprocess.Popen[str],
+    on_pause: Callable[[], None] = lambda: None,
+) -> tuple[int | None, int, list[EventBase]]:
+    """The README's plain loop (log + step_done, never obey()) until the run is paged:
+    the loop's step when the gate's pause was on the log (``on_pause`` is called then),
+    the last step, and the page ([] after 400 steps)."""
+    at_pause: int | None = None
+    page: list[EventBase] = []
+    step = 0
+    for step in range(400):
+        hook.log(_row(step), step=step)
+        hook.step_done(step, wall_s=10.0)
+        hook.flush(10)
+        time.sleep(STEP_S)
+        facts = _facts(log, run)
+        if at_pause is None and any(isinstance(e, PauseRequested) for e in facts):
+            at_pause = step
+            on_pause()
+        page = _unanswered(facts)
+        if page:
+            break
+        assert processor.poll() is None, processor.stderr.read() if processor.stderr else ""
+    return at_pause, step, page
+
+
 def test_a_pause_the_run_never_answers_pages_and_one_it_obeys_does_not(tmp_path: Path) -> None:
     log = tmp_path / "log"
     out = tmp_path / "process.out"
-    with open(out, "w") as sink:
-        processor = subprocess.Popen(
-            [sys.executable, "-m", "runwatch.cli.main", "process", "--log", str(log)],
-            cwd=tmp_path, env=ENV, stdout=sink, stderr=subprocess.PIPE, text=True,
-        )  # fmt: skip
-    try:
+    with _processor(tmp_path, log) as processor:
         # 1. the README's plain loop: log + step_done, never obey()
         run = "ignores"
         hook = _hook(tmp_path, log, run)
         hook.start({})
-        at_pause: int | None = None
-        page: list[EventBase] = []
-        step = 0
-        for step in range(400):
-            hook.log(_row(step), step=step)
-            hook.step_done(step, wall_s=10.0)
-            hook.flush(10)
-            time.sleep(STEP_S)
-            facts = _facts(log, run)
-            if at_pause is None and any(isinstance(e, PauseRequested) for e in facts):
-                at_pause = step  # the loop's step when the gate's pause was on the log
-            page = _unanswered(facts)
-            if page:
-                break
-            assert processor.poll() is None, processor.stderr.read() if processor.stderr else ""
+        at_pause, step, page = _until_paged(hook, log, run, processor)
         assert at_pause is not None, "the gate never asked for a pause"
         assert page, f"no {DETECTOR} page in {step} steps (pause on the log at step {at_pause})"
         (fired,) = page
@@ -163,10 +191,6 @@ def test_a_pause_the_run_never_answers_pages_and_one_it_obeys_does_not(tmp_path:
         facts = _facts(log, run)
         assert any(isinstance(e, PauseRequested) for e in facts)
         assert _unanswered(facts) == [], [e.reason for e in _unanswered(facts)]  # type: ignore[attr-defined]
-    finally:
-        if processor.poll() is None:
-            processor.terminate()
-            processor.wait(30)
 
 
 def test_a_run_that_says_it_ended_and_trains_on_is_paged(tmp_path: Path) -> None:
@@ -174,39 +198,19 @@ def test_a_run_that_says_it_ended_and_trains_on_is_paged(tmp_path: Path) -> None
     pause was on the log, then trained 50 steps more, was never paged (the end silenced
     the gate). Its steps after the end are training: the pause in flight pages."""
     log = tmp_path / "log"
-    with open(tmp_path / "process.out", "w") as sink:
-        processor = subprocess.Popen(
-            [sys.executable, "-m", "runwatch.cli.main", "process", "--log", str(log)],
-            cwd=tmp_path, env=ENV, stdout=sink, stderr=subprocess.PIPE, text=True,
-        )  # fmt: skip
-    try:
+    with _processor(tmp_path, log) as processor:
         run = "ends-early"
         hook = _hook(tmp_path, log, run)
         hook.start({})
-        ended_at: int | None = None
-        page: list[EventBase] = []
-        step = 0
-        for step in range(400):
-            hook.log(_row(step), step=step)
-            hook.step_done(step, wall_s=10.0)
+
+        def end() -> None:  # "completed" (no step said), and it trains on
+            hook.finish()
             hook.flush(10)
-            time.sleep(STEP_S)
-            facts = _facts(log, run)
-            if ended_at is None and any(isinstance(e, PauseRequested) for e in facts):
-                hook.finish()  # "completed" (no step said), and it trains on
-                hook.flush(10)
-                ended_at = step
-            page = _unanswered(facts)
-            if page:
-                break
-            assert processor.poll() is None, processor.stderr.read() if processor.stderr else ""
+
+        ended_at, step, page = _until_paged(hook, log, run, processor, on_pause=end)
         assert ended_at is not None, "the gate never asked for a pause"
         assert page, f"no {DETECTOR} page in {step} steps (said it ended at step {ended_at})"
         assert isinstance(page[0], AlertFired) and page[0].routing == "page"
         assert step - ended_at <= 12, (ended_at, step, page[0].reason)
         print(f"\nsaid it ended at step {ended_at}, {DETECTOR} paged at step {step}")
         hook.close(10)
-    finally:
-        if processor.poll() is None:
-            processor.terminate()
-            processor.wait(30)
