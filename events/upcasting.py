@@ -26,31 +26,25 @@ UPCASTERS: dict[tuple[str, int], Upcaster] = {}
 DOWNCASTERS: dict[tuple[str, int], Downcaster] = {}
 
 
-def upcaster(event_type: str, from_version: int) -> Callable[[Upcaster], Upcaster]:
-    """Register ``fn`` as the upcaster of ``event_type`` from ``from_version``."""
-
-    def register(fn: Upcaster) -> Upcaster:
-        key = (event_type, from_version)
-        if key in UPCASTERS:
-            raise ValueError(f"upcaster for {key} registered twice")
-        UPCASTERS[key] = fn
+def _registrar(table: dict[tuple[str, int], Any], what: str, key: tuple[str, int]) -> Any:
+    def register(fn: Any) -> Any:
+        if key in table:
+            raise ValueError(f"{what} for {key} registered twice")
+        table[key] = fn
         return fn
 
     return register
+
+
+def upcaster(event_type: str, from_version: int) -> Callable[[Upcaster], Upcaster]:
+    """Register ``fn`` as the upcaster of ``event_type`` from ``from_version``."""
+    return _registrar(UPCASTERS, "upcaster", (event_type, from_version))
 
 
 def downcaster(event_type: str, from_version: int) -> Callable[[Downcaster], Downcaster]:
     """Register ``fn`` as the downcaster of ``event_type`` from ``from_version`` to the
     version before it (``fn`` returns ``None`` when the record cannot be written so)."""
-
-    def register(fn: Downcaster) -> Downcaster:
-        key = (event_type, from_version)
-        if key in DOWNCASTERS:
-            raise ValueError(f"downcaster for {key} registered twice")
-        DOWNCASTERS[key] = fn
-        return fn
-
-    return register
+    return _registrar(DOWNCASTERS, "downcaster", (event_type, from_version))
 
 
 def downcast(raw: dict[str, Any]) -> dict[str, Any]:
