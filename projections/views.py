@@ -269,11 +269,14 @@ def _pause_fact(view: RunView, fleet: Fleet, points: Points, ev: EventBase) -> N
     # was read refuses it rather than lift a pause the customer never saw
     m = view.mechanics
     known = Pause(m["pause_id"], bool(m.get("pause_checked"))) if "pause_id" in m else None
-    if known is None and isinstance(ev, RunPaused) and view.state == "PAUSED_BY_GATE":
+    if isinstance(ev, RunPaused) and (
+        (known is None and view.state == "PAUSED_BY_GATE") or (known and not known.id)
+    ):
         # paused before this view kept pauses (a view stored by an earlier release): it
-        # does not know the pause's id, so a resume through it names none (found by
-        # review: it named the restart's RunPaused, and the process refused every resume)
-        m["pause_id"], m["pause_checked"] = str(ev.event_id), False
+        # does not know the pause's id ('') for as long as the pause lasts, so a resume
+        # through it names none (found by review: it named the restart's RunPaused, and
+        # the process refused every resume)
+        m["pause_id"], m["pause_checked"] = "", False
         return
     pause = next_pause(known, ev)
     if pause is None:

@@ -145,6 +145,9 @@ def test_a_view_kept_before_pauses_were_named_sends_a_resume_naming_none() -> No
     restart = _ev(RunPaused, reason="still paused", refuses_stale_resume=True)
     apply_primary(view, fleet, points, restart)
     assert _answers(view) == ""
+    again = _ev(RunPaused, reason="still paused", refuses_stale_resume=True)
+    apply_primary(view, fleet, points, again)  # restarted once more, still paused
+    assert _answers(view) == ""
     apply_primary(view, fleet, points, _ev(RunResumed, request_id="u1"))
     assert "pause_id" not in view.mechanics
     view.state = "RUNNING"  # (the run-state fold's answer to the resume)
