@@ -12,7 +12,9 @@ waits through it on process zero's keepalive instead of failing the job.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -51,8 +53,20 @@ def _launch(tmp_path: Path, steps: int, *extra: str) -> tuple[subprocess.Popen[b
         str(model), str(log_dir), str(out), RUN, str(steps), str(DDP_TIMEOUT_S), *extra,
     ]  # fmt: skip
     with (out / "job.log").open("wb") as sink:
-        job = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=sink, stderr=subprocess.STDOUT)
+        job = subprocess.Popen(
+            cmd, cwd=ROOT, env=env, stdout=sink, stderr=subprocess.STDOUT,
+            start_new_session=True,  # its ranks too are killed with it (_stop)
+        )  # fmt: skip
     return job, log_dir, out
+
+
+def _stop(job: subprocess.Popen[bytes]) -> None:
+    """Kill the launcher and its ranks (a rank left behind by a failed test kept training
+    through the rest of the suite and slowed it: found in a full run)."""
+    if job.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(job.pid, signal.SIGKILL)
+        job.wait()
 
 
 def _output(out: Path) -> str:
@@ -103,11 +117,9 @@ def test_every_rank_of_a_torchrun_job_pauses_and_stops_with_process_zero(tmp_pat
         issue(log_dir, RUN, "resume", actor="customer", principal="acme")
         wait(lambda: len(_steps(out, 1)) >= len(held[1]) + 3, "steps after the resume")
         issue(log_dir, RUN, "cancel", actor="customer", principal="acme")
-        job.wait(timeout=120)
+        job.wait(timeout=240)  # both ranks stop at their next step (a loaded box: slowly)
     finally:
-        if job.poll() is None:
-            job.kill()
-            job.wait()
+        _stop(job)
     output = _output(out)
     assert held == after, (
         f"a rank trained while the run was paused: {[h[-3:] for h in held]} -> "
@@ -130,7 +142,10 @@ def test_a_callback_on_process_zero_alone_shares_no_verdict_and_kills_nothing(
     ranks agree through the group's store first: the job trains to its end, and process
     zero says why the run's commands are not followed."""
     job, log_dir, out = _launch(tmp_path, 20, "rank0-only")
-    job.wait(timeout=300)
+    try:
+        job.wait(timeout=300)
+    finally:
+        _stop(job)
     output = _output(out)
     assert job.returncode == 0, output[-3000:]
     assert _steps(out, 0)[-1] == _steps(out, 1)[-1] == 20
