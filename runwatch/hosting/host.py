@@ -300,21 +300,23 @@ class Host:
         every other fold and record goes on. (Found by review: one tenant's record that a
         processor could not handle stopped every tenant's processors on every start.)"""
         self.fold_failures += 1
-        at = self._at
-        where = (at.partition, at.offset) if at is not None else ()
-        letter = fold_failed_letter(ev, hf.name, exc, topic, *where)
+        letter = fold_failed_letter(ev, hf.name, exc, topic, *self._where())
         log.error("runwatch: %s (%s)", letter.reason, topic)
-        self.dead_letters.append(letter)
-        if self.view is not None:
-            self.view.dead_letter(letter)
+        self._keep(letter)
 
     def _refuse(self, topic: str, ev: EventBase, owner: str) -> None:
         """Dead-letter ``ev``: its run id is ``owner``'s, not its tenant's (once per record,
         whichever folds refused it)."""
         self.refused += 1
-        at = self._at  # None: a held record the barrier released, or one without a position
-        where = (at.partition, at.offset) if at is not None else ()
-        letter = foreign_letter(ev, owner, topic, *where)
+        self._keep(foreign_letter(ev, owner, topic, *self._where()))
+
+    def _where(self) -> tuple[int, int] | tuple[()]:
+        """The record being applied, as (partition, offset); () for a held record the
+        barrier released, or one without a position."""
+        at = self._at
+        return (at.partition, at.offset) if at is not None else ()
+
+    def _keep(self, letter: DeadLetter) -> None:
         self.dead_letters.append(letter)
         if self.view is not None:
             self.view.dead_letter(letter)

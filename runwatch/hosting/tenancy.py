@@ -139,15 +139,8 @@ def fold_failed_letter(
 ) -> DeadLetter:
     """The dead letter of an event fold ``fold`` raised on: kept with its reason, not
     folded there (the host goes on with the fold's state as it was before it)."""
-    return DeadLetter(
-        kind="fold_failed",
-        reason=f"{fold} could not fold this {event.type}: {type(exc).__name__}: {exc}"[:2000],
-        event_type=event.type,
-        raw=encode(event),
-        source_topic=topic,
-        source_partition=partition,
-        source_offset=offset,
-    )
+    why = f"{fold} could not fold this {event.type}: {type(exc).__name__}: {exc}"[:2000]
+    return _event_letter(event, "fold_failed", why, topic, partition, offset)
 
 
 def foreign_letter(
@@ -158,12 +151,25 @@ def foreign_letter(
     offset: int | None = None,
 ) -> DeadLetter:
     """The dead letter of an event refused because its run id belongs to ``owner``."""
+    why = (
+        f"run {event.run_id!r} belongs to tenant {owner!r}; this {event.type} names "
+        f"tenant {event.tenant_id!r}: refused, not folded (a run id is its first tenant's)"
+    )
+    return _event_letter(event, "foreign_tenant", why, topic, partition, offset)
+
+
+def _event_letter(
+    event: EventBase,
+    kind: Any,
+    reason: str,
+    topic: str | None,
+    partition: int | None,
+    offset: int | None,
+) -> DeadLetter:
+    """A valid event's dead letter: its bytes, type and place, with ``kind`` and why."""
     return DeadLetter(
-        kind="foreign_tenant",
-        reason=(
-            f"run {event.run_id!r} belongs to tenant {owner!r}; this {event.type} names "
-            f"tenant {event.tenant_id!r}: refused, not folded (a run id is its first tenant's)"
-        ),
+        kind=kind,
+        reason=reason,
         event_type=event.type,
         raw=encode(event),
         source_topic=topic,
