@@ -20,6 +20,7 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from producers.commands import issue
@@ -55,22 +56,36 @@ def _launch(tmp_path: Path, steps: int, *extra: str) -> tuple[subprocess.Popen[b
     with (out / "job.log").open("wb") as sink:
         job = subprocess.Popen(
             cmd, cwd=ROOT, env=env, stdout=sink, stderr=subprocess.STDOUT,
-            start_new_session=True,  # its ranks too are killed with it (_stop)
+            start_new_session=True,  # killed with what it starts (_stop)
         )  # fmt: skip
     return job, log_dir, out
 
 
-def _stop(job: subprocess.Popen[bytes]) -> None:
+def _stop(job: subprocess.Popen[bytes], out: Path) -> None:
     """Kill the launcher and its ranks (a rank left behind by a failed test kept training
-    through the rest of the suite and slowed it: found in a full run)."""
-    if job.poll() is None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(job.pid, signal.SIGKILL)
-        job.wait()
+    through the rest of the suite and slowed it: found in a full run). A rank is any
+    process whose arguments name this job's ``out``: ``torchrun`` starts each in a session
+    of its own, out of reach of a kill of the launcher's process group, and a rank whose
+    launcher died is no longer its child."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(job.pid, signal.SIGKILL)
+    for proc in psutil.process_iter(["cmdline"]):
+        if str(out) in (proc.info["cmdline"] or []):
+            with contextlib.suppress(psutil.NoSuchProcess):
+                proc.kill()
+    job.wait()
 
 
 def _output(out: Path) -> str:
     return (out / "job.log").read_text(errors="replace")
+
+
+def _wait_end(job: subprocess.Popen[bytes], out: Path, timeout_s: float) -> None:
+    """Wait for the job to exit; past ``timeout_s`` fail with what it printed."""
+    try:
+        job.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"the job did not end in {timeout_s:.0f} s:\n{_output(out)[-3000:]}")
 
 
 ANSWERS = ("RunPaused", "RunResumed", "RunCancelled", "RunCompleted")
@@ -88,8 +103,7 @@ def test_every_rank_of_a_torchrun_job_pauses_and_stops_with_process_zero(tmp_pat
         deadline = time.monotonic() + timeout_s
         while not cond():
             if job.poll() is not None or time.monotonic() > deadline:
-                job.kill()
-                job.wait()
+                _stop(job, out)
                 tail = _output(out)[-3000:]
                 steps = (_steps(out, 0)[-3:], _steps(out, 1)[-3:])
                 pytest.fail(
@@ -117,9 +131,9 @@ def test_every_rank_of_a_torchrun_job_pauses_and_stops_with_process_zero(tmp_pat
         issue(log_dir, RUN, "resume", actor="customer", principal="acme")
         wait(lambda: len(_steps(out, 1)) >= len(held[1]) + 3, "steps after the resume")
         issue(log_dir, RUN, "cancel", actor="customer", principal="acme")
-        job.wait(timeout=240)  # both ranks stop at their next step (a loaded box: slowly)
+        _wait_end(job, out, 240)  # both ranks stop at their next step (a loaded box: slowly)
     finally:
-        _stop(job)
+        _stop(job, out)
     output = _output(out)
     assert held == after, (
         f"a rank trained while the run was paused: {[h[-3:] for h in held]} -> "
@@ -143,9 +157,9 @@ def test_a_callback_on_process_zero_alone_shares_no_verdict_and_kills_nothing(
     zero says why the run's commands are not followed."""
     job, log_dir, out = _launch(tmp_path, 20, "rank0-only")
     try:
-        job.wait(timeout=300)
+        _wait_end(job, out, 300)
     finally:
-        _stop(job)
+        _stop(job, out)
     output = _output(out)
     assert job.returncode == 0, output[-3000:]
     assert _steps(out, 0)[-1] == _steps(out, 1)[-1] == 20
