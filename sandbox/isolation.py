@@ -593,7 +593,7 @@ def _flatten_one(top: int, name: str, hoisted: Iterator[int]) -> None:
     try:
         fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=top)
     except PermissionError:  # not root: a directory the tenant made unreadable (its own)
-        os.chmod(name, 0o700, dir_fd=top)
+        _chmod_dir_at(top, name)
         fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=top)
     try:
         with contextlib.suppress(OSError):
@@ -601,11 +601,24 @@ def _flatten_one(top: int, name: str, hoisted: Iterator[int]) -> None:
         for entry in list(os.scandir(fd)):
             if entry.is_dir(follow_symlinks=False):
                 with contextlib.suppress(OSError):
-                    os.chmod(entry.name, 0o700, dir_fd=fd)  # a directory moved needs w
+                    _chmod_dir_at(fd, entry.name)  # a directory moved needs w
                 fresh = f".rw-rm-{os.getpid()}-{next(hoisted)}-{uuid.uuid4().hex[:8]}"
                 os.rename(entry.name, fresh, src_dir_fd=fd, dst_dir_fd=top)
             else:
                 os.unlink(entry.name, dir_fd=fd)
+    finally:
+        os.close(fd)
+
+
+def _chmod_dir_at(dir_fd: int, name: str) -> None:
+    """``chmod 0700`` the directory ``name`` in ``dir_fd``, never what a symlink there
+    points at: opened ``O_PATH|O_NOFOLLOW|O_DIRECTORY`` (a symlink is refused, ENOTDIR),
+    then changed through its ``/proc/self/fd`` link, the inode opened, never a path looked
+    up again. (Found by review: a path ``chmod`` here followed a symlink the tenant swapped
+    in after the listing, and the host, as root, made a host file 0700.) Raises OSError."""
+    fd = os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_DIRECTORY, dir_fd=dir_fd)
+    try:
+        os.chmod(f"/proc/self/fd/{fd}", 0o700)
     finally:
         os.close(fd)
 

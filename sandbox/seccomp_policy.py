@@ -34,6 +34,13 @@ Default action: allow. Denied with EPERM (so tenant code sees a clean error, not
   (each sandbox start makes one: the same count). The lowest-free counters that remain
   (mount ids in ``/proc/self/mountinfo``, namespace inode numbers) are documented in
   ``docs/threat-model.md``.
+- the third round (review, 2026-11-28): ``timer_create`` (ENOSYS; a POSIX timer sent
+  SIGCONT and continued the stopped worker between batches, F1); the Linux AIO calls
+  (ENOSYS; contexts drawn from the host-wide ``fs.aio-max-nr``, F3); pidfds, whose pidfs
+  inode numbers count every process created on the host (``pidfd_open`` ENOSYS,
+  ``clone`` with ``CLONE_PIDFD`` and the ``SO_PEERPIDFD``/``SO_PASSPIDFD`` socket
+  options EPERM, F7); ``SO_NETNS_COOKIE`` (EPERM; the host-wide network-namespace
+  counter, F5).
 
 No-ops (the call returns 0 and does nothing): ``sync`` and ``syncfs``. Either one wrote
 back the whole host's dirty page cache, or a whole host filesystem's (``syncfs`` on an
@@ -154,6 +161,22 @@ ENOSYS_SYSCALLS: tuple[tuple[str, int], ...] = (
     ("statfs", 137),
     ("fstatfs", 138),
     ("ustat", 136),
+    # POSIX timers: one delivering SIGCONT continued the worker the host had stopped
+    # between batches, and its code ran through every wait (review, 2026-11-28, third
+    # round, F1); setitimer/alarm stay (their signals do not continue a stopped process)
+    ("timer_create", 222),
+    # Linux AIO contexts come from the host-wide fs.aio-max-nr: one worker took all
+    # 65,536 and every other tenant's io_setup failed, booked to that tenant (F3)
+    ("io_setup", 206),
+    ("io_destroy", 207),
+    ("io_getevents", 208),
+    ("io_submit", 209),
+    ("io_cancel", 210),
+    ("io_pgetevents", 333),
+    # a pidfd's inode number (pidfs) counts every process and thread created on the host,
+    # never reused: it watched other tenants fork, exactly (F7); see also the clone and
+    # socket-option rules
+    ("pidfd_open", 434),
 )
 
 #: ``O_DIRECT`` on x86_64 (and most arches; arm64 differs: ``os.O_DIRECT`` is used when
@@ -167,6 +190,14 @@ STATX_MNT_ID_UNIQUE = 0x4000
 #: The nsfs ioctls' type byte (``linux/nsfs.h``: ``NSIO``), bits 8-15 of the command;
 #: the type is theirs alone (``Documentation/userspace-api/ioctl/ioctl-number.rst``).
 NSIO_TYPE, IOCTL_TYPE_MASK = 0xB700, 0xFF00
+
+#: ``clone``'s ``CLONE_PIDFD`` (a pidfd: the host-wide pidfs counter, F7).
+CLONE_PIDFD = 0x1000
+#: ``SOL_SOCKET`` options refused to ``getsockopt``/``setsockopt``: ``SO_NETNS_COOKIE``
+#: (the host-wide network-namespace counter, as the refused ``NS_GET_MNTNS_ID`` was: F5),
+#: ``SO_PASSPIDFD`` and ``SO_PEERPIDFD`` (pidfds: F7).
+SOL_SOCKET = 1
+SOCKET_OPTIONS_REFUSED: tuple[int, ...] = (71, 76, 77)
 
 #: Every CLONE_NEW* flag: user, mount, net, pid, ipc, uts, cgroup, time.
 CLONE_NS_BITS: tuple[int, ...] = (
@@ -246,9 +277,10 @@ def _add_direct_io_rules(flt: Any) -> None:
 
 def _add_host_counter_rules(flt: Any) -> None:
     """EPERM for dnotify (``fcntl(F_NOTIFY)``), for ``statx`` asking for the unique
-    mount id and for the nsfs ioctls (``NS_GET_MNTNS_ID`` and kin): cross-tenant channels
-    through the shared ``/usr`` inodes and the host-wide mount and namespace counters
-    (see the module docstring)."""
+    mount id, for the nsfs ioctls (``NS_GET_MNTNS_ID`` and kin), for ``clone`` with
+    ``CLONE_PIDFD`` and for the socket options of :data:`SOCKET_OPTIONS_REFUSED`:
+    cross-tenant channels through the shared ``/usr`` inodes and the host-wide mount,
+    namespace and pidfs counters (see the module docstring)."""
     import pyseccomp as sc
 
     deny = sc.ERRNO(errno.EPERM)
@@ -261,3 +293,7 @@ def _add_host_counter_rules(flt: Any) -> None:
         )
     with contextlib.suppress(RuntimeError, ValueError, OSError):
         flt.add_rule(deny, "ioctl", sc.Arg(1, sc.MASKED_EQ, IOCTL_TYPE_MASK, NSIO_TYPE))
+    flt.add_rule(deny, "clone", sc.Arg(0, sc.MASKED_EQ, CLONE_PIDFD, CLONE_PIDFD))
+    for name in ("getsockopt", "setsockopt"):
+        for option in SOCKET_OPTIONS_REFUSED:
+            flt.add_rule(deny, name, sc.Arg(1, sc.EQ, SOL_SOCKET), sc.Arg(2, sc.EQ, option))

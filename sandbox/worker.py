@@ -25,10 +25,15 @@ tenant sends can put a failure in the platform's column):
 - failures before tenant code ran (spawn, handshake up to ``hello``) -> ``platform_error``;
 - without such evidence, the sandbox killed from outside is not the tenant's: bubblewrap's
   monitor killed by a signal (it lives outside the sandbox's pid namespace: nothing
-  inside can signal it), or a worker found dead before its batch while it was stopped (no
-  tenant code ran since the host stopped it; only SIGKILL ends a stopped process, and
-  the kernel drops one sent to a namespace's pid 1 from inside) -> ``platform_error``
-  marked ``killed_outside``, which the client retries on a fresh worker without booking.
+  inside can signal it), or a worker found killed (SIGKILL) before its batch while it
+  was stopped (no tenant code ran since the host stopped it; only SIGKILL ends a stopped
+  process, and the kernel drops one sent to a namespace's pid 1 from inside) ->
+  ``platform_error`` marked ``killed_outside``, which the client retries on a fresh
+  worker without booking;
+- a worker that ran while it waited stopped between batches (its context switches moved,
+  or it exited otherwise than by SIGKILL): its own code continued it (a timer or a signal
+  it arranged; nothing of the host's continues it before its batch) -> ``tenant_crash``,
+  and the batch is never handed to it.
 """
 
 from __future__ import annotations
@@ -82,6 +87,11 @@ KIND_TO_CAUSE = {
 }
 
 
+#: How long a stopped worker found not stopped any more is given to be seen dead (a
+#: SIGKILL from outside wakes it to die) before it is judged to have run (seconds).
+DYING_S = 0.5
+
+
 def _failed(
     cause: Cause, started: float, message: str, examples: tuple[str, ...] = ()
 ) -> AttemptResult:
@@ -127,6 +137,8 @@ class SandboxWorker:
         self.alive = False
         self.dirty = False  # tenant code left threads behind: retire after this batch
         self._stopped = False  # stopped by the host and not continued since
+        #: its context-switch counters once stopped (b"": unreadable; None: not stopped)
+        self._stopped_at: bytes | None = None
         self._gone_while_stopped = False  # found dead before it was continued
         self._aborted = False  # start-up called off from another thread (abort())
         self._stack = contextlib.ExitStack()
@@ -281,7 +293,7 @@ class SandboxWorker:
                     self.dirty = True  # and processes: one batch only
             if stopped_at is not None and not self._still_stopped(stopped_at):
                 return _failed(Cause.TENANT_CRASH, started, "the stopped worker was continued")
-            self._stopped = stopped_at is not None
+            self._stopped, self._stopped_at = stopped_at is not None, stopped_at
             return None
         if msg is not None and msg.get("op") == "load_error":
             cause = KIND_TO_CAUSE[error_kind(msg)]
@@ -340,10 +352,26 @@ class SandboxWorker:
         self._counters_before = self._resource_counters()
         deadline = started + self.config.limits.deadline_s
         rid = next(self._ids)
-        if self._stopped and self._exited():
-            # dead while stopped, before this batch: no tenant code ran since the stop
+        if self._stopped and (
+            self._exited() or (self._ran_while_stopped() and self._exited(DYING_S))
+        ):
+            # dead while stopped, before this batch: killed (SIGKILL) from outside, or its
+            # own code ran after all (see _died); a SIGKILL wakes a stopped process to
+            # die, so one not stopped any more is given a moment to be seen dead
             self.alive = False
             return self._gone_before_batch(started, "found dead while it waited")
+        if self._stopped and self._ran_while_stopped():
+            # found by review: a POSIX timer of the tenant's sent SIGCONT after the host's
+            # last look, and its code ran (forked, burned CPU, raced the scratch cleanup)
+            # through every wait; the filter now refuses timer_create, and whatever else
+            # continues it is caught here: the batch never reaches such a worker
+            self.alive = False
+            return _failed(
+                Cause.TENANT_CRASH,
+                started,
+                "the worker ran while it waited stopped between batches (its own code "
+                "continued it: a timer or a signal it arranged); retired",
+            )
         # the stopped worker is continued once its batch is in the socket (a large batch:
         # before the send, which would wait for it to read)
         msg_out = {"op": "score", "id": rid, "batch": batch}
@@ -421,7 +449,7 @@ class SandboxWorker:
             # worker then stopped itself again: retired, whatever it did meanwhile
             if stopped_at is not None and not self._still_stopped(stopped_at):
                 return False
-            self._stopped = stopped_at is not None
+            self._stopped, self._stopped_at = stopped_at is not None, stopped_at
             return self.proc is not None and self.proc.poll() is None
         except Exception:
             return False
@@ -491,14 +519,15 @@ class SandboxWorker:
             with contextlib.suppress(OSError):
                 signal.pidfd_send_signal(self._pidfd, signal.SIGCONT)
 
-    def _exited(self) -> bool:
-        """The worker process has exited (its pidfd is readable); False when unknown."""
+    def _exited(self, wait_s: float = 0.0) -> bool:
+        """The worker process has exited (its pidfd is readable, within ``wait_s``); False
+        when unknown."""
         if self._pidfd is None:
             return False
         try:
             poller = select.poll()
             poller.register(self._pidfd, select.POLLIN)
-            return bool(poller.poll(0))
+            return bool(poller.poll(int(wait_s * 1000)))
         except (OSError, ValueError):
             return False
 
@@ -525,6 +554,11 @@ class SandboxWorker:
             return os.pread(self._wchan_fd, 64, 0) not in (b"0", b"")
         except OSError:
             return True
+
+    def _ran_while_stopped(self) -> bool:
+        """The stopped worker ran since the host stopped it (its counters moved, or it is
+        not stopped any more), though nothing of the host's continued it."""
+        return self._stopped_at is not None and not self._still_stopped(self._stopped_at)
 
     def _still_stopped(self, stopped_at: bytes) -> bool:
         """Stopped now, and not run since its counters read ``stopped_at`` (b"": they
@@ -635,16 +669,24 @@ class SandboxWorker:
         return self._died(started, f"worker gone before the batch: {why}")
 
     def _died(self, started: float, message: str) -> AttemptResult:
-        """The worker died. Resource evidence books the tenant; one that died while
+        """The worker died. Resource evidence books the tenant; one killed (SIGKILL) while
         stopped (no tenant code ran since the host stopped it), or whose monitor was
         killed by a signal, was killed from outside: the platform's, ``killed_outside``
-        (retried on a fresh worker before it is booked); any other death, the tenant's."""
+        (retried on a fresh worker before it is booked); any other death, the tenant's —
+        a stopped worker that exited otherwise ran after all (only SIGKILL ends a stopped
+        process): its own code continued it (review: a timer's SIGCONT, then ``_exit(3)``,
+        was booked to the platform at every batch)."""
         cause = self._death_cause()
         rc = self.proc.returncode if self.proc is not None else None
         if cause is Cause.TENANT_RESOURCE_EXCEEDED:
             return _failed(cause, started, f"{message} (exit {rc})")
-        if self._gone_while_stopped or self._stopped or cause is Cause.PLATFORM_ERROR:
+        killed = rc is None or rc < 0 or rc == 128 + signal.SIGKILL
+        if cause is Cause.PLATFORM_ERROR or (
+            killed and (self._gone_while_stopped or self._stopped)
+        ):
             return _killed_outside(started, f"{message}: killed outside the sandbox (exit {rc})")
+        if self._gone_while_stopped or self._stopped:
+            message += ": it exited while stopped, so its own code had continued it"
         return _failed(cause, started, f"{message} (exit {rc})")
 
     def _cpu_watch(self) -> Callable[[], bool] | None:

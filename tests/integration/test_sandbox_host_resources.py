@@ -273,6 +273,48 @@ def test_the_mount_namespace_id_ioctl_is_refused(client: RewardClient) -> None:
     )
 
 
+def test_timers_aio_pidfds_and_the_netns_cookie_are_refused(client: RewardClient) -> None:
+    """Review, 2026-11-28, third round: a POSIX timer delivering SIGCONT continued the
+    worker the host had stopped between batches (F1: ``timer_create`` answers ENOSYS;
+    ``setitimer`` stays, its signal cannot continue a stopped process); Linux AIO contexts
+    come from the host-wide ``fs.aio-max-nr``, which one worker drained for every tenant
+    (F3: the AIO calls answer ENOSYS); a pidfd's pidfs inode number counts every process
+    created on the host (F7: ``pidfd_open`` ENOSYS, ``clone(CLONE_PIDFD)`` and the
+    ``SO_PEERPIDFD``/``SO_PASSPIDFD`` options EPERM); ``SO_NETNS_COOKIE`` is the host-wide
+    network-namespace counter (F5: EPERM). Other socket options and ``fork`` still work."""
+    run_ok(
+        client,
+        """
+        import ctypes, ctypes.util, errno, os, signal, socket
+        libc = ctypes.CDLL(ctypes.util.find_library('c') or 'libc.so.6', use_errno=True)
+        def refused(nr, *args, want=errno.ENOSYS):
+            assert libc.syscall(nr, *args) == -1, nr
+            assert ctypes.get_errno() == want, (nr, ctypes.get_errno())
+        buf = ctypes.create_string_buffer(64)
+        refused(222, 1, buf, buf)  # timer_create(CLOCK_MONOTONIC, ...)
+        for nr in (206, 207, 208, 209, 210, 333):  # io_setup ... io_pgetevents
+            refused(nr, 0, 0, 0, 0, 0)
+        refused(434, os.getpid(), 0)  # pidfd_open
+        # clone(CLONE_PIDFD | SIGCHLD): refused before any child is made
+        refused(56, 0x1000 | signal.SIGCHLD, 0, buf, 0, 0, want=errno.EPERM)
+        signal.setitimer(signal.ITIMER_REAL, 0)  # plain timers stay
+        a, b = socket.socketpair()
+        for opt in (71, 76, 77):  # SO_NETNS_COOKIE, SO_PASSPIDFD, SO_PEERPIDFD
+            try:
+                a.getsockopt(socket.SOL_SOCKET, opt, 8)
+                raise AssertionError(str(opt) + ' answered')
+            except OSError as exc:
+                assert exc.errno == errno.EPERM, (opt, exc.errno)
+        assert a.getsockopt(socket.SOL_SOCKET, socket.SO_TYPE) == socket.SOCK_STREAM
+        a.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 65536)
+        pid = os.fork()
+        if pid == 0:
+            os._exit(7)
+        assert os.waitpid(pid, 0)[1] >> 8 == 7
+        """,
+    )
+
+
 # -- F1: the trainer's read of the tenant's file ----------------------------------------
 
 

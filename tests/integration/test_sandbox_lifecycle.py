@@ -126,6 +126,65 @@ def test_a_worker_killed_from_outside_while_it_waits_is_not_booked_to_the_tenant
         assert c._pool.spawned == 2  # the dead one, then a fresh one
 
 
+#: Counts the SIGCONTs it gets between two batches (a batch answers the count: 1, the
+#: host's own that continues it for the batch), or, given ``EXIT``, leaves with status 3
+#: on the first after its first batch.
+RUNS_WHILE_WAITING = """
+import os, signal
+EXIT = {exit}
+WOKE, SCORED = [0], [False]
+def on_cont(sig, frame):
+    WOKE[0] += 1
+    if EXIT and SCORED[0]:
+        os._exit(3)
+signal.signal(signal.SIGCONT, on_cont)
+def reward(batch):
+    woke, WOKE[0] = WOKE[0], 0
+    SCORED[0] = True
+    return [float(woke)] * len(batch)
+"""
+
+
+def _continue_the_waiting_worker(c: RewardClient) -> None:
+    """SIGCONT to the stopped worker from the host: the stand-in for the tenant's own
+    POSIX timer of the review (``timer_create`` is refused now; a test of that refusal is
+    in ``test_sandbox_host_resources.py``), since nothing else of the tenant's runs then."""
+    assert c._pool is not None
+    (w,) = c._pool._ready
+    assert w.worker_pid is not None and w._stopped
+    os.kill(w.worker_pid, signal.SIGCONT)
+    time.sleep(0.3)
+
+
+@pytest.mark.parametrize("exits", [False, True], ids=["runs", "exits"])
+def test_a_worker_that_ran_while_it_waited_gets_no_batch_and_is_booked_to_the_tenant(
+    tmp_path: Path, exits: bool
+) -> None:
+    """Found by review: a POSIX timer of the tenant's sent its stopped worker SIGCONT after
+    the host's last look, and its code ran through every wait between batches (it forked a
+    CPU burner, raced the scratch cleanup; exiting in the wait was booked to the platform,
+    ``killed_outside``, at every batch). A worker that ran while it waited (its context
+    switches moved), or exited then otherwise than by SIGKILL, gets no batch: the attempt
+    is the tenant's (``tenant_crash``), and the batch runs on a fresh worker."""
+    require_sandbox()
+    source = RUNS_WHILE_WAITING.format(exit=exits)
+    with make_client(
+        tmp_path, source, tier="function", policy=FailurePolicy("retry", 1), warm_workers=0
+    ) as c:
+        first = c.score(BATCH)
+        assert first.ok and first.scores == (1.0,), (first.cause, first.message)
+        _continue_the_waiting_worker(c)
+        out = c.score(BATCH)
+        assert out.status is OutcomeStatus.OK and out.attempt == 2, (out.cause, out.message)
+        assert out.scores == (1.0,)  # the fresh worker's: continued by the host alone
+        booked = out.attempts[0]
+        assert booked.cause is Cause.TENANT_CRASH, booked
+        expected = "exited while stopped" if exits else "ran while it waited stopped"
+        assert expected in booked.message, booked.message
+        assert tenant_columns(c) == {"tenant_crash": 1}
+        assert c._pool is not None and c._pool.spawned == 2
+
+
 # -- 2. cpu_seconds bounds the worker's whole tree -------------------------------------------
 
 SPIN_IN_CHILD = """

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from sandbox.isolation import base_dir, empty_dir, reap_stale
+from sandbox.isolation import _chmod_dir_at, base_dir, empty_dir, reap_stale
 
 DEPTH = 2000  # past the recursion limit (1,000), with a path near PATH_MAX
 
@@ -108,3 +108,32 @@ def _dead_pid() -> int:
     proc = subprocess.Popen(["true"])
     proc.wait()
     return proc.pid
+
+
+def test_the_cleanups_chmod_never_follows_a_symlink_swapped_in(tmp_path: Path) -> None:
+    """Found by review: the cleanup judged an entry a directory from its listing, then
+    ``chmod``-ed it by path; a tenant that swapped a symlink in between had the host, as
+    root, make a host file 0700. The entry is opened without following a symlink and
+    changed through that fd: a symlink is refused, its target untouched."""
+    victim_dir, victim_file = tmp_path / "host-dir", tmp_path / "host-file"
+    victim_dir.mkdir(mode=0o755)
+    victim_file.write_text("x")
+    victim_file.chmod(0o644)
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    (scratch / "to-dir").symlink_to(victim_dir)
+    (scratch / "to-file").symlink_to(victim_file)
+    (scratch / "real").mkdir(mode=0o500)
+    fd = os.open(scratch, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for name in ("to-dir", "to-file"):
+            with pytest.raises(NotADirectoryError):
+                _chmod_dir_at(fd, name)
+        _chmod_dir_at(fd, "real")
+    finally:
+        os.close(fd)
+    assert victim_dir.stat().st_mode & 0o777 == 0o755
+    assert victim_file.stat().st_mode & 0o777 == 0o644
+    assert (scratch / "real").stat().st_mode & 0o777 == 0o700
+    assert empty_dir(scratch) and not any(scratch.iterdir())
+    assert victim_dir.is_dir() and victim_file.read_text() == "x"
