@@ -23,7 +23,7 @@ Time: event time only (``ts`` fields); nothing here reads a clock.
 from __future__ import annotations
 
 import base64
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any
 
 from events.envelope import EventBase
@@ -107,19 +107,26 @@ class TerminalBarrier:
             return False
         return True
 
-    def release(self, apply: Callable[[str, EventBase], None], force: bool) -> None:
+    def release(
+        self,
+        apply: Callable[[str, EventBase], None],
+        force: bool,
+        only: Collection[str] | None = None,
+    ) -> None:
         """Hand every releasable held run's records to ``apply``, in event time: runs in
-        (held time, run id) order; ``force``: every held run."""
+        (held time, run id) order; ``force``: every held run (``only``: every one of
+        these run ids, the others as without ``force``)."""
         ready = []
         for rid, queue in self.held.items():
             _, partition, head = queue[0]
-            if force or self.low_watermark(partition) > head.ts:
-                ready.append((head.ts, rid))
-        for _, rid in sorted(ready):
+            forced = force and (only is None or rid in only)
+            if forced or self.low_watermark(partition) > head.ts:
+                ready.append((head.ts, rid, forced))
+        for _, rid, forced in sorted(ready):
             # in event time: a queue may span a pause and the run's end, and the facts
             # before the end must be folded before it (stable: ties keep read order)
             queue, rest = sorted(self.held.pop(rid), key=lambda r: r[2].ts), None
-            if not force:
+            if not forced:
                 # a later held fact (the run's end after its pause) waits for the
                 # watermarks to pass it in turn: it heads the run's queue from here
                 for i in range(1, len(queue)):

@@ -11,7 +11,12 @@ derived events carry the same deterministic ids, so downstream consumers dedupli
 Host-side time (never seen by the folds): ``settle_s`` is how long the follower waits,
 once caught up (a poll came back empty), before releasing terminal events still held at
 the terminal barrier (:mod:`runwatch.hosting.barrier`) — it covers detector lag, so an alert
-computed from a run's last steps is folded before the run's end.
+computed from a run's last steps is folded before the run's end. It is also the longest
+a run stays held by the follower's clock while the log keeps it busy: a plane where other
+runs write telemetry without pause never came back empty, and where no alert, reward or
+checkpoint fact moved the watermarks past a gate's ``RunPaused`` it was never shown
+(found by review: no ``PAUSED_BY_GATE``, the customer's webhook never told, the resume
+refused "not paused").
 """
 
 from __future__ import annotations
@@ -55,17 +60,23 @@ async def follow(
                 positions[topic] = max(positions[topic], offset)
     loop = asyncio.get_running_loop()
     idle_since: float | None = None
+    held_since: dict[str, float] = {}  # run id -> when the follower first saw it held
     try:
         while not stop.is_set():
             records = await consumer.poll(max_records, timeout_s=poll_timeout_s)
             derived = host.process(records) if records else []
             released = False
+            now = loop.time()
             if records:
                 idle_since = None
             elif host.held:
-                idle_since = idle_since if idle_since is not None else loop.time()
-                if loop.time() - idle_since >= settle_s:
+                idle_since = idle_since if idle_since is not None else now
+                if now - idle_since >= settle_s:
                     derived, released = host.release_held(force=True), True
+            overdue = _held_too_long(host.held, held_since, now, settle_s)
+            if overdue:
+                derived += host.release_held(force=True, only=overdue)
+                released = True
             if not records and not released:
                 continue
             if derived and publish_to is not None:
@@ -76,3 +87,15 @@ async def follow(
                 on_batch(len(records), derived)
     finally:
         await consumer.close()
+
+
+def _held_too_long(
+    held: dict[str, object], since: dict[str, float], now: float, settle_s: float
+) -> frozenset[str]:
+    """The runs held at least ``settle_s`` by the follower's clock (``since`` keeps when
+    each was first seen held, forgetting those released)."""
+    for rid in [r for r in since if r not in held]:
+        del since[rid]
+    for rid in held:
+        since.setdefault(rid, now)
+    return frozenset(r for r, t in since.items() if now - t >= settle_s)

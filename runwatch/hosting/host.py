@@ -22,7 +22,7 @@ Time: nothing here reads a clock (the follower's settle time is its caller's).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from typing import Any
 
 from events.dead_letter import DeadLetter
@@ -188,11 +188,14 @@ class Host:
         if advanced and barrier.due(partition):
             barrier.release(lambda t, e: self._release(t, e, out), force=False)
 
-    def release_held(self, force: bool = True) -> list[EventBase]:
-        """Apply the runs held at the barrier (``force``: all of them); what they derived."""
+    def release_held(
+        self, force: bool = True, only: Collection[str] | None = None
+    ) -> list[EventBase]:
+        """Apply the runs held at the barrier (``force``: all of them, or all of ``only``'s
+        run ids and those the watermarks passed); what they derived."""
         out: list[EventBase] = []
         if self.barrier is not None:
-            self.barrier.release(lambda t, e: self._release(t, e, out), force)
+            self.barrier.release(lambda t, e: self._release(t, e, out), force, only)
         return out
 
     def _release(self, topic: str, ev: EventBase, out: list[EventBase]) -> None:
