@@ -260,6 +260,7 @@ def _submitted(view: RunView, fleet: Fleet, points: Points, ev: RunSubmitted) ->
     # who runs the run's loop (``trainer/<run>``: runwatch's trainer; ``hook/...`` or a
     # customer's name: their own job): the API refuses resume settings the loop cannot apply
     view.mechanics["producer"] = ev.producer
+    view.mechanics["pauses_named"] = True  # its pauses are named from the first (_pause_fact)
 
 
 def _pause_fact(view: RunView, fleet: Fleet, points: Points, ev: EventBase) -> None:
@@ -269,15 +270,19 @@ def _pause_fact(view: RunView, fleet: Fleet, points: Points, ev: EventBase) -> N
     # was read refuses it rather than lift a pause the customer never saw
     m = view.mechanics
     known = Pause(m["pause_id"], bool(m.get("pause_checked"))) if "pause_id" in m else None
-    if isinstance(ev, RunPaused) and (
-        (known is None and view.state == "PAUSED_BY_GATE") or (known and not known.id)
-    ):
-        # paused before this view kept pauses (a view stored by an earlier release): it
-        # does not know the pause's id ('') for as long as the pause lasts, so a resume
+    # a view stored by an earlier release, paused then: it kept no pause. Known by the
+    # marker this release sets on the run's first fact or pause fact, never by the view's
+    # state alone, which moves only at a commit: a resume and the next gate's pause folded
+    # in one commit made the new pause look like such a view's, unnamed, and every later
+    # resume through the API named no pause, lifting whichever was in effect (review)
+    earlier = known is None and not m.get("pauses_named") and view.state == "PAUSED_BY_GATE"
+    if isinstance(ev, RunPaused) and (earlier or (known and not known.id)):
+        # it does not know the pause's id ('') for as long as the pause lasts, so a resume
         # through it names none (found by review: it named the restart's RunPaused, and
         # the process refused every resume)
         m["pause_id"], m["pause_checked"] = "", False
         return
+    m["pauses_named"] = True
     pause = next_pause(known, ev)
     if pause is None:
         m.pop("pause_id", None)

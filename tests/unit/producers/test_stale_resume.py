@@ -17,6 +17,7 @@ from events.catalog.lifecycle import (
     RunPaused,
     RunResumed,
     RunStarted,
+    RunSubmitted,
 )
 from events.codec import decode, encode
 from events.dead_letter import DeadLetter
@@ -153,6 +154,29 @@ def test_a_view_kept_before_pauses_were_named_sends_a_resume_naming_none() -> No
     view.state = "RUNNING"  # (the run-state fold's answer to the resume)
     apply_primary(view, fleet, points, _ev(RunPaused, request_id="q", refuses_stale_resume=True))
     assert _answers(view) == "q"  # the next pause is named as before
+
+
+def test_a_resume_and_the_next_pause_folded_in_one_commit_keep_the_new_pause_named() -> None:
+    """Found by review: the view's state moves only at a commit, and "no pause kept while
+    the state says paused" was taken for a view stored by an earlier release. Gate A's
+    resume and gate B's pause folded in one commit (one follower poll) left B unnamed, and
+    every later resume through the API named no pause, lifting whichever was in effect.
+    A view of this release (its run's ``RunSubmitted`` or a pause fact folded here) names
+    every pause, whatever its state says."""
+    view, fleet, points = RunView(TENANT, RUN), Fleet(), {}
+    apply_primary(view, fleet, points, _ev(RunSubmitted, algorithm="grpo"))
+    apply_primary(view, fleet, points, _ev(RunPaused, request_id="a", refuses_stale_resume=True))
+    view.state = "PAUSED_BY_GATE"  # committed
+    # one commit: A resumed, B paused (the state still says paused until it ends)
+    apply_primary(view, fleet, points, _ev(RunResumed, request_id="u1"))
+    apply_primary(view, fleet, points, _ev(RunPaused, request_id="b", refuses_stale_resume=True))
+    assert _answers(view) == "b"
+    # a view of a run that began before this release, resumed here, names the next pause
+    older, fleet2, points2 = RunView(TENANT, RUN), Fleet(), {}
+    older.state = "PAUSED_BY_GATE"
+    apply_primary(older, fleet2, points2, _ev(RunResumed, request_id="u1"))
+    apply_primary(older, fleet2, points2, _ev(RunPaused, request_id="c", refuses_stale_resume=True))
+    assert _answers(older) == "c"
 
 
 def _follower(tmp_path: Path, published: list) -> CommandFollower:
