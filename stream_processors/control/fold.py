@@ -53,8 +53,14 @@ Rules:
   ``RunFailed`` ends it too, until a process trains it again: a failed run may be
   restarted (``runwatch resume``, a requeued hooked job), and its restart's
   ``RunStarted``/``RunResumed`` (or ``RunPaused``: restarted still paused) makes it live
-  again, gates included; a page from a step after the failure read ahead of the restart's
-  own fact (another topic) is owed, asked for when the run is live.
+  again, gates included. A pausing alert read while the run is failed is owed, asked for
+  when the run is live — whatever its step: one from after the failure is the restart's,
+  read ahead of the restart's own fact (another topic), and one from before it was read
+  late (the embedded host folds the alerts a pass after the facts they came from, so a
+  crash in the same batch as the page was read first: found by review, the page was
+  dropped and the restart trained on at the blown-up KL); so are the alerts of a gate's
+  pause request the failure left unanswered, and those owed when it failed; an alert that
+  resolves meanwhile is not owed any more.
   (Before 2026-11-28 a failed run stayed ended: its restart trained with every gate off
   — 186 steps billed after a page in the review's run.) A state stored before then says
   ``over`` for a failed run too: it loads as ``failed`` (a restart reopens it; a
@@ -221,6 +227,9 @@ class RunControllerFold:
                 return state._replace(waiting=w._replace(on_log=True)), ()
             return state, ()
         if state.phase == "failed":  # over, unless a process trains the run again
+            if t is AlertResolved and state.owed:  # ended: not owed to a restart any more
+                gone = event.alert_id  # type: ignore[attr-defined]
+                return state._replace(owed=tuple(o for o in state.owed if o.alert_id != gone)), ()
             if t not in _RESTARTS:
                 return state, ()
             state = state._replace(phase="live", paused_by="", paused_step=None)
@@ -268,9 +277,12 @@ class RunControllerFold:
             state, done = self._answered(state, event, why)
             state, request = self._live(state._replace(phase="live", paused_by=""), event)
             return state, (*done, *request)
-        if t is RunFailed:
+        if t is RunFailed:  # its open pages stay owed to a restart (module docstring)
             state, done = self._answered(state, event, "the run failed")
-            return state._replace(phase="failed", owed=(), pending=(), paused_step=event.step), done
+            owed = (*state.owed, *(p for p in state.pending if p not in state.owed))
+            return state._replace(
+                phase="failed", owed=owed[-MAX_ACTED:], pending=(), paused_step=event.step
+            ), done
         if t is RunCompleted or t is RunCancelled:
             w = state.waiting
             end = event.step  # None (a plain hook's finish()): judged on its clock alone
@@ -331,8 +343,8 @@ class RunControllerFold:
             tenant=ev.tenant_id, algorithm=state.algorithm, detector=ev.detector, routing=ev.routing
         ):
             return state, ()
-        if state.phase == "failed":  # from a step after the failure: its restart, read ahead
-            if _after(ev, state.paused_step) and all(o.alert_id != ev.alert_id for o in state.owed):
+        if state.phase == "failed":  # owed to its restart, whatever its step (docstring)
+            if all(o.alert_id != ev.alert_id for o in state.owed):
                 this = Owed(ev.alert_id, ev.detector, ev.routing, ev.reason)
                 return state._replace(owed=(*state.owed, this)[-MAX_ACTED:]), ()
             return state, ()

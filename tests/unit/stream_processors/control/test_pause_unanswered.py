@@ -344,7 +344,11 @@ def test_an_old_pause_after_a_restart_or_resume_cycle_does_not_page() -> None:
     request = next(e for e in log.out if isinstance(e, PauseRequested))
     log.feed([ev(RunFailed, step=S + 2, reason="OOM"), ev(RunStarted, step=None)], lag=1_000)
     log.flush()  # the old request read back after the restart
-    log.feed(steps(S + 3, S + 40))
+    # its page still open, the restart is asked to pause again (owed: a new request)
+    again = [e for e in log.out if isinstance(e, PauseRequested) and e is not request]
+    assert len(again) == 1 and again[0].alert_id == request.alert_id
+    log.feed([ev(RunPaused, step=S + 3, request_id=str(again[0].event_id))])
+    log.feed([ev(RunResumed, step=S + 3), *steps(S + 3, S + 40)])
     log.feed([request])  # and again (a redelivery)
     log.feed(steps(S + 41, S + 50))
     assert unanswered(log.out) == []

@@ -129,13 +129,17 @@ def test_a_failed_run_trained_again_is_gated_again() -> None:
 def test_a_page_of_the_restart_read_ahead_of_it_is_owed_and_older_states_reopen() -> None:
     """Found by review: a page of the restarted process read before its ``RunResumed``
     (another topic) was dropped in the failed phase; and a state stored before the failed
-    phase existed said ``over``, so a restart never reopened it."""
+    phase existed said ``over``, so a restart never reopened it. Found by a later review:
+    a page from before the failure read after it (the embedded host folds alerts a pass
+    after the facts they came from) was dropped too, and the restart trained on: owed as
+    well, the one pause naming both."""
     f = RunControllerFold(ControlPolicy())
     failed = [ev(RunSubmitted, algorithm="grpo"), ev(RunFailed, step=20, reason="node lost")]
     for restart in (RunResumed, RunStarted):
         state, out = fold(f, [*failed, alert(alert_id="late", step=18),  # before the failure
                               alert(alert_id="a1", step=25), ev(restart, step=20)])  # fmt: skip
-        assert [o.alert_id for o in out] == ["a1"] and state.phase == "pausing"
+        assert [type(o) for o in out] == [PauseRequested] and state.phase == "pausing"
+        assert out[0].alert_id == "late" and {p.alert_id for p in state.pending} == {"late", "a1"}
     old = b'["grpo", "over", []]'  # a failed run's state stored before 2026-11-28
     state = f.load_state(old)
     assert state.phase == "failed"
@@ -329,3 +333,13 @@ def test_alerts_while_our_request_is_unanswered_follow_it() -> None:
         state, derived = f.apply(state, e)
         out.extend(derived)
     assert [o.alert_id for o in out] == ["a1", "b1"]  # b1 owed and asked for; a1 ended
+
+
+def test_a_page_resolved_while_the_run_is_failed_is_not_owed_to_its_restart() -> None:
+    f = RunControllerFold(ControlPolicy())
+    failed = [ev(RunSubmitted, algorithm="grpo"), ev(RunFailed, step=20, reason="node lost")]
+    resolved = ev(
+        AlertResolved, alert_id="late", detector="kl_blowup", reason="ok", config_version="c"
+    )
+    state, out = fold(f, [*failed, alert(alert_id="late", step=18), resolved, ev(RunStarted)])
+    assert out == [] and state.phase == "live"
