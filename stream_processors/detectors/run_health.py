@@ -148,8 +148,10 @@ class RunHealthFold:
         self, state: RunHealthState, event: EventBase
     ) -> tuple[RunHealthState, Sequence[AlertFired | AlertResolved]]:
         etype = event.type
-        if etype == "RunResumed" and event.rolled_back_to is not None:  # type: ignore[attr-defined]
-            return self._rollback(state, event)
+        if etype == "RunResumed":
+            back = _restart_point(state.marks, event)
+            if back is not None:
+                return self._rollback(state, event, back)
         ctx, algorithm_from, marks, late, unplaced, states, at_mark, active, epoch = state
         if ctx is None:
             ctx = RunContext(event.run_id, event.tenant_id, "grpo")
@@ -203,13 +205,14 @@ class RunHealthFold:
         return record(RunHealthState, fields), derived
 
     def _rollback(
-        self, state: RunHealthState, event: EventBase
+        self, state: RunHealthState, event: EventBase, back: int
     ) -> tuple[RunHealthState, Sequence[AlertFired | AlertResolved]]:
-        """The run continues from an earlier checkpoint (``RunResumed.rolled_back_to``):
-        what the abandoned branch showed no longer describes it. Open episodes resolve
-        (saying why), every detector starts afresh from that step, and later alert ids
-        carry the new epoch."""
-        back: int = event.rolled_back_to  # type: ignore[attr-defined]
+        """The run continues from an earlier step ``back`` (:func:`_restart_point`): what
+        the abandoned branch showed no longer describes it. Open episodes resolve (saying
+        why), every detector starts afresh from that step, and later alert ids carry the
+        new epoch."""
+        rolled = event.type == "RunResumed" and event.rolled_back_to is not None  # type: ignore[attr-defined]
+        how = "rolled back to" if rolled else "restarted from"
         ctx = state.ctx or RunContext(event.run_id, event.tenant_id, "grpo")
         settings = self.settings(ctx.tenant_id, ctx.algorithm)
         out = [
@@ -217,8 +220,8 @@ class RunHealthFold:
                 event,
                 settings[i],
                 aid,
-                f"the run was rolled back to step {back}: this alert's evidence belongs to "
-                "the abandoned steps",
+                f"the run was {how} step {back}: this alert's evidence belongs to the "
+                "abandoned steps",
             )
             for aid, i in state.active
         ]
@@ -272,3 +275,29 @@ def _track(
         else:
             active = tuple(a for a in active if a[0] != alert.alert_id)
     return active
+
+
+def _restart_point(marks: tuple[int, ...], event: EventBase) -> int | None:
+    """The step a ``RunResumed`` takes the run back to, when it trains again steps
+    already judged; None: it does not.
+
+    - ``RunResumed.rolled_back_to``: the trainer said so (a rollback on resume);
+    - a restart's ``RunResumed`` (it answers no request: a process restarted from a
+      checkpoint, ``runwatch resume`` or a requeued hooked job) at a step below the
+      highest trainer or phase step judged: the steps after its checkpoint are trained
+      again (found by review: they were all taken for late facts and ignored, up to a
+      checkpoint interval of steps unwatched, 499 at TRL's default ``save_steps``).
+
+    Not a ``RunStarted`` read after steps: every host reads its topics in no common
+    order, so a first start's is often read after its first steps (a process that starts
+    over from scratch without saying it resumed is judged as before). A pause's ``RunResumed`` (it answers the request) never takes the run back. Read
+    order: on Kafka a restart's ``RunResumed`` may be read after the first steps it
+    trained (another topic); those few are judged as before, late, and the detectors
+    start afresh from its step."""
+    back = event.rolled_back_to  # type: ignore[attr-defined]
+    if back is not None:
+        return int(back)
+    step = event.step
+    if event.request_id or step is None:  # type: ignore[attr-defined]
+        return None
+    return step if step < max(marks[0], marks[1]) else None

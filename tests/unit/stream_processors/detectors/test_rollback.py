@@ -52,3 +52,29 @@ def test_a_plain_resume_changes_nothing() -> None:
     state, _ = fold_all(fold, [run.submitted(), *_blowup(run, range(1, 5), kl=4.0)])
     after, out = fold_all(fold, [_resumed(run, 4, back=None)], state)
     assert out == [] and after == state
+
+
+def test_a_restart_from_an_earlier_checkpoint_is_judged_again() -> None:
+    """Found by review: after a crash, a requeued job (or ``runwatch resume``) restarted
+    from a checkpoint below the last step reported, and every step it trained again up to
+    there was taken for a late fact and ignored: a KL blowup in them never paged. A
+    restart's ``RunResumed`` (it answers no request) below the steps judged takes the
+    detectors back to its step."""
+    fold, run = RunHealthFold(), Run()
+    healthy = _blowup(run, range(1, 61), kl=0.05)
+    restart = RunResumed(**run._env(30), reason="training restarted from checkpoint-30")
+    state, _ = fold_all(fold, [run.submitted(), *healthy])
+    state, out = fold_all(fold, [restart, *_blowup(run, range(31, 41), kl=4.0)], state)
+    [alert] = fired(out, "kl_blowup")
+    assert alert.step is not None and alert.step < 41, alert.step
+    assert state.late == 0
+
+
+def test_a_pauses_resume_never_takes_the_run_back() -> None:
+    """A resume answering a pause (its ``request_id``) at a step below the steps judged
+    (read after the steps trained since, another topic on Kafka) is no restart."""
+    fold, run = RunHealthFold(), Run()
+    state, _ = fold_all(fold, [run.submitted(), *_blowup(run, range(1, 21), kl=0.05)])
+    resumed = RunResumed(**run._env(15), reason="resumed by customer", request_id="u1")
+    state, out = fold_all(fold, [resumed], state)
+    assert out == [] and state.epoch == 0 and state.marks[0] == 20
