@@ -29,7 +29,12 @@ adapter on the training thread at every step boundary, after the step was report
   paused (found by review: they waited 0.2 s, then the restart said RUNNING and trained
   3 steps on a log of 20,000 other runs' facts, 17 on 60,000, before ``RunPaused``); the
   first read decodes only the run's own records (the lifecycle and control topics are
-  keyed by run). A process that is no restart waits ``START_WAIT_S`` at most.
+  keyed by run). Every process's first look waits so, said restart or not: a process
+  started without ``resumed_from`` may be a restart too (verl's logger on every start, a
+  TRL job requeued before its first checkpoint, a plain loop), and one that waited 0.2 s
+  trained 14 steps under a gate's pause and billed them (review, 2026-11-28, third
+  round); a fresh run's first answer comes in the time its first read takes (the start's
+  ``RunSubmitted``/``RunStarted`` of a process that is no said restart wait for nothing).
 - Commands that come together are acted on in order, a cancel first (as the trainer). A
   command this run answered before (a restarted process: its ``RunPaused`` /
   ``RunResumed`` / ``RunCancelled`` name the request) is not acted on again; one written
@@ -102,8 +107,6 @@ KAFKA_WAIT_S = 5.0
 #: the longest the reader's first read may take (the run's lifecycle and every command
 #: so far, on a log that may hold every tenant's: it runs on the reader's own thread)
 OPEN_WAIT_S = 300.0
-#: the longest the hook's start (or its first look) waits for the reader's first answer
-START_WAIT_S = 0.2
 #: the longest a restarted process (its run may be paused by a gate) waits for the
 #: reader's first answer, at its start and before its first step: a restart trains no
 #: step and says no ``RunResumed`` before it knows (none by then: it trains, and says so)
@@ -219,14 +222,13 @@ class CommandFollower:
         """Act on the run's new commands; True once it is cancelled (stop training). Takes
         what the reader found (no I/O here unless it pauses). ``waiting``: called every
         ``poll_s`` while paused (a multi-process run's keepalive, :mod:`.ranks`)."""
-        if self._reader is None:  # the first look: the reader's first answer, briefly
-            self._start_reader()
-            self._ready.wait(START_WAIT_S)
+        if self._reader is None:  # the first look: the reader's first answer (docstring)
+            self._wait_first_answer()
         if self._restart_unread and not self._ready.is_set():
             self._restart_unread = False
-            self._say("restart-wait", f"runwatch: run {self.run_id} restarted and its "
-                      f"commands not read in {RESTART_WAIT_S:g} s: training without "
-                      "knowing whether it is paused")  # fmt: skip
+            self._say("restart-wait", f"runwatch: run {self.run_id}'s commands were not "
+                      f"read in {RESTART_WAIT_S:g} s: training without knowing whether "
+                      "it is paused")  # fmt: skip
         if self.cancelled:
             return True
         queue: deque[Any] = deque(self._take())
@@ -251,13 +253,18 @@ class CommandFollower:
         for the reader's first answer up to ``RESTART_WAIT_S``, or until its first try
         finds no log (unreachable, a key refused: it cannot answer before ``RETRY_S``);
         none by then is taken as no, said at the first :meth:`obey`, which waits no more."""
+        self._wait_first_answer()
+        return self.still_paused is not None or self.cancelled
+
+    def _wait_first_answer(self) -> None:
+        """Start the reader and wait for its first answer up to ``RESTART_WAIT_S``, or
+        until its first try finds no log; none by then is said at the first look."""
         self._start_reader()
         deadline = time.monotonic() + RESTART_WAIT_S
         while not self._ready.wait(0.05):  # a log that cannot be reached: no wait for it
             if self._open_failed.is_set() or time.monotonic() >= deadline:
                 break
         self._restart_unread = not self._ready.is_set()
-        return self.still_paused is not None or self.cancelled
 
     def close(self) -> None:
         self._stop.set()

@@ -175,6 +175,48 @@ def test_a_process_started_while_its_run_is_paused_waits(tmp_path: Path) -> None
     assert kinds == ["RunPaused", "RunPaused", "RunResumed", "RunCompleted"]
 
 
+def test_a_restart_not_said_to_be_one_waits_for_its_first_read(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Found by review: only a start with ``resumed_from`` waited for the reader's first
+    answer; verl's logger, a TRL job requeued before its first checkpoint and plain loops
+    start without it, waited 0.2 s, and on a large log trained 14 steps under a gate's
+    pause. Every first look waits for it now: here a first read that takes 1 s (a log of
+    every tenant's facts) still finds the pause before the first step."""
+    from producers.hooks import obey
+
+    real = obey._lifecycle
+
+    def slow(*args):  # type: ignore[no-untyped-def]
+        time.sleep(1.0)
+        return real(*args)
+
+    hook = _started(tmp_path)
+    _issue(tmp_path, "pause", "controller")
+    held = threading.Thread(target=lambda: _boundary(hook, 1), daemon=True)
+    held.start()
+    _wait(lambda: len(_answers(tmp_path)) == 1)
+    hook.publisher.close(5)  # the job is killed while paused, then requeued
+    monkeypatch.setattr(obey, "_lifecycle", slow)
+    again = _hook(tmp_path, "spool2")
+    again.start({})  # no resumed_from: it starts from scratch
+    trained: list[int] = []
+
+    def loop() -> None:  # a training loop: a step every 10 ms, each boundary obeyed
+        for step in range(1, 1000):
+            if again.obey(step):
+                return
+            trained.append(step)
+            time.sleep(0.01)
+
+    waiting = threading.Thread(target=loop)
+    waiting.start()
+    _wait(lambda: [e.type for e in _answers(tmp_path)].count("RunPaused") == 2)
+    time.sleep(0.3)
+    assert waiting.is_alive()  # held
+    _issue(tmp_path, "cancel", "customer")
+    waiting.join(30)
+    assert trained == []  # not one step before it knew
+
+
 def test_a_restart_after_a_failure_runs_and_one_after_a_cancel_stops(tmp_path: Path) -> None:
     """Review: a restart after a RunFailed raised AttributeError into training (an end
     carries no request id); one after a cancel trained and billed on."""
