@@ -288,12 +288,12 @@ def _restart_point(marks: tuple[int, ...], event: EventBase) -> int | None:
       again (found by review: they were all taken for late facts and ignored, up to a
       checkpoint interval of steps unwatched, 499 at TRL's default ``save_steps``).
 
-    Not a ``RunStarted`` read after steps: every host reads its topics in no common
-    order, so a first start's is often read after its first steps (a process that starts
-    over from scratch without saying it resumed is judged as before). A pause's ``RunResumed`` (it answers the request) never takes the run back. Read
-    order: on Kafka a restart's ``RunResumed`` may be read after the first steps it
-    trained (another topic); those few are judged as before, late, and the detectors
-    start afresh from its step."""
+    A pause's ``RunResumed`` (it answers the request) never takes the run back, nor does
+    a ``RunStarted`` read after steps: every host reads its topics in no common order, so
+    a first start's is often read after its first steps (a process that starts over from
+    scratch without saying it resumed is judged as before). On Kafka a restart's
+    ``RunResumed`` may be read after the first steps it trained (another topic); those
+    few are judged as before, late, and the detectors start afresh from its step."""
     back = event.rolled_back_to  # type: ignore[attr-defined]
     if back is not None:
         return int(back)
