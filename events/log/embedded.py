@@ -18,8 +18,12 @@ Semantics:
   engine's terminal barrier does, and a replay of the finished log is exact.
 - Consumer groups store their committed positions in ``_groups/<group>.json``, written
   atomically (temp file, fsync, rename).
-- Opening a log writable (:meth:`EmbeddedLog.open_sync`) recovers every topic: a torn or
-  corrupt tail is cut into ``<topic>/quarantine/`` (see :meth:`TopicLog.recover`).
+- Opening a log writable (:meth:`EmbeddedLog.open_sync`) recovers every topic: a torn
+  tail is cut into ``<topic>/quarantine/``, a damaged record inside the log is moved
+  there and replaced by a same-length placeholder at its offset (read as a dead letter),
+  and damage that cannot be repaired without guessing offsets refuses the open with
+  :class:`~events.log.segments.LogDamaged` (see :meth:`TopicLog.recover`). Offsets are
+  never reused.
 - Reading never writes: ``readonly=True`` (every read command: ``log cat``, ``replay``,
   ``audit verify``, ``profile``, ``serve api`` without ``--publish``) creates, locks,
   truncates and renames nothing — no topic directory, no ``LOCK``, no ``quarantine/``, no

@@ -18,17 +18,34 @@ Assumptions and guarantees:
 
 - One append is one ``write`` of whole records under the topic's flock, flushed (and
   fsync'd when ``sync``) before the call returns. A crash can therefore leave only a
-  torn *tail*: :meth:`TopicLog.recover` (run when a writer opens the topic) finds the
-  first record that is short or fails its checksum, moves every byte from there on into
-  ``quarantine/`` and truncates — never a misread, never a crash, every earlier record
-  kept. The same check catches a flipped byte anywhere.
+  torn *tail*: bytes after the last good record from which no verifying record follows
+  (an incomplete record, or a last write whose pages never reached the disk).
+  :meth:`TopicLog.recover` (run when a writer opens the topic, and by every append)
+  finds the first record that is short or fails its checksum; when it is such a tail it
+  moves every byte from there on into ``quarantine/`` and truncates — never a misread,
+  never a crash, every earlier record kept.
+- Damage *inside* the log (a flipped byte in a record that later, verifying records
+  follow: bit rot, a bad disk, a hand edit) is never cut: that would drop every later
+  record and let new appends reuse their offsets, which consumers positioned past them
+  would skip (review finding). Offsets are never reused. When the damaged record's
+  framing survives (its length leads to the next verifying record), the writer copies
+  its bytes into ``quarantine/`` (fsync'd first) and replaces the record, atomically
+  (the segment rewritten beside itself and renamed over it), by a *placeholder* of the
+  same length at the same offset: a verifying record without key whose value is a JSON
+  note (``{"runwatch_quarantined": {...}}``, no event type) naming the quarantine file,
+  so every consumer reads it as a dead letter and every later record keeps its offset
+  and byte position. When the framing is lost (a damaged length: how many records the
+  bad bytes held cannot be known), the writer refuses with :class:`LogDamaged`, naming
+  the topic, segment, byte position and offset: an operator repairs it (no offset can
+  be kept safely).
 - Reading never writes. A read-only :class:`TopicLog` (``readonly=True``) creates, locks,
   truncates and moves nothing, so it works on a copied, read-only or evidence log and
   leaves it byte-identical. Readers verify each record's checksum too (when indexing, and
   again when reading) and stop at the first bad or incomplete one, treating it as the
   current end (a concurrent writer may be mid-``write``); :meth:`TopicLog.torn_tail` says
   where that is and how many bytes lie past it (:class:`TornTail`): exactly what a
-  writer's open would cut.
+  writer's open would cut when it is a tail (damage inside the log a writer replaces by
+  a placeholder, or refuses to touch, as above).
 - ``timestamp_ns`` is the appender's wall clock, made strictly increasing per process;
   merges across topics order by it (see :class:`events.log.embedded.EmbeddedLog`).
 """
@@ -37,6 +54,8 @@ from __future__ import annotations
 
 import bisect
 import fcntl
+import json
+import logging
 import os
 import struct
 import time
@@ -45,6 +64,8 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
+
+_log = logging.getLogger("events.log")
 
 HEADER = struct.Struct("<IIqH")
 LENGTH = struct.Struct("<I")
@@ -171,6 +192,51 @@ def _parse_run(buf: bytes, offset: int, stop: int) -> tuple[list[RawTuple], int,
     return out, pos, offset, None
 
 
+def _verifies(buf: bytes, pos: int) -> int | None:
+    """The timestamp of a whole record verifying at ``pos`` of ``buf``, else None."""
+    if pos < 0 or pos + _HSIZE > len(buf):
+        return None
+    body_len, crc, ts_ns, key_len = HEADER.unpack_from(buf, pos)
+    rec_end = pos + _HSIZE + body_len
+    if rec_end > len(buf) or (key_len != NO_KEY and key_len > body_len):
+        return None
+    if zlib.crc32(memoryview(buf)[pos + 8 : rec_end]) != crc:
+        return None
+    return int(ts_ns)
+
+
+def _next_record(buf: bytes, start: int, hint: int | None) -> tuple[int, int] | None:
+    """(position, timestamp_ns) of the first record that verifies in ``buf`` at or after
+    ``start`` (``hint`` tried first: where the damaged record's length says the next
+    begins); None when none does. A false match needs a crc32 collision (2**-32)."""
+    if hint is not None and hint >= start:
+        stamp = _verifies(buf, hint)
+        if stamp is not None:
+            # the hint is the answer unless a record verifies before it (checked below)
+            for pos in range(start, hint):
+                early = _verifies(buf, pos)
+                if early is not None:
+                    return pos, early
+            return hint, stamp
+    for pos in range(start, len(buf) - _HSIZE + 1):
+        stamp = _verifies(buf, pos)
+        if stamp is not None:
+            return pos, stamp
+    return None
+
+
+def _fit(note: dict[str, object], size: int) -> bytes:
+    """``note`` as JSON padded with spaces to exactly ``size`` bytes (a placeholder's
+    value); a shorter note, or only spaces, when it does not fit (still not an event)."""
+    inner = note["runwatch_quarantined"]
+    assert isinstance(inner, dict)
+    for doc in (note, {"runwatch_quarantined": inner["file"]}, {"runwatch_quarantined": 1}):
+        raw = json.dumps(doc, separators=(",", ":")).encode()
+        if len(raw) <= size:
+            return raw + b" " * (size - len(raw))
+    return b" " * size
+
+
 @dataclass(slots=True)
 class _Segment:
     base: int
@@ -187,7 +253,10 @@ class _Segment:
 
 @dataclass(frozen=True, slots=True)
 class Recovery:
-    """What :meth:`TopicLog.recover` found: where the log was cut and why."""
+    """What :meth:`TopicLog.recover` found and did: ``action`` ``"cut"`` (a torn tail
+    moved into ``quarantine/`` and the segment truncated at ``position``) or
+    ``"replaced"`` (one damaged record inside the log, at ``offset``, moved into
+    ``quarantine/`` and a placeholder of its length written in its place)."""
 
     topic: str
     segment: str
@@ -195,6 +264,34 @@ class Recovery:
     problem: str
     quarantined_bytes: int
     quarantine_file: str
+    action: str = "cut"
+    #: the offset of the first record cut, or of the record replaced
+    offset: int = -1
+
+
+class LogDamaged(RuntimeError):
+    """A topic is damaged inside (verifying records follow the bad bytes) in a way a
+    writer cannot repair without guessing offsets: appends are refused until an operator
+    repairs it (reads still stop before it). Names where it is."""
+
+    #: the CLI prints the message as it is (the log's state, not a bug in runwatch)
+    told_as_is = True
+
+    def __init__(
+        self, topic: str, segment: str, position: int, offset: int, problem: str, resumes: str
+    ) -> None:
+        self.topic, self.segment, self.position = topic, segment, position
+        self.offset, self.problem = offset, problem
+        super().__init__(
+            f"{topic}: record at offset {offset} ({segment} byte {position}) is damaged "
+            f"({problem}) and verifying records follow it ({resumes}): not a torn tail. "
+            "Its length does not lead to that record, so how many records the damaged "
+            "bytes held cannot be known: "
+            "refusing to append (cutting it would drop every later record and reuse their "
+            "offsets). Reads stop before it. Repair by hand: move the damaged bytes aside "
+            "(the log's readers report them as a torn tail) keeping the later records' "
+            "offsets, or restore the segment from a copy."
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -232,7 +329,7 @@ class TornTail:
         return (
             f"{self.topic}: torn tail skipped at offset {self.offset} ({self.bytes} bytes "
             f"from {self.segment} byte {self.position}{later}, {self.problem}); "
-            "left as it is (only a writer's open cuts it into quarantine/)"
+            "left as it is (only a writer's open moves it into quarantine/)"
         )
 
 
@@ -257,6 +354,8 @@ class TopicLog:
         if not readonly:
             self.dir.mkdir(parents=True, exist_ok=True)
         self._segments: list[_Segment] = []
+        #: what appends repaired (:meth:`recover` returns its own): see :class:`Recovery`
+        self.repairs: list[Recovery] = []
         self._lock_path = self.dir / "LOCK"
         self.refresh()
 
@@ -428,22 +527,175 @@ class TopicLog:
             os.close(fd)
 
     def recover(self) -> list[Recovery]:
-        """Verify every record; cut a torn or corrupt tail into ``quarantine/`` (a
-        writer's job: a read-only topic refuses)."""
+        """Verify every record and repair what a writer may (see the module docstring):
+        cut a torn tail into ``quarantine/``, replace a damaged record inside the log by
+        a placeholder; :class:`LogDamaged` when neither is safe. A writer's job: a
+        read-only topic refuses."""
         if self.readonly:
             raise PermissionError(f"{self.dir} is open read-only: a reader never repairs")
         with self._locked():
             self._segments = []
             self.refresh()
-            return self._cut_bad_tail()
+            return self._repair()
 
-    def _cut_bad_tail(self) -> list[Recovery]:
-        """Move every byte from the first bad record on (later segments included) into
-        ``quarantine/`` and truncate there. Writers only, under the lock."""
-        damage = self._first_damage()
-        if damage is None:
-            return []
-        i, _ = damage
+    def _repair(self) -> list[Recovery]:
+        """Repair from the first bad record on until every byte is indexed (writers only,
+        under the lock, after a :meth:`refresh`): what was done, in order."""
+        done: list[Recovery] = []
+        seen: set[tuple[int, int]] = set()
+        while (damage := self._first_damage()) is not None:
+            i = damage[0]
+            seg = self._segments[i]
+            where = (i, seg.size)
+            if where in seen:  # a placeholder that does not verify: never loop
+                raise RuntimeError(f"{self.name}: repair of {seg.path.name} made no progress")
+            seen.add(where)
+            resume = self._resumes_after(i)
+            framed = self._framed(i, resume)
+            if framed is not None:
+                done.append(self._replace(i, framed, resume))
+                _log.warning("embedded log repaired: %s", done[-1])
+            elif resume is None:
+                done.append(self._cut_tail(i))
+                _log.warning("embedded log repaired: %s", done[-1])
+            else:
+                j, q, _ = resume
+                seg_j = self._segments[j].path.name
+                raise LogDamaged(
+                    self.name,
+                    seg.path.name,
+                    seg.size,
+                    seg.base + seg.count,
+                    seg.problem or "short",
+                    f"the next at {seg_j} byte {q}",
+                )
+        return done
+
+    def _resumes_after(self, i: int) -> tuple[int, int, int] | None:
+        """The first verifying record after the first bad byte of segment ``i``, as
+        (segment index, byte position, its timestamp_ns); None when none follows (a torn
+        tail). The damaged record's own length is tried first, then every byte after the
+        damage (only damaged topics pay for this, once)."""
+        seg = self._segments[i]
+        with open(seg.path, "rb") as f:
+            f.seek(seg.size)
+            buf = f.read()
+        hint = None
+        if len(buf) >= _HSIZE:
+            hint = _HSIZE + HEADER.unpack_from(buf, 0)[0]
+        found = _next_record(buf, 1, hint)
+        if found is not None:
+            return i, seg.size + found[0], found[1]
+        for j in range(i + 1, len(self._segments)):
+            try:
+                data = self._segments[j].path.read_bytes()
+            except FileNotFoundError:
+                continue
+            found = _next_record(data, 0, 0)
+            if found is not None:
+                return j, found[0], found[1]
+        return None
+
+    def _framed(self, i: int, resume: tuple[int, int, int] | None) -> int | None:
+        """The end (byte position in segment ``i``) of the damaged record at the first bad
+        byte of segment ``i`` when it is one whole record whose length survived: it ends
+        where the next verifying record starts (in this segment, or at the start of the
+        next segment, whose base offset follows it), or it is the last record of the log
+        and ends exactly at the end of its file. None otherwise."""
+        seg = self._segments[i]
+        try:
+            size = seg.path.stat().st_size
+        except FileNotFoundError:
+            return None
+        with open(seg.path, "rb") as f:
+            f.seek(seg.size)
+            head = f.read(_HSIZE)
+        if len(head) < _HSIZE:
+            return None
+        body_len = HEADER.unpack(head)[0]
+        rec_end = seg.size + _HSIZE + body_len
+        if rec_end > size:
+            return None  # short: the files end inside it
+        if resume is None:
+            last = all(
+                not s.path.exists() or s.path.stat().st_size == 0 for s in self._segments[i + 1 :]
+            )
+            return rec_end if last and rec_end == size else None
+        j, q, _ = resume
+        if j == i and q == rec_end:
+            return rec_end
+        nxt = seg.base + seg.count + 1
+        if j == i + 1 and q == 0 and rec_end == size and self._segments[j].base == nxt:
+            return rec_end
+        return None
+
+    def _stamp_before(self, i: int) -> int:
+        """The timestamp of the last good record before the damage in segment ``i`` (or
+        the segment before it); 0 when there is none."""
+        for seg in (self._segments[i], self._segments[i - 1] if i else None):
+            if seg is None or not seg.count:
+                continue
+            pos = self._locate(seg, seg.base + seg.count - 1)[1]
+            with open(seg.path, "rb") as f:
+                f.seek(pos)
+                buf = f.read(seg.size - pos)
+            stamp, at = 0, 0
+            while at < len(buf):
+                rec, at, problem = parse(buf, at)
+                if rec is None or problem is not None:
+                    break
+                stamp = rec.timestamp_ns
+            return stamp
+        return 0
+
+    def _replace(self, i: int, rec_end: int, resume: tuple[int, int, int] | None) -> Recovery:
+        """Replace the damaged record ``[seg.size, rec_end)`` of segment ``i`` by a
+        placeholder of the same length (writers only, under the lock). Its bytes go to
+        ``quarantine/`` first (fsync'd); the segment is then rewritten atomically, so a
+        crash leaves the damaged segment (repaired again on the next open) or the
+        repaired one. Same length: every later byte position (and readers' indexes of
+        them) stays valid."""
+        seg = self._segments[i]
+        at, offset = seg.size, seg.base + seg.count
+        problem = seg.problem or "checksum"
+        data = seg.path.read_bytes()
+        bad = data[at:rec_end]
+        qdir = self.dir / "quarantine"
+        qdir.mkdir(exist_ok=True)
+        qfile = qdir / f"{seg.path.stem}-record-{offset}-at-{at}-{time.time_ns()}.bin"
+        with open(qfile, "wb") as q:
+            q.write(bad)
+            q.flush()
+            os.fsync(q.fileno())
+        fsync_dir(qdir)
+        own = HEADER.unpack_from(bad, 0)[2]
+        lo = self._stamp_before(i)
+        hi = resume[2] if resume is not None else monotonic_ns()
+        stamp = own if lo <= own <= hi else (lo or hi)
+        note = {
+            "runwatch_quarantined": {
+                "reason": f"record damaged on disk ({problem}); its bytes were moved aside",
+                "topic": self.name,
+                "offset": offset,
+                "segment": seg.path.name,
+                "position": at,
+                "bytes": len(bad),
+                "file": f"quarantine/{qfile.name}",
+            }
+        }
+        placeholder = frame(None, _fit(note, len(bad) - _HSIZE), stamp)
+        assert len(placeholder) == len(bad)
+        write_atomically(seg.path, data[:at] + placeholder + data[rec_end:])
+        seg.problem, seg.stuck = None, None
+        self._scan(seg)
+        return Recovery(
+            self.name, seg.path.name, at, problem, len(bad), str(qfile), "replaced", offset
+        )
+
+    def _cut_tail(self, i: int) -> Recovery:
+        """Move every byte from the first bad record of segment ``i`` on (later segments
+        included) into ``quarantine/`` and truncate there: a torn tail, from which no
+        verifying record follows. Writers only, under the lock."""
         seg = self._segments[i]
         qdir = self.dir / "quarantine"
         qdir.mkdir(exist_ok=True)
@@ -466,7 +718,10 @@ class TopicLog:
             later.path.unlink()
         self._segments = self._segments[: i + 1]
         problem, seg.problem, seg.stuck = seg.problem or "short", None, None
-        return [Recovery(self.name, seg.path.name, seg.size, problem, moved, str(qfile))]
+        return Recovery(
+            self.name, seg.path.name, seg.size, problem, moved, str(qfile), "cut",
+            seg.base + seg.count,
+        )  # fmt: skip
 
     def append(
         self,
@@ -486,7 +741,9 @@ class TopicLog:
             raise PermissionError(f"{self.dir} is open read-only: no appends")
         with self._locked():
             self.refresh()
-            self._cut_bad_tail()  # only a crashed writer leaves one; we hold the lock
+            # a crashed writer's torn tail is cut, damage inside replaced (or refused:
+            # LogDamaged); offsets are never reused. We hold the lock.
+            self.repairs.extend(self._repair())
             if not self._segments or self._segments[-1].size >= self.segment_bytes:
                 base = self.end_offset
                 path = self.dir / f"{base:020d}{SEGMENT_SUFFIX}"

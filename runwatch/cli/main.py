@@ -79,7 +79,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         term.error("interrupted")
         return 130
-    except Exception:  # the one top-level handler: a bug, printed whole
+    except Exception as exc:  # the one top-level handler: a bug, printed whole
+        if getattr(exc, "told_as_is", False):  # the log's state, not a bug (LogDamaged...)
+            term.error(str(exc))
+            return 1
         term.error("unexpected failure (a bug in runwatch):\n" + traceback.format_exc())
         return 2
 

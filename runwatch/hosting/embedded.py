@@ -3,8 +3,10 @@
 One :class:`~runwatch.hosting.host.Host` over the union of the folds' input topics, read
 once from the stored positions (merged in the log's deterministic order) and decoded once
 for every fold that reads the record. Undecodable records go to ``runwatch.dead-letters``
-once (stamped with where they were read; the dead-letter group's positions remember which
-were written); events are deduplicated by ``event_id`` per key
+once (stamped with where they were read), and a record a fold raised on once per fold that
+raised (``fold_failed``); the dead-letter group's positions remember which were written,
+one high-water mark per stream of letters (:func:`letter_stream`), so a batch re-run after
+a crash writes none twice; events are deduplicated by ``event_id`` per key
 (:mod:`runwatch.hosting.core`); what the folds derive is appended to its topics.
 
 Durability (the eventsourcing tracking-record idea): every ``batch_records`` records the
@@ -48,8 +50,32 @@ from events.log.embedded import EmbeddedLog
 from events.topics import DEAD_LETTER_TOPIC
 from runwatch.hosting.host import Host
 from runwatch.hosting.stores import StateFiles
+from runwatch.hosting.tenancy import failed_fold
 
 DEAD_LETTER_GROUP = "runwatch-dead-letters"
+
+
+def letter_stream(letter: DeadLetter) -> str:
+    """The dead-letter stream ``letter`` belongs to: the key of its high-water mark in the
+    ``runwatch-dead-letters`` group (the written letters' ``source_offset + 1``).
+
+    A record has at most one letter of its own (it did not decode, or its run is another
+    tenant's: every fold refused it together) and one ``fold_failed`` letter per fold that
+    raised on it. Records are read in offset order per topic, so within one stream the
+    offsets only grow: a letter below its stream's mark was written already (a batch re-run
+    after a crash between the letters' commit and the folds' checkpoint), one at or above
+    it was not. The record's own letters keep the topic as their stream (the key this
+    group has always had); a fold's letters get ``"<topic>#fold_failed#<fold>"``, so two
+    folds failing on one record write two letters, and a fold added later writes its
+    failures on records the other folds passed long ago (review finding: both were dropped,
+    while the faust host sends one letter per fold). The fold is named by the letter's
+    reason (:func:`~runwatch.hosting.tenancy.failed_fold`)."""
+    topic = str(letter.source_topic)
+    if letter.source_partition not in (None, 0):  # the embedded log has one partition
+        topic = f"{topic}#{letter.source_partition}"
+    if letter.kind != "fold_failed":
+        return topic
+    return f"{topic}#fold_failed#{failed_fold(letter)}"
 
 
 @dataclass
@@ -109,6 +135,9 @@ class EmbeddedHost:
 
     def _drain(self) -> int:
         host = self.host
+        # a stored position past the log's end fails loudly (PositionBeyondEnd), never
+        # skips the records appended at the offsets it passed
+        host.check_ends({(t, 0): self.log.end_offset_sync(t) for t in host.folds.topics})
         starts = {topic: n for (topic, _), n in host.positions.items()}
         for topic in host.folds.topics:
             starts.setdefault(topic, 0)
@@ -130,10 +159,12 @@ class EmbeddedHost:
         host, dl = self.host, self._dl_positions
         dead: list[DeadLetter] = []
         for letter in host.dead_letters:
-            topic, offset = str(letter.source_topic), int(letter.source_offset or 0)
-            if offset >= dl.get(topic, 0):
+            stream, offset = letter_stream(letter), letter.source_offset
+            if offset is None:  # not located (no record position): nothing to compare
                 dead.append(letter)
-                dl[topic] = offset + 1
+            elif offset >= dl.get(stream, 0):
+                dead.append(letter)
+                dl[stream] = offset + 1
         host.dead_letters.clear()
         if dead:
             self.log.append_many_sync(DEAD_LETTER_TOPIC, [(None, d.encode()) for d in dead])

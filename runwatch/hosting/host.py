@@ -22,7 +22,7 @@ Time: nothing here reads a clock (the follower's settle time is its caller's).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Collection, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from typing import Any
 
 from events.dead_letter import DeadLetter
@@ -36,6 +36,27 @@ from runwatch.hosting.ports import DIRECT, Commit, Position, StateStore, View
 from runwatch.hosting.tenancy import fold_failed_letter, foreign_letter, group_pins
 
 log = logging.getLogger("runwatch.hosting")
+
+
+class PositionBeyondEnd(RuntimeError):
+    """A host's stored position is past the log's end: refuse to go on (loudly) rather
+    than skip the records that will be appended at offsets it already passed."""
+
+    #: the CLI prints the message as it is (the log's state, not a bug in runwatch)
+    told_as_is = True
+
+    def __init__(self, where: Position, position: int, end: int, fold: str | None = None) -> None:
+        self.where, self.position, self.end = where, position, end
+        topic, partition = where
+        whose = f"fold {fold}'s" if fold else "this host's"
+        super().__init__(
+            f"{topic}:{partition}: {whose} stored position is {position} but the log ends at "
+            f"{end}: records it folded are gone from the log (cut by a writer, or the log "
+            "restored from an older copy). Refusing to go on: the next records appended "
+            f"would reuse offsets {end}..{position - 1} and be skipped as already folded. "
+            f"Look at {topic}/quarantine/ and restore the log, or remove this host's stored "
+            "state to fold the log again from the start."
+        )
 
 
 class Host:
@@ -118,6 +139,25 @@ class Host:
             return fresh, list(events)
         index = {id(rec): i for i, rec in enumerate(records)}
         return fresh, [events[index[id(rec)]] for rec in fresh]
+
+    def check_ends(self, ends: Mapping[Position, int]) -> None:
+        """Raise :class:`PositionBeyondEnd` when a stored position (the host's, or a
+        fold's own) is past the end of its ``topic:partition`` in ``ends`` (the log's
+        current ends; a position not in ``ends`` is not checked). Records it folded are
+        then gone from the log (a writer cut them, or the log was restored from an older
+        copy): the records appended next reuse those offsets, and :meth:`_fresh` would
+        skip them silently as already applied (review finding). Call it before reading.
+        Assumption: offsets are dense and never reused by a healthy log, so an end below
+        a committed position is always an error, never a race (logs only grow)."""
+        for where, position in self.positions.items():
+            end = ends.get(where)
+            if end is not None and position > end:
+                raise PositionBeyondEnd(where, position, end)
+        for hf in self.folds:
+            for topic, start in hf.starts.items():
+                end = ends.get((topic, 0))
+                if end is not None and start > end:
+                    raise PositionBeyondEnd((topic, 0), start, end, hf.name)
 
     def _fresh(self, records: Iterable[Record]) -> list[Record]:
         """The records of this host's topics not applied yet; positions moved past them."""

@@ -129,6 +129,10 @@ def foreign_owner(slot: Pinned, event: EventBase) -> str | None:
     return owner
 
 
+#: What a ``fold_failed`` letter's reason says after the fold's name.
+FOLD_FAILED_SAYS = " could not fold this "
+
+
 def fold_failed_letter(
     event: EventBase,
     fold: str,
@@ -139,8 +143,14 @@ def fold_failed_letter(
 ) -> DeadLetter:
     """The dead letter of an event fold ``fold`` raised on: kept with its reason, not
     folded there (the host goes on with the fold's state as it was before it)."""
-    why = f"{fold} could not fold this {event.type}: {type(exc).__name__}: {exc}"[:2000]
+    why = f"{fold}{FOLD_FAILED_SAYS}{event.type}: {type(exc).__name__}: {exc}"[:2000]
     return _event_letter(event, "fold_failed", why, topic, partition, offset)
+
+
+def failed_fold(letter: DeadLetter) -> str:
+    """The fold a ``fold_failed`` letter of :func:`fold_failed_letter` names (its reason
+    begins with it). Assumption: no fold's name holds :data:`FOLD_FAILED_SAYS`."""
+    return letter.reason.partition(FOLD_FAILED_SAYS)[0]
 
 
 def foreign_letter(

@@ -8,7 +8,7 @@ header, a flipped byte), and every read command runs on it: ``log cat``, ``repla
 --from`` and ``serve api --log``. Each must exit 0, report the torn tails (topic, offset,
 bytes) on stderr and in its JSON, and leave every file and directory of the log
 byte-identical. What it reports is checked against what a writer's open of another copy
-then cuts into ``quarantine/``. Last, the same commands on a read-only bind mount.
+then moves into ``quarantine/``. Last, the same commands on a read-only bind mount.
 """
 
 from __future__ import annotations
@@ -71,15 +71,18 @@ def _torn_copy(logs: dict[str, Path], size: str, how: str, dest: Path) -> Path:
 
 
 def _expected(torn: Path, scratch: Path) -> tuple[dict[str, dict[str, object]], dict[str, int]]:
-    """What a writer's open of a copy cuts (topic -> offset, bytes, ...) and where each
-    topic then ends: the ground truth for what a reader must skip and report."""
+    """What a writer's open of a copy moves into quarantine (topic -> offset, bytes, ...)
+    and where reads of the torn log end: the ground truth for what a reader must skip and
+    report. (A torn tail is cut; a whole last record that fails its checksum, ``flip``, is
+    replaced by a placeholder at its offset: reads of the torn copy end there either way.)"""
     shutil.copytree(torn, scratch)
     writer = EmbeddedLog(scratch)
     cuts = {}
-    for rec in writer.open_sync():
+    recoveries = writer.open_sync()
+    for rec in recoveries:
         cuts[rec.topic] = {
             "topic": rec.topic,
-            "offset": writer.end_offset_sync(rec.topic),
+            "offset": rec.offset,
             "bytes": rec.quarantined_bytes,
             "problem": rec.problem,
             "segment": rec.segment,
@@ -87,6 +90,7 @@ def _expected(torn: Path, scratch: Path) -> tuple[dict[str, dict[str, object]], 
             "later_segments": 0,
         }
     ends = {t: writer.end_offset_sync(t) for t in writer.topic_names()}
+    ends.update({rec.topic: rec.offset for rec in recoveries})
     return cuts, ends
 
 

@@ -86,11 +86,15 @@ def test_flipped_byte_is_detected_and_earlier_records_survive(tmp_path):
     ro = EmbeddedLog(tmp_path, readonly=True)
     ro.open_sync()
     assert [decode(r.value) for r in ro.read_sync(TOPIC)] == events[:60]
-    # opening writable recovers: records 0..59 kept, the rest quarantined
+    # opening writable repairs without cutting: record 60's bytes are quarantined and a
+    # placeholder (read as a dead letter) keeps its offset; records 61..99 keep theirs
     rw = EmbeddedLog(tmp_path)
     [rec] = rw.open_sync()
-    assert rec.problem == "checksum"
-    assert [decode(r.value) for r in rw.read_sync(TOPIC)] == events[:60]
+    assert (rec.problem, rec.action, rec.offset) == ("checksum", "replaced", 60)
+    back = [decode(r.value) for r in rw.read_sync(TOPIC)]
+    assert back[:60] == events[:60] and back[61:] == events[61:]
+    assert isinstance(back[60], DeadLetter) and b"runwatch_quarantined" in back[60].raw
+    assert seg.stat().st_size == size  # same length: every later byte where it was
 
 
 def test_garbage_records_reach_the_consumer_as_dead_letters(tmp_path):

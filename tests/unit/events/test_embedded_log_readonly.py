@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from events import TrainerStepCompleted, decode, encode
+from events import DeadLetter, TrainerStepCompleted, decode, encode
 from events.log.embedded import EmbeddedLog
 from events.log.segments import HEADER, TornTail
 from tests.event_samples import sample
@@ -156,8 +156,17 @@ def test_damage_in_an_older_segment_skips_the_later_segments_too(
         segs[-3].stat().st_size - tail.position + sum(s.stat().st_size for s in segs[-2:])
     )
     assert snapshot(root) == before
-    [cut] = EmbeddedLog(root).open_sync()
-    assert cut.quarantined_bytes == tail.bytes
+    # a writer's open never cuts damage that later records follow (their offsets would be
+    # reused): the one damaged record is quarantined and a placeholder keeps its offset
+    damaged = segs[-3].stat().st_size - tail.position
+    writer = EmbeddedLog(root)
+    [fixed] = writer.open_sync()
+    assert (fixed.action, fixed.offset, fixed.quarantined_bytes) == (
+        "replaced",
+        tail.offset,
+        damaged,
+    )
+    assert [r.offset for r in writer.read_sync(TOPIC)] == list(range(240))
 
 
 def test_a_readonly_log_creates_locks_and_commits_nothing(pristine: Path, tmp_path: Path) -> None:
@@ -211,20 +220,30 @@ def test_a_readonly_follower_may_start_before_the_log_exists(tmp_path: Path) -> 
     assert not (root / "_groups").exists()
 
 
-def test_a_reader_follows_a_writer_that_repairs_and_appends(pristine: Path, tmp_path: Path):
+@pytest.mark.parametrize("how", ["cut37", "flip"])
+def test_a_reader_follows_a_writer_that_repairs_and_appends(
+    pristine: Path, tmp_path: Path, how: str
+) -> None:
     """Reader and writer agree on where a torn log ends, so a reader that indexed the torn
-    log reads on, in order, once a writer has cut the tail and appended after it."""
+    log reads on, in order, once a writer has repaired it and appended after it: an
+    incomplete last record (``cut37``) is cut, its offset taken by the next append; a
+    whole last record that fails its checksum (``flip``, perhaps read before it went bad)
+    is replaced by a placeholder that keeps its offset, and the appends follow it."""
     root = _copy(pristine, tmp_path)
-    tear(_segments(root)[-1], "flip")
+    tear(_segments(root)[-1], how)
     reader = EmbeddedLog(root, readonly=True)
     reader.open_sync()
     assert [r.offset for r in reader.read_sync(TOPIC)] == list(range(239))
     assert len(reader.torn_tails()) == 1
     writer = EmbeddedLog(root, segment_bytes=4096)
-    assert len(writer.open_sync()) == 1
+    [fixed] = writer.open_sync()
+    assert (fixed.action, fixed.offset) == ("cut" if how == "cut37" else "replaced", 239)
     more = _steps(300)[239:300]
     writer.append_events_sync(more)
     assert reader.torn_tails() == []
-    again = list(reader.read_sync(TOPIC, from_offset=239))
-    assert [decode(r.value) for r in again] == more
-    assert [r.offset for r in again] == list(range(239, 300))
+    again = [decode(r.value) for r in reader.read_sync(TOPIC, from_offset=239)]
+    if how == "flip":
+        assert isinstance(again.pop(0), DeadLetter)  # the placeholder at 239
+    assert again == more
+    end = 300 if how == "cut37" else 301
+    assert [r.offset for r in reader.read_sync(TOPIC, from_offset=239)] == list(range(239, end))
