@@ -35,6 +35,11 @@ adapter on the training thread at every step boundary, after the step was report
   trained 14 steps under a gate's pause and billed them (review, 2026-11-28, third
   round); a fresh run's first answer comes in the time its first read takes (the start's
   ``RunSubmitted``/``RunStarted`` of a process that is no said restart wait for nothing).
+- A person's pause that comes while the run is paused (accepted while a gate's pause was
+  in flight, or on a lagging view) is kept: when the pause in effect is resumed, the run
+  pauses again for it (review, 2026-11-28, third round: an operator's hold was lifted by
+  the customer's resume of the gate's pause). The controller's are not (it keeps its own
+  alerts owed).
 - Commands that come together are acted on in order, a cancel first (as the trainer). A
   command this run answered before (a restarted process: its ``RunPaused`` /
   ``RunResumed`` / ``RunCancelled`` name the request) is not acted on again; one written
@@ -315,6 +320,7 @@ class CommandFollower:
         )
         self.flush()
         log.warning("runwatch: run %s paused at step %s: %s", self.run_id, step, reason)
+        deferred: list[PauseRequested] = []  # people's pauses while paused (below)
         while True:
             if waiting is not None:
                 waiting()
@@ -327,7 +333,13 @@ class CommandFollower:
                 return True
             c = queue.popleft()
             if not isinstance(c, UnpauseRequested):
-                continue  # a pause of a paused run
+                # a pause of a paused run: a person's is kept for when this pause is
+                # resumed, then the run pauses again for it (found by review: an
+                # operator's hold accepted while a gate's pause was in effect was lifted
+                # by the gate's resume); the controller's own are its business (owed)
+                if isinstance(c, PauseRequested) and c.actor != "controller":
+                    deferred.append(c)
+                continue
             if stale := stale_resume(c, pause_id):
                 self._refuse(c, stale)
                 continue
@@ -340,6 +352,7 @@ class CommandFollower:
             self.paused_s += time.perf_counter() - t0
             self.still_paused_id = None
             log.warning("runwatch: run %s resumed at step %s by %s", self.run_id, step, c.actor)
+            queue.extendleft(reversed(deferred))  # paused again for them (:meth:`obey`)
             return False
 
     def _refuse(self, command: UnpauseRequested, why: str) -> None:

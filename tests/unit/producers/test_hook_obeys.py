@@ -175,6 +175,37 @@ def test_a_process_started_while_its_run_is_paused_waits(tmp_path: Path) -> None
     assert kinds == ["RunPaused", "RunPaused", "RunResumed", "RunCompleted"]
 
 
+def test_a_persons_pause_that_came_while_paused_pauses_the_run_again(tmp_path: Path) -> None:
+    """Found by review: an operator's pause accepted while a gate's pause was in flight
+    was passed over by the process ("a pause of a paused run"), and the customer's
+    resume of the gate's pause lifted the operator's hold too. It is kept: once the
+    gate's pause is resumed, the run pauses again for it."""
+    hook = _started(tmp_path)
+    gate = _issue(tmp_path, "pause", "controller")
+    hold = _issue(tmp_path, "pause", "operator")  # both before the process answered
+    stopped: list[bool] = []
+
+    def loop() -> None:  # a training loop: a step every 10 ms, each boundary obeyed
+        for step in range(2, 10_000):
+            if hook.obey(step):
+                stopped.append(True)
+                return
+            time.sleep(0.01)
+
+    training = threading.Thread(target=loop)
+    training.start()
+    _wait(lambda: len(_answers(tmp_path)) == 1)
+    _issue(tmp_path, "resume", "customer")  # the gate's pause, resumed
+    _wait(lambda: len(_answers(tmp_path)) == 3)
+    kinds = [(e.type, e.request_id) for e in _answers(tmp_path)]  # type: ignore[attr-defined]
+    assert kinds[0] == ("RunPaused", gate) and kinds[1][0] == "RunResumed", kinds
+    assert kinds[2] == ("RunPaused", hold), kinds  # paused again for the operator's hold
+    _issue(tmp_path, "cancel", "operator")
+    training.join(30)
+    assert stopped == [True]
+    hook.close()
+
+
 def test_a_restart_not_said_to_be_one_waits_for_its_first_read(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     """Found by review: only a start with ``resumed_from`` waited for the reader's first
     answer; verl's logger, a TRL job requeued before its first checkpoint and plain loops
