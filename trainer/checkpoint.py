@@ -3,7 +3,8 @@
 Layout of one checkpoint (a directory ``step-00000040`` under ``<run_dir>/checkpoints``)::
 
     data.bin     every part serialized (torch.save, weights-only loadable), back to back
-    .metadata    JSON: schema, step, run, pins, and per part {offset, size, digest}
+    .metadata    JSON: schema, step, run, tenant, submission, pins, and per part
+                 {offset, size, digest}
 
 Write protocol (torch.distributed.checkpoint's ``_FileSystemWriter.finish`` shape):
 
@@ -31,6 +32,14 @@ detect corruption, not tampering (whoever can rewrite ``data.bin`` can rewrite
 and it is ~4x cheaper than SHA-256 here: 0.12 vs 0.41 ms for an 830 KB checkpoint, which
 is what keeps the digests under 2 % of the save (benchmarks/trainer_bench.py).
 
+Whose checkpoint it is: the metadata names the run (``run_id``), its tenant (``tenant_id``)
+and the run's ``RunSubmitted`` event id (``submitted_id``, when the trainer published one).
+:func:`identity_mismatch` says why a checkpoint is not the run's own; the resume gate never
+loads such a one. These two fields came after schema 1 was released, as optional keys
+(older readers ignore them, the metadata digest covers them): a checkpoint without them
+(:attr:`CheckpointInfo.legacy`) was written by an earlier release and is taken on its run
+id alone, unless it was created before the run was submitted.
+
 Parts are deserialized with ``weights_only=True``: a checkpoint can carry tensors and
 plain containers, never code. Tensors load onto the CPU whatever device wrote them, so a
 GPU run's checkpoint reads (inspect, the resume gate's checks) on a host without one;
@@ -47,7 +56,7 @@ import shutil
 import threading
 import time
 import zlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Protocol, runtime_checkable
@@ -95,6 +104,16 @@ class CheckpointInfo:
     size_bytes: int
     created_ts: float
     extra: dict[str, Any]
+    #: the run's tenant; None: written by a release before tenants were recorded
+    tenant_id: str | None = None
+    #: the event id of the run's ``RunSubmitted``; None: unknown (an earlier release, or a
+    #: trainer that published nothing)
+    submitted_id: str | None = None
+
+    @property
+    def legacy(self) -> bool:
+        """Written by an earlier release: no tenant recorded (see the module docstring)."""
+        return self.tenant_id is None
 
     @property
     def sentinels(self) -> dict[str, str]:
@@ -159,8 +178,14 @@ def write_checkpoint(
     extra: Mapping[str, Any] | None = None,
     schema: int = SCHEMA_VERSION,
     before_publish: Callable[[], None] | None = None,
+    tenant_id: str | None = None,
+    submitted_id: str | None = None,
 ) -> SaveResult:
     """Write ``state`` (part name -> Stateful or plain value) as one checkpoint.
+
+    ``tenant_id`` and ``submitted_id`` (the run's ``RunSubmitted`` event id) are recorded
+    when given (the trainer always gives its tenant); None leaves the key out, as an
+    earlier release wrote it.
 
     ``before_publish`` runs after the data and the temp metadata are durable and before
     the rename (tests use it to crash there). ``digest="none"`` writes empty sentinels;
@@ -209,6 +234,10 @@ def write_checkpoint(
         "created_ts": time.time(),
         "extra": dict(extra or {}),
     }
+    if tenant_id is not None:
+        meta["tenant_id"] = tenant_id
+    if submitted_id is not None:
+        meta["submitted_id"] = submitted_id
     t3 = time.perf_counter()
     meta["digest"] = _meta_digest(meta) if digest != "none" else ""
     t4 = time.perf_counter()
@@ -239,6 +268,8 @@ def _info(directory: Path, meta: Mapping[str, Any]) -> CheckpointInfo:
         size_bytes=int(meta["size_bytes"]),
         created_ts=float(meta["created_ts"]),
         extra=dict(meta.get("extra", {})),
+        tenant_id=None if meta.get("tenant_id") is None else str(meta["tenant_id"]),
+        submitted_id=None if meta.get("submitted_id") is None else str(meta["submitted_id"]),
     )
 
 
@@ -265,8 +296,7 @@ def read_metadata(directory: Path) -> CheckpointInfo:
         raise CorruptCheckpoint(f"{directory}: malformed metadata: {exc}") from None
 
 
-def read_checkpoint(directory: Path) -> tuple[CheckpointInfo, dict[str, Any]]:
-    """Verify everything, then deserialize every part. Raises :class:`CheckpointError`."""
+def _verified_blobs(directory: Path) -> tuple[CheckpointInfo, dict[str, bytes]]:
     info = read_metadata(directory)
     try:
         data = (directory / DATA).read_bytes()
@@ -277,14 +307,96 @@ def read_checkpoint(directory: Path) -> tuple[CheckpointInfo, dict[str, Any]]:
             f"{directory}: {DATA} is {len(data)} bytes, metadata says {info.size_bytes} "
             "(truncated or overwritten)"
         )
-    out: dict[str, Any] = {}
-    for name, p in info.parts.items():
-        blob = data[p["offset"] : p["offset"] + p["size"]]
-        algo = str(p.get("digest", "")).partition(":")[0]
-        if algo not in ("crc32", "sha256") or part_digest(blob, algo) != p["digest"]:
-            raise CorruptCheckpoint(f"{directory}: sentinel digest mismatch in part {name!r}")
-        out[name] = torch.load(io.BytesIO(blob), map_location="cpu", weights_only=True)
+    out: dict[str, bytes] = {}
+    try:
+        for name, p in info.parts.items():
+            blob = data[p["offset"] : p["offset"] + p["size"]]
+            algo = str(p.get("digest", "")).partition(":")[0]
+            if algo not in ("crc32", "sha256") or part_digest(blob, algo) != p["digest"]:
+                raise CorruptCheckpoint(f"{directory}: sentinel digest mismatch in part {name!r}")
+            out[name] = blob
+    except (KeyError, TypeError) as exc:
+        raise CorruptCheckpoint(f"{directory}: malformed part entry: {exc}") from None
     return info, out
+
+
+def verify_checkpoint(directory: Path) -> CheckpointInfo:
+    """Every check of :func:`read_checkpoint` (schema, metadata digest, size, every
+    sentinel) without deserializing a part. Raises :class:`CheckpointError`."""
+    return _verified_blobs(directory)[0]
+
+
+def read_checkpoint(directory: Path) -> tuple[CheckpointInfo, dict[str, Any]]:
+    """Verify everything, then deserialize every part. Raises :class:`CheckpointError`."""
+    info, blobs = _verified_blobs(directory)
+    out = {
+        name: torch.load(io.BytesIO(blob), map_location="cpu", weights_only=True)
+        for name, blob in blobs.items()
+    }
+    return info, out
+
+
+#: how far before its run's submission a legacy checkpoint may claim to have been created
+#: (clock granularity between the RunSubmitted stamp and the checkpoint's own)
+SUBMISSION_SLACK_S = 1.0
+
+
+def identity_mismatch(
+    info: CheckpointInfo,
+    run_id: str,
+    tenant_id: str,
+    submitted_id: str | None = None,
+    submitted_ts: float | None = None,
+) -> str:
+    """Why the checkpoint ``info`` is not run ``run_id``'s of tenant ``tenant_id`` (whose
+    ``RunSubmitted`` has id ``submitted_id`` and stamp ``submitted_ts``); "" when it is.
+
+    Compared: the run id always; the tenant when the checkpoint records one; the
+    submission when both sides know it (two logs can each hold a run of the same id and
+    tenant: only the submission tells them apart). A legacy checkpoint (no tenant
+    recorded: an earlier release) is taken on its run id, and refused only when it was
+    created more than :data:`SUBMISSION_SLACK_S` before the run was submitted: a run's own
+    checkpoints are written after its ``RunSubmitted`` by the same process and clock, so
+    an older one is another run's left in a shared directory. (A clock stepped back
+    between the two would refuse a good legacy checkpoint; the gate then falls back, it
+    does not load the wrong state.)
+    """
+    if info.run_id != run_id:
+        return f"written by run {info.run_id!r}, not by run {run_id!r}"
+    if info.tenant_id is not None and info.tenant_id != tenant_id:
+        return (
+            f"written by tenant {info.tenant_id!r}'s run {info.run_id!r}, "
+            f"not by tenant {tenant_id!r}'s"
+        )
+    if info.submitted_id is not None and submitted_id and info.submitted_id != submitted_id:
+        return (
+            f"written by another submission of run {run_id!r} (RunSubmitted "
+            f"{info.submitted_id}, this run's is {submitted_id})"
+        )
+    too_old = submitted_ts is not None and info.created_ts < submitted_ts - SUBMISSION_SLACK_S
+    if info.legacy and too_old:
+        return (
+            f"created at {info.created_ts:.3f}, before run {run_id!r} was submitted "
+            f"({submitted_ts:.3f}): another run's checkpoint (an earlier release's, "
+            "which records no tenant)"
+        )
+    return ""
+
+
+def set_aside(checkpoints: Iterable[Path], into: Path) -> list[Path]:
+    """Move ``checkpoints`` (whole step directories) into ``into`` (created when there is
+    one to move): kept for the audit, out of the list :func:`list_checkpoints` reads. A
+    rename within one filesystem, so a reader sees each checkpoint here or there, never
+    half. The new paths."""
+    moved = []
+    for cand in checkpoints:
+        if not cand.is_dir():
+            continue
+        into.mkdir(parents=True, exist_ok=True)
+        dst = into / cand.name
+        shutil.move(str(cand), str(dst))
+        moved.append(dst)
+    return moved
 
 
 def list_checkpoints(root: Path) -> list[Path]:
@@ -337,4 +449,6 @@ def rewrite_checkpoint(
         pins=info.pins if pins is None else pins,
         extra=info.extra,
         schema=schema,
+        tenant_id=info.tenant_id,
+        submitted_id=info.submitted_id,
     ).info

@@ -235,6 +235,9 @@ class Trainer:
         self.poll_interval_s = 0.05
         self.cancelled = False
         self.paused_s = 0.0  # wall time spent paused (not billed, not a step's time)
+        #: the event id of this run's ``RunSubmitted`` (set by :meth:`start`, or by the
+        #: resume gate from the log), recorded in every checkpoint; None: unknown
+        self.submitted_id: str | None = None
 
     @property
     def trainer_device_kind(self) -> str:
@@ -525,6 +528,8 @@ class Trainer:
             digest=self.cfg.checkpoint.digest,
             extra={"policy_version": self.engine.policy_version},
             before_publish=before_publish,
+            tenant_id=self.cfg.tenant_id,
+            submitted_id=self.submitted_id,
         )
         info = res.info
         self._emit(
@@ -558,7 +563,7 @@ class Trainer:
         (RunQueued) and provisioning is building the policy and the data (RunProvisioning),
         so the customer-facing state machine sees the same lifecycle as on a cluster."""
         self.write_run_manifest()
-        self._emit(
+        submitted = self._emit(
             RunSubmitted,
             algorithm="grpo",
             config={
@@ -567,6 +572,7 @@ class Trainer:
                 **{f"pin.{k}": v for k, v in self.pins.items()},
             },
         )
+        self.submitted_id = str(submitted.event_id) if submitted is not None else None
         self._emit(RunQueued)
         self._emit(RunProvisioning)
         self._emit(RunStarted)
@@ -604,8 +610,10 @@ class Trainer:
         publishing no usage, so the run's spend stays flat — polling every
         ``poll_interval_s`` until an unpause (``RunResumed``; training continues from the
         in-memory state, which is bit-for-bit the pause checkpoint) or a cancel
-        (``RunCancelled``). A command that does not apply (unpause of a running run, pause
-        of a paused one) is ignored here; the API refuses it before it is written.
+        (``RunCancelled``). A command that does not apply (unpause of a running run, the
+        controller's pause of a paused one) is ignored here; the API refuses it before it is
+        written. A person's pause of the paused run pauses it again after the resume
+        (:meth:`hold_paused`).
 
         Every command polled is acted on, in order: a cancel wins over whatever came with
         it or before it was acted on (a pause and a cancel in one poll cancel; a resume and
@@ -632,12 +640,39 @@ class Trainer:
                 saved = None  # a resume may have rolled back: see checkpoint_here
         return False
 
+    def owns(self, info: ckpt.CheckpointInfo) -> str:
+        """Why checkpoint ``info`` is not this run's ("" when it is):
+        :func:`trainer.checkpoint.identity_mismatch` against this run's id, tenant and
+        submission."""
+        return ckpt.identity_mismatch(info, self.cfg.run_id, self.cfg.tenant_id, self.submitted_id)
+
     def checkpoint_here(self) -> str:
-        """The path of this step's checkpoint, written now unless it is there: the state is
-        the one checkpointed at this step when one is (a pause's, a rollback's target, the
-        one a resumed run was certified from and re-paused at)."""
+        """The path of this step's checkpoint, written now unless a valid one of this run
+        is there: the state is the one checkpointed at this step when one is (a pause's, a
+        rollback's target, the one a resumed run was certified from and re-paused at).
+
+        "Valid" is verified (schema, digests, sizes: :func:`trainer.checkpoint.
+        verify_checkpoint`, no deserialization) and this run's (:meth:`owns`), not just
+        present: a run that stops or pauses here names a checkpoint that loads. This run's
+        invalid one (a flipped byte) moves to ``<run_dir>/rejected/`` and the state is
+        written anew; another run's is left alone (``save_checkpoint`` then refuses to
+        overwrite it: a run directory shared by two runs is an error to see, not to hide).
+        """
         here = ckpt.checkpoint_dir(self.checkpoint_root, self.step)
-        return str(here) if (here / ckpt.META).exists() else str(self.save_checkpoint().info.path)
+        if (here / ckpt.META).exists():
+            try:
+                info = ckpt.verify_checkpoint(here)
+                if not self.owns(info):
+                    return str(here)
+            except ckpt.CheckpointError as exc:
+                self.say(f"checkpoint {here} does not verify ({exc}); writing it anew")
+                ckpt.set_aside([here], self.rejected_dir("invalid"))
+        return str(self.save_checkpoint().info.path)
+
+    def rejected_dir(self, why: str) -> Path:
+        """A fresh ``<run_dir>/rejected/<why>-<ns>/`` for checkpoints set aside as
+        invalid (kept for the audit)."""
+        return self.run_dir / "rejected" / f"{why}-{time.time_ns()}"
 
     def _cancel_due(self, queue: deque[Any]) -> bool:
         """Cancel (True) if a cancel is among the commands due."""
@@ -658,7 +693,8 @@ class Trainer:
         """Publish ``RunPaused`` (at ``checkpoint``, the state it is paused in; naming the
         request it answers, who made it and for which alert) and wait for an unpause
         (False, ``RunResumed`` published) or a cancel (True); see :meth:`follow_commands`.
-        A pause of a paused run is ignored."""
+        A person's pause of the paused run is kept and follows the resume (the run pauses
+        again for it); the controller's is passed over (it keeps its alerts owed)."""
         t0 = time.perf_counter()
         paused = self._emit(
             RunPaused,
@@ -677,6 +713,7 @@ class Trainer:
         self.say(f"at step {self.step} {reason}")
         assert self.commands is not None
         queue = self.commands_due
+        deferred: list[PauseRequested] = []  # people's pauses while paused (below)
         while True:
             if not queue:
                 time.sleep(self.poll_interval_s)
@@ -686,7 +723,13 @@ class Trainer:
                 return True
             c = queue.popleft()
             if not isinstance(c, UnpauseRequested):
-                continue  # a pause of a paused run
+                # a pause of a paused run: a person's is kept for when this pause is
+                # resumed, then the run pauses again for it (review: an operator's hold
+                # accepted while a gate's pause was in flight was lifted by the gate's
+                # resume); the controller's own are its business (it keeps them owed)
+                if isinstance(c, PauseRequested) and c.actor != "controller":
+                    deferred.append(c)
+                continue
             if stale := stale_resume(c, pause_id):  # judged on a view from before this pause
                 self._emit(
                     CommandRejected,
@@ -697,8 +740,19 @@ class Trainer:
                 self._flush()
                 self.say(f"at step {self.step} resume by {c.actor} refused: {stale}")
                 continue
+            try:
+                changed = self.apply_overrides(dict(c.overrides))
+            except OverrideRefused as exc:  # nothing applied: the run stays paused
+                self._emit(
+                    CommandRejected,
+                    command_id=str(c.event_id),
+                    command=type(c).__name__,
+                    reason=str(exc),
+                )
+                self._flush()
+                self.say(f"at step {self.step} resume by {c.actor} refused: {exc}")
+                continue
             self.pause_in_effect = None
-            changed = self.apply_overrides(dict(c.overrides))
             why = f"resumed by {c.actor}: {c.reason}".rstrip(": ")
             if changed:
                 why += " (" + ", ".join(f"{k}={v}" for k, v in changed.items()) + ")"
@@ -719,6 +773,7 @@ class Trainer:
             self._last_cut = time.perf_counter()
             self._carry_other = 0.0
             self.paused_s += self._last_cut - t0
+            queue.extendleft(reversed(deferred))  # paused again for them (follow_commands)
             return False
 
     def apply_overrides(self, overrides: dict[str, Any]) -> dict[str, Any]:
@@ -727,6 +782,12 @@ class Trainer:
 
         ``rollback_to_step``: continue from the newest checkpoint at or before that step
         (applied first; the steps after it are trained again, under the new settings).
+        Only a checkpoint that verifies and is this run's (:meth:`owns`) is a target; an
+        unreadable or corrupt one is skipped, never fatal. When none is at or before that
+        step, :class:`OverrideRefused` is raised before anything is changed (the caller
+        publishes ``CommandRejected`` and the run stays paused): a rollback is never
+        accepted and silently not applied. The current step is a no-op; a later one is refused
+        the same way.
         ``lr``: the base learning rate from here on (replacing the configured LR and any
         LR fault multiplier); the warm-up schedule keeps its shape. ``kl_coef``: the KL
         penalty's weight from here on (pulls a drifted policy back). Unknown keys are
@@ -734,21 +795,41 @@ class Trainer:
         """
         changed: dict[str, Any] = {}
         back = overrides.get("rollback_to_step")
+        if isinstance(back, int) and not isinstance(back, bool) and back > self.step:
+            raise OverrideRefused(
+                f"rollback_to_step={back} is after the run's current step {self.step}: there "
+                "is nothing to roll back to; nothing was applied, the run stays paused"
+            )
         if isinstance(back, int) and not isinstance(back, bool) and 0 <= back < self.step:
             # the newest verified checkpoint at or before that step: the run's whole state
             # (weights, optimizer, RNG, sampler...) as it was then; steps after it are
             # trained again, under the settings below
+            skipped: list[str] = []
             for cand in ckpt.list_checkpoints(self.checkpoint_root):
-                if ckpt.read_metadata(cand).step > back:
-                    continue
                 try:
-                    _info, parts = ckpt.read_checkpoint(cand)
-                except ckpt.CheckpointError:
+                    if ckpt.read_metadata(cand).step > back:
+                        continue
+                    info, parts = ckpt.read_checkpoint(cand)
+                except ckpt.CheckpointError as exc:
+                    skipped.append(f"{cand.name}: {exc.reason}")
+                    continue
+                if foreign := self.owns(info):
+                    skipped.append(f"{cand.name}: {foreign}")
+                    continue
+                if lacks := sorted(set(self.parts()) - set(parts)):
+                    skipped.append(f"{cand.name}: lacks part(s) {', '.join(lacks)}")
                     continue
                 self.load_parts(parts)
                 changed["rollback_to_step"] = self.step
                 self._set_aside_checkpoints_after(self.step)
                 break
+            else:
+                why = "; ".join(skipped) if skipped else "none kept"
+                raise OverrideRefused(
+                    f"rollback_to_step={back}: no valid checkpoint of this run at or before "
+                    f"step {back} ({why}); nothing was applied, the run stays paused at "
+                    f"step {self.step}"
+                )
         lr = overrides.get("lr")
         if isinstance(lr, int | float) and not isinstance(lr, bool) and 0 < lr < 10:
             lr = float(lr)
@@ -779,7 +860,11 @@ class Trainer:
 
         aside = self.run_dir / "abandoned" / f"after-step-{step}-{time.time_ns()}"
         for cand in ckpt.list_checkpoints(self.checkpoint_root):
-            if ckpt.read_metadata(cand).step > step:
+            try:
+                later = ckpt.read_metadata(cand).step > step
+            except ckpt.CheckpointError:  # unreadable metadata: judge by the name
+                later = _step_of_name(cand) > step
+            if later:
                 aside.mkdir(parents=True, exist_ok=True)
                 shutil.move(str(cand), str(aside / cand.name))
 
@@ -819,6 +904,19 @@ class Trainer:
             RunFailed, step=self.step, failure_class=cls, reason=f"{type(exc).__name__}: {exc}"
         )
         self._flush()
+
+
+def _step_of_name(path: Path) -> int:
+    """The step a checkpoint directory's name says (``step-00000040`` -> 40); -1 if none."""
+    try:
+        return int(path.name.rsplit("-", 1)[-1])
+    except ValueError:
+        return -1
+
+
+class OverrideRefused(ValueError):
+    """A resume's overrides cannot be applied (a rollback with no checkpoint to go back
+    to); nothing was changed."""
 
 
 class RunBusy(RuntimeError):
@@ -892,4 +990,4 @@ def train(
     return trainer
 
 
-__all__ = ["EOS", "METRIC_FIELDS", "StepRecord", "Trainer", "train"]
+__all__ = ["EOS", "METRIC_FIELDS", "OverrideRefused", "StepRecord", "Trainer", "train"]

@@ -6,12 +6,31 @@ config and seed reproduce exactly, as the last resort)::
     ResumeRequested
     schema != this trainer's          -> ResumeRejected(schema_mismatch)   stop: never loaded
     metadata/data digest or size bad  -> ResumeRejected(corrupt)           fall back one
+    another run's / tenant's          -> ResumeRejected(corrupt, "not this run's checkpoint:
+                                         ...")                             fall back one
     a pin differs from the run's      -> ResumeRejected(pin_mismatch, names the pin)  stop
     recorded metrics do not reach it  -> ResumeRejected(missing)           fall back one
+    nothing recorded after it         -> ResumeRejected(no_overlap)        fall back one
     restore every part, replay steps checkpoint+1 .. last recorded step silently, compare
     with the TrainerStepCompleted records read back from the event log:
         within tolerance              -> ResumeCertified(window, tier, tolerance, max dev)
         otherwise                     -> ResumeRejected(deviation, max dev) fall back one
+
+Whose checkpoint: the metadata's run id, tenant and submission (the run's ``RunSubmitted``
+event id) must be this run's (:func:`trainer.checkpoint.identity_mismatch`; a checkpoint of
+an earlier release, which records no tenant, is taken on its run id unless it was created
+before this run was submitted). Another run's is never loaded nor moved: two runs sharing
+one run directory (an explicit ``run_dir``; ``runwatch train``'s default is unique per log)
+must not steer each other. The event's ``reason`` codes are the event catalog's; the
+identity refusal uses ``corrupt`` (the checkpoint is not what this run's record says) and
+its ``detail`` starts with :data:`NOT_THIS_RUN`.
+
+Rejected checkpoints of this run are set aside once the gate certifies an older one: every
+checkpoint it fell back from (corrupt, missing, no_overlap, deviation) moves to
+``<run_dir>/rejected/resume-<ns>/`` (kept for the audit), so the run never names one again
+(a pause's checkpoint, the completed run's final checkpoint) and re-trained steps write
+theirs fresh. Nothing is moved when the gate certifies nothing: a host that replays
+differently (deviation everywhere) must not cost a later resume its checkpoints.
 
 Tiers: ``bitwise`` compares every metric exactly (tolerance 0; deterministic CPU
 kernels; vLLM on CPU samples bitwise the same for the same weights, seeds and batch, so
@@ -71,6 +90,10 @@ from trainer.policy import weights_hash
 from trainer.publish import make_emitter, producer_name, recorded_steps, run_events
 
 INITIAL = "<initial state>"
+#: how an identity refusal's ``detail`` begins
+NOT_THIS_RUN = "not this run's checkpoint: "
+#: the fall-back rejections whose checkpoints are set aside once the gate certifies
+SET_ASIDE = frozenset({"corrupt", "missing", "no_overlap", "deviation"})
 
 
 class ResumeError(Exception):
@@ -91,6 +114,8 @@ class GateResult:
     rejections: tuple[tuple[str, str, str], ...]  # (checkpoint, reason, detail)
     #: Whole gate, start to verdict: reads, digest checks, restores, replays, fallbacks.
     gate_s: float = 0.0
+    #: where this run's rejected checkpoints were moved (certified gates only)
+    set_aside: tuple[str, ...] = ()
 
 
 def metric_vector(fields: dict[str, Any]) -> dict[str, float]:
@@ -172,11 +197,17 @@ class ResumeGate:
         self.say = progress or (lambda _m: None)
         self.recorded = recorded_steps(list(events))
         self.last = max(self.recorded, default=0)
-        pins = [dict(e.config) for e in events if isinstance(e, RunSubmitted)]
-        self.run_pins = {k[4:]: str(v) for k, v in pins[0].items() if k.startswith("pin.")}
+        submitted = [e for e in events if isinstance(e, RunSubmitted)]
+        pins = dict(submitted[0].config)
+        self.run_pins = {k[4:]: str(v) for k, v in pins.items() if k.startswith("pin.")}
+        #: the run's own RunSubmitted: the submission its checkpoints must name
+        self.submitted_id = str(submitted[0].event_id)
+        self.submitted_ts = float(submitted[0].ts)
 
     def _new_trainer(self) -> Trainer:
-        return Trainer(self.cfg, self.run_dir, self.emitter, self.say)
+        trainer = Trainer(self.cfg, self.run_dir, self.emitter, self.say)
+        trainer.submitted_id = self.submitted_id  # the checkpoints it writes name it
+        return trainer
 
     def _reject(
         self,
@@ -225,7 +256,14 @@ class ResumeGate:
             info_step = 0
             if cand is not None:
                 try:
-                    info, parts = ckpt.read_checkpoint(cand)
+                    # whose it is first (the metadata verifies itself): another run's is
+                    # neither loaded nor, when its data is damaged, set aside as ours
+                    info = ckpt.read_metadata(cand)
+                    foreign = ckpt.identity_mismatch(
+                        info, cfg.run_id, cfg.tenant_id, self.submitted_id, self.submitted_ts
+                    )
+                    if not foreign:
+                        info, parts = ckpt.read_checkpoint(cand)
                 except ckpt.SchemaMismatch as exc:
                     self._reject(name, guess, "schema_mismatch", str(exc), None)
                     rejections.append((name, "schema_mismatch", str(exc)))
@@ -234,6 +272,12 @@ class ResumeGate:
                     self._reject(name, guess, "corrupt", str(exc), older_name)
                     rejections.append((name, "corrupt", str(exc)))
                     reason = f"fall back after corrupt {cand.name}"
+                    continue
+                if foreign:  # before the pins: another run's pins say nothing of this one
+                    detail = NOT_THIS_RUN + foreign
+                    self._reject(name, info.step, "corrupt", detail, older_name)
+                    rejections.append((name, "corrupt", detail))
+                    reason = f"fall back after {cand.name}, another run's checkpoint"
                     continue
                 bad = self._pin_mismatch(info.pins, trainer)
                 if bad:
@@ -271,9 +315,10 @@ class ResumeGate:
                 rejections.append((name, "missing", detail))
                 reason = "fall back after missing metrics"
                 continue
-            if info_step == self.last and cand is not None and self.last > 0:
+            if info_step == self.last and cand is not None:
                 # nothing recorded after this checkpoint: an empty overlap window proves
-                # nothing (a state part could be lost), so verify from the one before
+                # nothing (a state part could be lost), so verify from the one before;
+                # at step 0 that is the run's initial state, which its config reproduces
                 detail = (
                     f"no recorded step after checkpoint step {info_step}: an empty overlap "
                     "window cannot certify it"
@@ -318,6 +363,7 @@ class ResumeGate:
                     device_seconds=replay_s,
                 )
                 self.emitter.flush()
+                aside = self._set_aside_rejected(rejections)
                 result = GateResult(
                     True,
                     name,
@@ -330,6 +376,7 @@ class ResumeGate:
                     self.last - info_step,
                     tuple(rejections),
                     time.perf_counter() - self._t_gate,
+                    aside,
                 )
                 return result, trainer
             detail = (
@@ -340,6 +387,20 @@ class ResumeGate:
             rejections.append((name, "deviation", detail))
             reason = f"fall back after deviation at {name}"
         return self._failed(rejections, tier, tolerance), None
+
+    def _set_aside_rejected(self, rejections: list[tuple[str, str, str]]) -> tuple[str, ...]:
+        """Move this run's checkpoints the gate fell back from (see the module docstring)
+        to ``<run_dir>/rejected/resume-<ns>/``; another run's stay where they are."""
+        mine = [
+            Path(c)
+            for c, r, d in rejections
+            if c != INITIAL and r in SET_ASIDE and not d.startswith(NOT_THIS_RUN)
+        ]
+        into = self.run_dir / "rejected" / f"resume-{time.time_ns()}"
+        moved = ckpt.set_aside(mine, into)
+        if moved:
+            self.say(f"set aside {len(moved)} rejected checkpoint(s) in {into}")
+        return tuple(str(p) for p in moved)
 
     def _pin_mismatch(self, pins: dict[str, str], trainer: Trainer) -> str:
         for pin, current in trainer.pins.items():
@@ -417,12 +478,10 @@ def continue_run(
         trainer._last_cut = time.perf_counter()
     if trainer.follow_commands():
         return
-    done = trainer.step >= trainer.cfg.steps
-    if (
-        done
-        and not (ckpt.checkpoint_dir(trainer.checkpoint_root, trainer.step) / ckpt.META).exists()
-    ):
-        trainer.save_checkpoint()  # crashed between the last step and its checkpoint
+    if trainer.step >= trainer.cfg.steps:
+        # the final checkpoint: a valid one of this run, written now when it is absent
+        # (crashed between the last step and its checkpoint) or does not verify
+        trainer.checkpoint_here()
     trainer.run_until(trainer.cfg.steps)
     trainer.finish()
 
@@ -535,6 +594,7 @@ def describe(result: GateResult) -> dict[str, Any]:
                 "replay_s": round(result.replay_s, 4),
                 "gate_s": round(result.gate_s, 4),
                 "replay_steps": result.replay_steps,
+                "set_aside": list(result.set_aside),
                 "rejections": [
                     {"checkpoint": c, "reason": r, "detail": d} for c, r, d in result.rejections
                 ],

@@ -56,6 +56,8 @@ def run(args: argparse.Namespace, term: Terminal) -> int:
             schema=info.schema,
             step=info.step,
             run_id=info.run_id,
+            tenant_id=info.tenant_id,  # None: an earlier release's checkpoint
+            submitted_id=info.submitted_id,
             size_bytes=info.size_bytes,
             digest=info.digest,
             pins=info.pins,
@@ -68,7 +70,8 @@ def run(args: argparse.Namespace, term: Terminal) -> int:
         term.info(f"checkpoint {path}: {verdict}" + (f" ({detail})" if detail else ""))
         if info is not None:
             term.info(
-                f"run {info.run_id}  step {info.step}  schema {info.schema}  "
+                f"run {info.run_id}  tenant {info.tenant_id or '(not recorded)'}  "
+                f"step {info.step}  schema {info.schema}  "
                 f"{info.size_bytes} bytes"
             )
             term.table([(k, v) for k, v in sorted(info.pins.items())], ["pin", "value"])

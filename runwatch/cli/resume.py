@@ -43,6 +43,8 @@ def run(args: argparse.Namespace, term: Terminal) -> int:
     else:
         for r in out["rejections"]:
             term.info(f"rejected {r['checkpoint']}: {r['reason']}: {r['detail']}")
+        for path in out["set_aside"]:  # rejected checkpoints of this run, kept for the audit
+            term.info(f"set aside {path}")
         if result.certified:
             term.info(
                 f"certified {result.checkpoint} ({result.tier}, window "

@@ -1,13 +1,17 @@
 """``runwatch train --config FILE [--log DIR]``: run the GRPO trainer, publishing to the log.
 
-Checkpoints and the config snapshot go to ``--runs DIR/<run_id>`` (default: ``runs`` next
-to the log directory) unless the config names a ``run_dir``. Progress lines go to stderr;
-the final summary to stdout (``--json`` for one JSON object).
+Checkpoints and the config snapshot go to the config's ``run_dir`` when it names one, else
+to ``--runs DIR/<run_id>``, else (the default) to ``runs/<run_id>-<8 hex of the log's
+path>`` next to the log directory: two logs side by side (two experiments, two tenants)
+that reuse a run id get two run directories, not one shared. The resume reads the run
+directory from the run's ``RunSubmitted``, so it follows whichever was chosen. Progress
+lines go to stderr; the final summary to stdout (``--json`` for one JSON object).
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 from pathlib import Path
 
 from runwatch import settings
@@ -20,7 +24,11 @@ HELP = "run the GRPO trainer from a config file"
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", required=True, help="trainer config (YAML or JSON)")
     parser.add_argument("--log", help="embedded log directory (default: $RUNWATCH_LOG_DIR)")
-    parser.add_argument("--runs", help="runs directory (default: 'runs' beside the log)")
+    parser.add_argument(
+        "--runs",
+        help="runs directory, the run in DIR/<run_id> (default: 'runs' beside the log, the "
+        "run in runs/<run_id>-<hash of the log path>)",
+    )
     parser.add_argument("--run-id", type=identifier, help="override the config's run_id")
     parser.add_argument("--steps", type=int, help="override the config's step count")
     parser.add_argument("--seed", type=int, help="override the config's seed")
@@ -28,11 +36,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print the summary as JSON")
 
 
+def log_tag(log: Path) -> str:
+    """8 hex digits of the log directory's resolved path (sha256): what tells two logs'
+    default run directories apart."""
+    return hashlib.sha256(str(log.resolve()).encode()).hexdigest()[:8]
+
+
 def run_dir_for(cfg_run_dir: str | None, runs: str | None, log: Path, run_id: str) -> Path:
+    """The run directory: the config's ``run_dir``; else ``runs/<run_id>`` (an explicit
+    runs directory, the caller's to keep apart); else ``runs/<run_id>-<log tag>`` beside
+    the log (unique per log: the same run id in two logs never shares checkpoints)."""
     if cfg_run_dir:
         return Path(cfg_run_dir)
-    base = Path(runs) if runs else log.resolve().parent / "runs"
-    return base / run_id
+    if runs:
+        return Path(runs) / run_id
+    return log.resolve().parent / "runs" / f"{run_id}-{log_tag(log)}"
 
 
 def run(args: argparse.Namespace, term: Terminal) -> int:

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -21,14 +23,23 @@ import pytest
 import torch
 
 from events.catalog.checkpoint import ResumeCertified, ResumeRejected
-from events.catalog.lifecycle import RunCompleted, RunFailed, RunSubmitted
-from events.catalog.trainer import WeightSyncCompleted
+from events.catalog.control import CommandRejected
+from events.catalog.lifecycle import (
+    RunCompleted,
+    RunFailed,
+    RunPaused,
+    RunResumed,
+    RunSubmitted,
+)
+from events.catalog.trainer import TrainerStepCompleted, WeightSyncCompleted
+from events.log.embedded import EmbeddedLog
+from producers.commands import CommandFeed, issue
 from tests.trainer_runs import ROOT, cli, resume_gate, train_killed
 from trainer import checkpoint as ckpt
 from trainer.config import load_config
 from trainer.loop import Trainer, train
 from trainer.publish import make_emitter, recorded_steps, run_events
-from trainer.resume import recorded_vector, resume
+from trainer.resume import INITIAL, NOT_THIS_RUN, load_run, recorded_vector, resume
 
 CONFIG = ROOT / "trainer" / "configs" / "test.yaml"
 
@@ -66,7 +77,8 @@ def test_kill9_resume_is_bitwise(tmp_path: Path) -> None:
     for s in straight:
         assert recorded_vector(resumed[s]) == recorded_vector(straight[s]), s
     a, _ = ckpt.read_checkpoint(tmp_path / "runs" / "straight" / "checkpoints" / "step-00000060")
-    b, _ = ckpt.read_checkpoint(tmp_path / "runs" / "killed" / "checkpoints" / "step-00000060")
+    _, killed_dir, _ = load_run(log, "killed")  # runwatch train's default: unique per log
+    b, _ = ckpt.read_checkpoint(killed_dir / "checkpoints" / "step-00000060")
     assert a.sentinels == b.sentinels  # weights, optimizer, RNG, sampler ... all identical
 
 
@@ -270,3 +282,167 @@ def test_checkpoint_at_the_last_recorded_step_is_not_certified_blind(tmp_path: P
     cert = _certified(events)
     assert (cert.checkpoint_step, cert.window_start, cert.window_end) == (10, 11, 20)
     assert result.certified
+
+
+# -- whose checkpoint, the final checkpoint, a rollback with nothing to go back to ---------
+
+
+def test_another_tenants_checkpoints_in_a_shared_run_dir_are_never_certified(
+    tmp_path: Path,
+) -> None:
+    """``/tmp/review-resume/collide.sh``: runs X (tenant-a) and Y (tenant-b, 20x the lr)
+    reuse one run id, each in its own log, and share one run directory (before, the
+    default ``runs/<run_id>`` beside both logs). X trained to 20 with checkpoints 0, 10
+    and 20; Y stopped right after its start (nothing recorded). Y's resume certified X's
+    step-0 checkpoint on the empty window 1..0 and trained on with X's optimizer, X's lr.
+    Now each of X's is refused as another run's (fall back one), never loaded nor moved,
+    and Y is certified from its own initial state and trains at its own lr."""
+    run_dir = tmp_path / "shared"
+    at_start = {"every": 10, "keep": 5, "at_start": True}
+    x = load_config(CONFIG, run_id="shared", steps=20, checkpoint=at_start)
+    tx = Trainer(x, run_dir, make_emitter("shared", x.tenant_id, log_dir=tmp_path / "logA"))
+    tx.start()
+    tx.run_until(20)
+    y = load_config(CONFIG, run_id="shared", steps=5, tenant_id="tenant-b")
+    y = y.with_overrides(grpo={**y.grpo.model_dump(), "lr": 0.02})
+    log_b = tmp_path / "logB"
+    Trainer(y, run_dir, make_emitter("shared", "tenant-b", log_dir=log_b)).start()
+
+    result, _ = resume(log_b, "shared", run_dir=run_dir)
+    events = list(run_events(log_b, "shared"))
+    assert _rejections(events) == [(20, "corrupt"), (10, "corrupt"), (0, "corrupt")]
+    for rej in (e for e in events if isinstance(e, ResumeRejected)):
+        assert rej.detail.startswith(NOT_THIS_RUN) and "tenant 'tenant-a'" in rej.detail
+    cert = _certified(events)
+    assert cert.checkpoint_path == INITIAL and result.certified
+    lr = {e.step: e.lr for e in events if isinstance(e, TrainerStepCompleted)}
+    assert lr[1] == pytest.approx(0.02 / 5)  # Y's own lr (warm-up 1/5), not X's 0.001 / 5
+    # X's checkpoints are X's: still where X left them
+    names = [d.name for d in ckpt.list_checkpoints(run_dir / "checkpoints")]
+    assert {"step-00000000", "step-00000010", "step-00000020"} <= set(names)
+    assert not (run_dir / "rejected").exists()
+    mine = ckpt.read_metadata(run_dir / "checkpoints" / "step-00000005")
+    submitted = next(e for e in events if isinstance(e, RunSubmitted))
+    assert (mine.tenant_id, mine.submitted_id) == ("tenant-b", str(submitted.event_id))
+
+
+def test_a_resumed_run_never_completes_on_a_final_checkpoint_the_gate_rejected(
+    tmp_path: Path,
+) -> None:
+    """``/tmp/review-resume/final_ckpt.sh``: the run trained to its last step (30, its
+    checkpoint written) and died before ``RunCompleted``; a byte of the final checkpoint
+    then flipped. The gate rejects it (corrupt) and certifies 20; the run used to complete
+    with the corrupt one as its final checkpoint (its mere presence skipped the save).
+    Now the rejected one is set aside under ``rejected/`` and the certified state is
+    written at step 30 again: bit for bit the checkpoint the run wrote before the flip."""
+    cfg = load_config(CONFIG, run_id="final", steps=30)
+    log, run_dir = tmp_path / "log", tmp_path / "run"
+    tr = Trainer(cfg, run_dir, make_emitter(cfg.run_id, cfg.tenant_id, log_dir=log))
+    tr.start()
+    tr.run_until(30)  # checkpoint 30 written; the "crash" before finish()
+    final = run_dir / "checkpoints" / "step-00000030"
+    before = ckpt.read_metadata(final).sentinels
+    _flip_byte(final)
+
+    result, _ = resume(log, "final", run_dir=run_dir)
+    events = list(run_events(log, "final"))
+    assert _rejections(events) == [(30, "corrupt")]
+    cert = _certified(events)
+    assert (cert.checkpoint_step, cert.window_start, cert.window_end) == (20, 21, 30)
+    assert any(isinstance(e, RunCompleted) for e in events)
+    info, _ = ckpt.read_checkpoint(final)  # the run's final checkpoint loads
+    assert info.step == 30 and info.sentinels == before
+    (aside,) = result.set_aside
+    assert Path(aside).parent.parent == run_dir / "rejected"
+    with pytest.raises(ckpt.CorruptCheckpoint):
+        ckpt.verify_checkpoint(Path(aside))
+
+
+def _refusals(log: Path, run_id: str) -> list[CommandRejected]:
+    reader = EmbeddedLog(log, readonly=True)
+    reader.open_sync()
+    return [
+        e
+        for e in reader.iter_events([CommandRejected.TOPIC])
+        if isinstance(e, CommandRejected) and e.run_id == run_id
+    ]
+
+
+def _wait_for(what: Callable[[], Any], timeout_s: float = 60.0) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if got := what():
+            return got
+        time.sleep(0.05)
+    raise AssertionError("timed out")
+
+
+def test_a_rollback_with_nothing_to_go_back_to_is_refused_and_the_run_stays_paused(
+    tmp_path: Path,
+) -> None:
+    """``/tmp/review-resume/rollback_repro.sh``: trained to 30 (checkpoints 10, 20, 30),
+    paused; a resume asking ``rollback_to_step: 5`` (no checkpoint at or before 5) and a
+    new KL weight used to be accepted, the rollback silently skipped. Now it is refused
+    (``CommandRejected`` naming why), nothing of it applied, the run still paused; a second
+    resume to step 25 with step 20's metadata garbled skips 20 (no crash) and rolls back to
+    10."""
+    cfg = load_config(CONFIG, run_id="rb", steps=40)
+    log, run_dir = tmp_path / "log", tmp_path / "run"
+    em = make_emitter(cfg.run_id, cfg.tenant_id, log_dir=log)
+    tr = Trainer(cfg, run_dir, em)
+    tr.commands = CommandFeed(em.sink, cfg.run_id, tenant_id=cfg.tenant_id)
+    tr.poll_interval_s = 0.02
+    tr.start()
+    tr.run_until(30)
+    kl_coef = tr.cfg.grpo.kl_coef
+    issue(log, "rb", "pause", actor="operator", principal="op1", reason="kl drift")
+    out: dict[str, bool] = {}
+    th = threading.Thread(target=lambda: out.setdefault("cancelled", tr.follow_commands()))
+    th.start()
+    try:
+        _wait_for(lambda: any(isinstance(e, RunPaused) for e in run_events(log, "rb")))
+        first = issue(
+            log, "rb", "resume", actor="operator", principal="op1", reason="fix",
+            overrides={"rollback_to_step": 5, "kl_coef": 0.05},
+        )  # fmt: skip
+        assert first.refused == ""  # the API cannot know which checkpoints are kept
+        (rej,) = _wait_for(lambda: _refusals(log, "rb"))
+        assert rej.command_id == str(first.command.event_id)
+        assert "rollback_to_step=5: no valid checkpoint" in rej.reason
+        assert "stays paused" in rej.reason
+        assert th.is_alive() and tr.step == 30 and tr.cfg.grpo.kl_coef == kl_coef
+        assert not any(isinstance(e, RunResumed) for e in run_events(log, "rb"))
+
+        (run_dir / "checkpoints" / "step-00000020" / ckpt.META).write_text("{garbled")
+        issue(
+            log, "rb", "resume", actor="operator", principal="op1", reason="fix",
+            overrides={"rollback_to_step": 25},
+        )  # fmt: skip
+    finally:
+        th.join(timeout=60)
+        if th.is_alive():  # never leave the trainer waiting: cancel it
+            issue(log, "rb", "cancel", actor="operator", principal="op1")
+            th.join(timeout=30)
+    assert out == {"cancelled": False}
+    (resumed,) = [e for e in run_events(log, "rb") if isinstance(e, RunResumed)]
+    assert resumed.rolled_back_to == 10 and tr.step == 10
+
+
+def test_a_step_0_checkpoint_with_nothing_recorded_is_not_certified_blind(
+    tmp_path: Path,
+) -> None:
+    """The run's own step-0 checkpoint (``at_start``) and no step recorded: the empty
+    window 1..0 proves nothing, so it is refused (``no_overlap``) like any checkpoint at
+    the last recorded step, and the run goes on from its initial state, which the config
+    reproduces (before, the no-overlap rule was skipped at step 0 and it was certified)."""
+    at_start = {"every": 10, "keep": 5, "at_start": True}
+    cfg = load_config(CONFIG, run_id="zero", steps=3, checkpoint=at_start)
+    log, run_dir = tmp_path / "log", tmp_path / "run"
+    Trainer(cfg, run_dir, make_emitter(cfg.run_id, cfg.tenant_id, log_dir=log)).start()
+    result, _ = resume(log, "zero", run_dir=run_dir)
+    events = list(run_events(log, "zero"))
+    assert _rejections(events) == [(0, "no_overlap")]
+    assert _certified(events).checkpoint_path == INITIAL and result.certified
+    assert any(isinstance(e, RunCompleted) for e in events)
+    info, _ = ckpt.read_checkpoint(run_dir / "checkpoints" / "step-00000003")
+    assert info.tenant_id == cfg.tenant_id
