@@ -304,3 +304,50 @@ def test_a_cancel_sent_while_the_trainer_was_down_is_answered_before_any_step(
     assert cancelled[0].step == last
     after = _kinds(log, "dead-cancel", TrainerStepCompleted, UsageRecorded, RunResumed)
     assert max(e.step or 0 for e in after) == last and not _kinds(log, "dead-cancel", RunResumed)
+
+
+def test_a_persons_pause_that_came_while_paused_pauses_the_trainer_again(tmp_path: Path) -> None:
+    """Found by review: an operator's pause accepted while a gate's pause was in flight
+    (both written before the trainer answered, as on a lagging view) was passed over as
+    "a pause of a paused run", and the resume of the gate's pause lifted the operator's
+    hold too. The trainer now pauses again for it right after that resume."""
+    from producers.commands import write_command
+    from producers.sinks import EmbeddedSink
+
+    log = tmp_path / "log"
+    trainer = Trainer(log, "hold-run")
+    try:
+        trainer.wait_step(3)
+        tenant = _events(log, "hold-run")[0].tenant_id
+        sink = EmbeddedSink(log)
+        written = [
+            write_command(
+                sink, run_id="hold-run", tenant_id=tenant, action="pause", phase="running",
+                actor=actor, principal=who, reason=why,
+            ).command
+            for actor, who, why in (
+                ("controller", "stream_processors/run_controller", "kl_blowup (page)"),
+                ("operator", "alice", "security hold"),
+            )
+        ]  # fmt: skip
+        gate, hold = (str(c.event_id) for c in written)
+
+        def paused_for() -> list[str]:
+            return [e.request_id for e in _events(log, "hold-run") if isinstance(e, RunPaused)]
+
+        end = time.monotonic() + 90
+        while paused_for() != [gate]:
+            assert time.monotonic() < end and trainer.proc.poll() is None, paused_for()
+            time.sleep(0.05)
+        out = command(log, "resume", "hold-run", "--reason", "fixed", "--wait", "60")
+        assert out.returncode == 0, out.stderr  # the gate's pause, named by the CLI
+        while paused_for() != [gate, hold]:
+            assert time.monotonic() < end and trainer.proc.poll() is None, paused_for()
+            time.sleep(0.05)
+        held = [e for e in _events(log, "hold-run") if isinstance(e, RunPaused)][-1]
+        assert "security hold" in held.reason
+        out = command(log, "cancel", "hold-run", "--wait", "60")
+        assert out.returncode == 0, out.stderr
+        trainer.proc.communicate(timeout=60)
+    finally:
+        trainer.kill()
