@@ -157,6 +157,15 @@ def first_cancel(commands: Iterable[object]) -> CancelRequested | None:
     return next((c for c in commands if isinstance(c, CancelRequested)), None)
 
 
+def held_over(command: object) -> bool:
+    """Is ``command``, read while the run is paused, a pause to act on once that pause is
+    resumed? A person's pause is (accepted while a gate's pause was in flight or on a
+    lagging view, it asks to hold the run; found by review: the resume of the gate's
+    pause lifted an operator's hold too); the controller's is not (it keeps the alerts of
+    a request the run passed over owed, :mod:`stream_processors.control`)."""
+    return isinstance(command, PauseRequested) and command.actor != "controller"
+
+
 def answered_requests(facts: Iterable[EventBase]) -> set[str]:
     """The requests a run's lifecycle facts answered (``RunPaused`` / ``RunResumed`` /
     ``RunCancelled`` name them): a restarted process does not act on them again."""

@@ -76,7 +76,13 @@ from events.catalog.trainer import (
     WeightSyncCompleted,
 )
 from events.catalog.usage import UsageRecorded
-from producers.commands import RESUME_OVERRIDES, CommandFeed, first_cancel, stale_resume
+from producers.commands import (
+    RESUME_OVERRIDES,
+    CommandFeed,
+    first_cancel,
+    held_over,
+    stale_resume,
+)
 from producers.emitter import Emitter
 from trainer import checkpoint as ckpt
 from trainer.config import TrainerConfig
@@ -723,11 +729,7 @@ class Trainer:
                 return True
             c = queue.popleft()
             if not isinstance(c, UnpauseRequested):
-                # a pause of a paused run: a person's is kept for when this pause is
-                # resumed, then the run pauses again for it (review: an operator's hold
-                # accepted while a gate's pause was in flight was lifted by the gate's
-                # resume); the controller's own are its business (it keeps them owed)
-                if isinstance(c, PauseRequested) and c.actor != "controller":
+                if held_over(c):  # a person's pause of the paused run: after the resume
                     deferred.append(c)
                 continue
             if stale := stale_resume(c, pause_id):  # judged on a view from before this pause
@@ -856,17 +858,15 @@ class Trainer:
     def _set_aside_checkpoints_after(self, step: int) -> None:
         """Checkpoints of the abandoned branch move to ``<run_dir>/abandoned/`` (kept for
         the audit, out of the way of the steps that will be trained again)."""
-        import shutil
-
-        aside = self.run_dir / "abandoned" / f"after-step-{step}-{time.time_ns()}"
+        later = []
         for cand in ckpt.list_checkpoints(self.checkpoint_root):
             try:
-                later = ckpt.read_metadata(cand).step > step
+                step_of = ckpt.read_metadata(cand).step
             except ckpt.CheckpointError:  # unreadable metadata: judge by the name
-                later = _step_of_name(cand) > step
-            if later:
-                aside.mkdir(parents=True, exist_ok=True)
-                shutil.move(str(cand), str(aside / cand.name))
+                step_of = _step_of_name(cand)
+            if step_of > step:
+                later.append(cand)
+        ckpt.set_aside(later, self.run_dir / "abandoned" / f"after-step-{step}-{time.time_ns()}")
 
     def _cancel(self, cmd: CancelRequested) -> bool:
         self._emit(

@@ -95,6 +95,7 @@ from producers.commands import (
     CommandFeed,
     answered_requests,
     first_cancel,
+    held_over,
     last_answered,
     paused_reason,
     read_to_end,
@@ -333,11 +334,7 @@ class CommandFollower:
                 return True
             c = queue.popleft()
             if not isinstance(c, UnpauseRequested):
-                # a pause of a paused run: a person's is kept for when this pause is
-                # resumed, then the run pauses again for it (found by review: an
-                # operator's hold accepted while a gate's pause was in effect was lifted
-                # by the gate's resume); the controller's own are its business (owed)
-                if isinstance(c, PauseRequested) and c.actor != "controller":
+                if held_over(c):  # a person's pause of the paused run: after the resume
                     deferred.append(c)
                 continue
             if stale := stale_resume(c, pause_id):
