@@ -42,7 +42,7 @@ import json
 import math
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -77,7 +77,6 @@ from events.catalog.trainer import (
 )
 from events.catalog.usage import UsageRecorded
 from producers.commands import (
-    RESUME_OVERRIDES,
     CommandFeed,
     first_cancel,
     held_over,
@@ -90,6 +89,7 @@ from trainer.device import check_device, deterministic_cuda
 from trainer.engines import check_servable, engine_pin, make_engine, resolve_backend
 from trainer.policy import build_policy, greedy, logits_of, warm_start, weights_hash
 from trainer.rewards import RewardFn, RewardUnavailable, parse
+from trainer.settings import resume_settings
 from trainer.state import RngStreams, RolloutBuffer, RunningMoments
 from trainer.task import EOS, Dataset, dataset_revision, max_answer_len, vocab_size
 
@@ -244,6 +244,8 @@ class Trainer:
         #: the event id of this run's ``RunSubmitted`` (set by :meth:`start`, or by the
         #: resume gate from the log), recorded in every checkpoint; None: unknown
         self.submitted_id: str | None = None
+        #: the settings resumes put in effect (``lr``, ``kl_coef``; :mod:`trainer.settings`)
+        self.resume_settings: dict[str, float] = {}
 
     @property
     def trainer_device_kind(self) -> str:
@@ -789,11 +791,10 @@ class Trainer:
         step, :class:`OverrideRefused` is raised before anything is changed (the caller
         publishes ``CommandRejected`` and the run stays paused): a rollback is never
         accepted and silently not applied. The current step is a no-op; a later one is refused
-        the same way.
-        ``lr``: the base learning rate from here on (replacing the configured LR and any
-        LR fault multiplier); the warm-up schedule keeps its shape. ``kl_coef``: the KL
-        penalty's weight from here on (pulls a drifted policy back). Unknown keys are
-        ignored here (the API and the CLI refuse them before a command is written).
+        the same way. The settings in effect before it stay in effect (a rollback restores
+        the weights and the optimizer of then, not the settings of then).
+        ``lr``, ``kl_coef``: :meth:`use_settings`. Unknown keys are ignored here (the API
+        and the CLI refuse them before a command is written).
         """
         changed: dict[str, Any] = {}
         back = overrides.get("rollback_to_step")
@@ -824,6 +825,9 @@ class Trainer:
                 self.load_parts(parts)
                 changed["rollback_to_step"] = self.step
                 self._set_aside_checkpoints_after(self.step)
+                # the optimizer of then came back with its learning rate: the settings in
+                # effect stay in effect (what a restart's replay applies: trainer.settings)
+                self.use_settings(self.resume_settings, again=True)
                 break
             else:
                 why = "; ".join(skipped) if skipped else "none kept"
@@ -832,9 +836,20 @@ class Trainer:
                     f"step {back} ({why}); nothing was applied, the run stays paused at "
                     f"step {self.step}"
                 )
-        lr = overrides.get("lr")
-        if isinstance(lr, int | float) and not isinstance(lr, bool) and 0 < lr < 10:
-            lr = float(lr)
+        changed.update(self.use_settings(resume_settings(overrides)))
+        return changed
+
+    def use_settings(self, settings: Mapping[str, float], again: bool = False) -> dict[str, float]:
+        """Put resume ``settings`` in effect (:func:`trainer.settings.resume_settings`:
+        valid ``lr`` and ``kl_coef`` only); what changed. ``again``: also those already
+        in effect (after restoring an optimizer that holds another learning rate).
+
+        ``lr``: the base learning rate from here on (replacing the configured LR and any
+        LR fault multiplier); the warm-up schedule keeps its shape. ``kl_coef``: the KL
+        penalty's weight from here on (pulls a drifted policy back)."""
+        todo = {k: v for k, v in settings.items() if again or self.resume_settings.get(k) != v}
+        lr = todo.get("lr")
+        if lr is not None:
             for group in self.optimizer.param_groups:
                 group["initial_lr"] = lr
             self.scheduler.base_lrs = [lr] * len(self.optimizer.param_groups)
@@ -846,14 +861,12 @@ class Trainer:
                 grpo={**g, "lr": lr},
                 faults={**self.cfg.faults.model_dump(), "lr_multiplier": 1.0},
             )
-            changed["lr"] = lr
-        kl_coef = overrides.get("kl_coef")
-        _, lo, hi = RESUME_OVERRIDES["kl_coef"]  # the bounds the API and the CLI enforce
-        if isinstance(kl_coef, int | float) and not isinstance(kl_coef, bool) and lo < kl_coef < hi:
+        kl_coef = todo.get("kl_coef")
+        if kl_coef is not None:
             g = self.cfg.grpo.model_dump()
-            self.cfg = self.cfg.with_overrides(grpo={**g, "kl_coef": float(kl_coef)})
-            changed["kl_coef"] = float(kl_coef)
-        return changed
+            self.cfg = self.cfg.with_overrides(grpo={**g, "kl_coef": kl_coef})
+        self.resume_settings = {**self.resume_settings, **todo}
+        return todo
 
     def _set_aside_checkpoints_after(self, step: int) -> None:
         """Checkpoints of the abandoned branch move to ``<run_dir>/abandoned/`` (kept for

@@ -11,10 +11,12 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
+from events.catalog.control import CONTROL_TOPIC, UnpauseRequested
 from events.catalog.trainer import TrainerStepCompleted
 from events.envelope import EventBase
 from producers.emitter import Emitter
 from producers.sinks import EmbeddedSink, EventSink
+from trainer.settings import run_history
 
 #: The topics a trainer run writes.
 RUN_TOPICS = (
@@ -70,10 +72,28 @@ def run_events(log_dir: Path, run_id: str, tenant_id: str | None = None) -> Iter
 
 
 def recorded_steps(events: list[EventBase]) -> dict[int, TrainerStepCompleted]:
-    """The recorded metrics per step (the first record of a step wins: a resumed
-    segment never re-publishes replayed steps, so there is normally exactly one)."""
-    out: dict[int, TrainerStepCompleted] = {}
-    for ev in events:
-        if isinstance(ev, TrainerStepCompleted) and ev.step is not None:
-            out.setdefault(ev.step, ev)
-    return out
+    """The recorded metrics per step of the run's latest branch (the first record of a
+    step wins: a resumed segment never re-publishes replayed steps, so there is normally
+    exactly one; a rollback's ``RunResumed`` abandons the records after its step, which the
+    run then trains again): :func:`trainer.settings.run_history`."""
+    return run_history(events).recorded
+
+
+def run_overrides(log_dir: Path, run_id: str, tenant_id: str) -> dict[str, dict[str, object]]:
+    """The overrides of every resume command of ``run_id`` (its tenant's) on the log's
+    control topic, by command id: what the run's answered resumes changed
+    (:func:`trainer.settings.run_history`). Undecodable records are skipped."""
+    from events.log.embedded import EmbeddedLog
+
+    log = EmbeddedLog(log_dir, readonly=True)
+    log.open_sync()
+    if CONTROL_TOPIC not in log.topic_names():
+        return {}
+    return {
+        str(ev.event_id): dict(ev.overrides)
+        for ev in log.iter_events([CONTROL_TOPIC])
+        if isinstance(ev, UnpauseRequested)
+        and ev.run_id == run_id
+        and ev.tenant_id == tenant_id
+        and ev.overrides
+    }

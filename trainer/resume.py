@@ -25,6 +25,12 @@ must not steer each other. The event's ``reason`` codes are the event catalog's;
 identity refusal uses ``corrupt`` (the checkpoint is not what this run's record says) and
 its ``detail`` starts with :data:`NOT_THIS_RUN`.
 
+What is compared, and under which settings (:mod:`trainer.settings`): the recorded steps
+of the run's latest branch (a rollback abandons the records after its step), each
+replayed under the settings an operator's resumes had put in effect when it was trained
+(``lr``, ``kl_coef``, read from the answered commands), and the run goes on under the
+settings in effect at the end of its record, not the submitted config's.
+
 Rejected checkpoints of this run are set aside once the gate certifies an older one: every
 checkpoint it fell back from (corrupt, missing, no_overlap, deviation) moves to
 ``<run_dir>/rejected/resume-<ns>/`` (kept for the audit), so the run never names one again
@@ -53,7 +59,7 @@ from __future__ import annotations
 import json
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -87,7 +93,14 @@ from trainer.device import DeviceUnavailable, check_device
 from trainer.engines import effective_tier, engine_pin, resolve_backend
 from trainer.loop import METRIC_FIELDS, RunLock, Trainer
 from trainer.policy import weights_hash
-from trainer.publish import make_emitter, producer_name, recorded_steps, run_events
+from trainer.publish import (
+    make_emitter,
+    producer_name,
+    recorded_steps,
+    run_events,
+    run_overrides,
+)
+from trainer.settings import run_history
 
 INITIAL = "<initial state>"
 #: how an identity refusal's ``detail`` begins
@@ -190,12 +203,17 @@ class ResumeGate:
         events: Sequence[EventBase],
         emitter: Emitter,
         progress: Callable[[str], None] | None = None,
+        overrides_of: Mapping[str, Mapping[str, object]] | None = None,
     ) -> None:
+        """``overrides_of``: the run's resume commands' overrides by command id
+        (:func:`trainer.publish.run_overrides`): the settings its steps were trained under
+        (:mod:`trainer.settings`); none: every step as submitted."""
         self.cfg = cfg
         self.run_dir = run_dir
         self.emitter = emitter
         self.say = progress or (lambda _m: None)
-        self.recorded = recorded_steps(list(events))
+        self.history = run_history(events, overrides_of)
+        self.recorded = self.history.recorded
         self.last = max(self.recorded, default=0)
         submitted = [e for e in events if isinstance(e, RunSubmitted)]
         pins = dict(submitted[0].config)
@@ -331,6 +349,7 @@ class ResumeGate:
             t0 = time.perf_counter()
             worst = 0.0
             for step in range(info_step + 1, self.last + 1):
+                trainer.use_settings(self.history.settings_at[step])  # as it was trained
                 rec = trainer.train_step()
                 trainer.reward.drain_events()  # replayed steps are never re-published
                 dev = deviation(
@@ -342,6 +361,7 @@ class ResumeGate:
             replay_s = time.perf_counter() - t0
             window = (info_step + 1, self.last)
             if worst <= tolerance:
+                trainer.use_settings(self.history.settings)  # what it goes on with
                 self.emitter.emit(
                     ResumeCertified,
                     step=self.last,
@@ -551,7 +571,8 @@ def _resume_locked(
             f"run {run_id!r} was cancelled by {cancel.actor} while its trainer was down; "
             "the cancel is answered (RunCancelled), nothing to resume"
         )
-    gate = ResumeGate(cfg, run_dir, events, emitter, progress)
+    overrides_of = run_overrides(log_dir, run_id, cfg.tenant_id)
+    gate = ResumeGate(cfg, run_dir, events, emitter, progress, overrides_of)
     result, trainer = gate.run()
     if not result.certified or trainer is None:
         why = "; ".join(f"{Path(c).name}: {r}" for c, r, _ in result.rejections) or "none"
