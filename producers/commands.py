@@ -233,11 +233,14 @@ def run_phase(facts: Iterable[EventBase]) -> str:
     ``unknown`` (never submitted), ``live``, ``paused`` or ``over``. A failed run is over
     until a process trains it again (``runwatch resume``, a requeued hooked job): its
     restart's ``RunStarted``/``RunResumed``/``RunPaused`` make it live (or paused) again,
-    so a person can pause or cancel it; a completed or cancelled run stays over."""
-    phase, failed = "unknown", False
+    so a person can pause or cancel it. So does a completed run's process that trains it
+    again (a framework's second ``train()``: its ``RunStarted``/``RunResumed``/
+    ``RunPaused``; found by review: a gate paused such a run and nobody could resume or
+    cancel it, its process held forever). A cancelled run stays over."""
+    phase, reopens = "unknown", False
     for ev in facts:
-        if failed and isinstance(ev, RunSubmitted | RunStarted | RunResumed | RunPaused):
-            phase, failed = "live", False  # restarted after its failure
+        if reopens and isinstance(ev, RunSubmitted | RunStarted | RunResumed | RunPaused):
+            phase, reopens = "live", False  # restarted after its failure or completion
         if isinstance(ev, RunSubmitted | RunStarted):
             phase = "live" if phase in ("unknown", "live") else phase
         elif isinstance(ev, RunPaused):
@@ -245,10 +248,12 @@ def run_phase(facts: Iterable[EventBase]) -> str:
         elif isinstance(ev, RunResumed):
             phase = "live" if phase != "over" else phase
         elif isinstance(ev, RunFailed):
-            failed = failed or phase != "over"
+            reopens = reopens or phase != "over"
             phase = "over"
-        elif isinstance(ev, RunCompleted | RunCancelled):
-            phase, failed = "over", False
+        elif isinstance(ev, RunCompleted):
+            phase, reopens = "over", True  # (a later training reopens it, as a failure's)
+        elif isinstance(ev, RunCancelled):
+            phase, reopens = "over", False
     return phase
 
 

@@ -27,7 +27,8 @@ change (counted in ``corrections``); SUCCEEDED and CANCELLED are never corrected
 (counted in ``Machine.late_after_terminal``). FAILED is left by a restart (a failed run
 trained again: ``runwatch resume``, a requeued hooked job), so a fact read late behind a
 failure is re-folded in order like any other: the restart's ``RunResumed`` read after an
-alert of the restarted process still reopens the run.
+alert of the restarted process still reopens the run. SUCCEEDED is left, in order, by a
+process that trains the run again (a framework's second ``train()``).
 """
 
 from __future__ import annotations
@@ -73,7 +74,9 @@ PRODUCER = "projections/run_state"
 #: Policy actions of alerts that pause a run (``pause_at_checkpoint`` is the old name).
 PAUSING: frozenset[str] = frozenset({"pause", "pause_at_checkpoint"})
 TERMINAL: frozenset[str] = frozenset({"SUCCEEDED", "FAILED", "CANCELLED"})
-#: The terminal states no fact leaves (FAILED is left by a restart: ``LEGAL``).
+#: The terminal states a late fact does not re-fold (FAILED is re-folded: a restart may
+#: be read late). No fact leaves CANCELLED; FAILED and SUCCEEDED are left by a process
+#: that trains the run again, in order (``LEGAL``).
 ABSORBING: frozenset[str] = frozenset({"SUCCEEDED", "CANCELLED"})
 ACTIVE: frozenset[str] = frozenset({"RUNNING", "DEGRADED"})
 #: from-state -> the states it may move to (``None``: a run never seen before).
@@ -88,7 +91,11 @@ LEGAL: dict[str | None, frozenset[str]] = {
     "RUNNING": frozenset({"DEGRADED", "PAUSED_BY_GATE", "SUCCEEDED", "FAILED", "CANCELLED"}),
     "DEGRADED": frozenset({"RUNNING", "PAUSED_BY_GATE", "SUCCEEDED", "FAILED", "CANCELLED"}),
     "PAUSED_BY_GATE": frozenset({"RUNNING", "DEGRADED", "SUCCEEDED", "FAILED", "CANCELLED"}),
-    "SUCCEEDED": frozenset(),
+    # a completed run trained again by its process (a framework's second train(): its
+    # RunResumed / RunStarted / RunPaused): the gates act on it, and people must be able
+    # to resume or cancel it (found by review: a gate's pause of such a run could be
+    # neither resumed nor cancelled, its process held forever)
+    "SUCCEEDED": frozenset({"RUNNING", "DEGRADED", "PAUSED_BY_GATE"}),
     # a failed run may be trained again (``runwatch resume``, a requeued hooked job): its
     # restart's RunSubmitted / RunStarted / RunResumed / RunPaused say so (the gates act
     # on it again)

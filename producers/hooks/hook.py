@@ -314,8 +314,8 @@ class RunwatchHook:
         runwatch has been out of touch over ``pause_when_unmonitored_s``
         (:mod:`producers.hooks.unmonitored`)."""
         follower = self.follower
-        if follower is None or self._closed or (self._finished and not follower.cancelled):
-            return False
+        if follower is None or self._closed:  # (after finish() too: a run that trains on
+            return False  # after its end is live training, and the controller gates it)
         paused = follower.paused_s
         stop = follower.obey(step, waiting)
         guard = self.unmonitored
@@ -332,6 +332,38 @@ class RunwatchHook:
 
     def _is_closed(self) -> bool:
         return self._closed
+
+    @property
+    def closed(self) -> bool:
+        """:meth:`close` was called: nothing more is published or followed."""
+        return self._closed
+
+    def train_again(self, step: int, resumed_from: str) -> None:
+        """The run trains again in this process after it :meth:`finish`-ed (a framework's
+        second ``train()``: another stage, more steps): ``RunResumed`` as a restart's (it
+        answers no request; the detectors judge the steps from ``step`` afresh), unless
+        the run is paused (the next :meth:`obey` holds it) or cancelled (it stops it).
+        Raises ``RuntimeError`` once the hook is closed (nothing could gate it)."""
+        if self._closed:
+            raise RuntimeError(
+                f"runwatch: the hook of run {self.run_id} is closed; a training after it "
+                "would be neither watched nor gated (give it a new hook)"
+            )
+        if not self._started:
+            self.start(resumed_from=resumed_from, resumed_step=step)
+            return
+        if not self._finished:
+            return  # still training: nothing ended
+        follower = self.follower
+        if follower is not None and follower.cancelled:
+            return  # RunCancelled was its last fact: obey() stops the training
+        self._finished = False
+        self._last_step_end = time.perf_counter()
+        if follower is not None and follower.run_is_paused():
+            return  # the first obey() holds it (and says RunPaused again)
+        reason = f"training began again from {resumed_from} (after the run's end)"
+        self._submit(self._one, RunResumed, step, time.time(), reason=reason,
+                     checkpoint=str(resumed_from))  # fmt: skip
 
     def _publish_now(self, cls: type[EventBase], step: int | None, **payload: Any) -> None:
         self._submit(self._one, cls, step, time.time(), **payload)

@@ -25,7 +25,10 @@ What each callback publishes (through a :class:`~producers.hooks.hook.RunwatchHo
   log is still read right, only seen later);
 - ``on_save``: ``CheckpointWritten`` for ``output_dir/checkpoint-<step>`` (digested on the
   hook's worker thread, not the training thread);
-- ``on_train_end``: ``RunCompleted``, then the hook is flushed (``close_on_end``: closed).
+- ``on_train_end``: ``RunCompleted``, then the hook is flushed (``close_on_end``: closed);
+- a later ``train()`` with the same callback (another stage, more steps): ``RunResumed``
+  (a restart's), and the run is watched and gated as before (a hook it built and closed
+  is built anew; a closed hook given to it is refused, see :meth:`RunwatchCallback._again`).
 
 Only the world's process zero publishes and reads commands
 (``state.is_world_process_zero``); the other ranks' callbacks only take its verdict. Time
@@ -87,6 +90,7 @@ class RunwatchCallback(TrainerCallback):
         if hook is None and run_id is None:
             raise ValueError("RunwatchCallback needs run_id= (or hook=)")
         self._hook = hook
+        self._owns_hook = hook is None  # built here (and so buildable again)
         self._run_id = run_id if run_id is not None else hook.run_id  # type: ignore[union-attr]
         self._world: WorldVerdict | None = None
         self._trainings = 0  # train() calls so far: each agrees on its verdict anew
@@ -112,7 +116,10 @@ class RunwatchCallback(TrainerCallback):
         self._trainings += 1
         self._world = world_verdict(args, f"{self._run_id}/{self._trainings}", self.join_wait_s)
         if state.is_world_process_zero:
-            self._start(args, state, kwargs.get("model"))
+            if self._trainings > 1 and self._hook is not None:
+                self._again(args, state, kwargs.get("model"))
+            else:
+                self._start(args, state, kwargs.get("model"))
         # a run paused when this process started stays paused (before its first step); a
         # cancel here raises: transformers looks at should_training_stop only after a step
         if self._verdict(args, state):
@@ -120,17 +127,52 @@ class RunwatchCallback(TrainerCallback):
 
     def _start(self, args: Any, state: Any, model: Any) -> None:
         hook = self._ensure(args)
+        config = self._config(args, model)
+        if state.global_step > 0:
+            path = os.path.join(args.output_dir, f"checkpoint-{state.global_step}")
+            hook.start(config, resumed_from=path, resumed_step=state.global_step)
+        else:
+            hook.start(config)
+
+    def _again(self, args: Any, state: Any, model: Any) -> None:
+        """A later ``train()`` of the run with this callback (another stage, more steps):
+        it trains again, watched and gated like the first. Found by review: the first
+        ``train()``'s end finished (and by default closed) the hook, so the second trained
+        ungated, unbilled, the controller's pause never read. A hook this callback built
+        and closed is built anew (its first look waits for the run's commands); an open
+        one goes on (:meth:`RunwatchHook.train_again`); a closed hook given to it cannot be
+        reopened: the training is refused rather than run unwatched."""
+        hook = self._hook
+        assert hook is not None
+        where = (
+            os.path.join(args.output_dir, f"checkpoint-{state.global_step}")
+            if state.global_step > 0
+            else str(args.output_dir)
+        )
+        if not hook.closed:
+            hook.train_again(state.global_step, where)
+            return
+        if not self._owns_hook:
+            raise RuntimeError(
+                f"RunwatchCallback: run {self._run_id}'s hook was closed at the end of the "
+                "previous train() (close_on_end=True) and was given to the callback, so "
+                "it cannot be built again: pass close_on_end=False, or let the callback "
+                "build its hook, to train the run again"
+            )
+        self._hook = None
+        fresh = self._ensure(args)
+        fresh.start(self._config(args, model), resumed_from=where,
+                    resumed_step=state.global_step)  # fmt: skip
+
+    @staticmethod
+    def _config(args: Any, model: Any) -> dict[str, Any]:
         config = {name: getattr(args, name) for name in CONFIG_FIELDS if hasattr(args, name)}
         config["source"] = "transformers-callback"
         config["args_class"] = type(args).__name__
         name = getattr(getattr(model, "config", None), "_name_or_path", None)
         if name:
             config["model"] = str(name)
-        if state.global_step > 0:
-            path = os.path.join(args.output_dir, f"checkpoint-{state.global_step}")
-            hook.start(config, resumed_from=path, resumed_step=state.global_step)
-        else:
-            hook.start(config)
+        return config
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self._hook is not None and state.is_world_process_zero:

@@ -294,3 +294,86 @@ def test_a_gate_pauses_and_a_cancel_stops_a_real_grpo_trainer(
     assert trainer.state.global_step < 400  # stopped by the cancel, not by max_steps
     usage = [e for e in embedded_events(log_dir, "trl-gated") if e.type == "UsageRecorded"]
     assert usage and max(e.device_seconds for e in usage) < 1.0  # the pause billed to no step
+
+
+@pytest.mark.parametrize("close_on_end", [True, False])
+def test_a_second_train_call_is_gated_like_the_first(
+    model_dir: Path, tmp_path: Path, close_on_end: bool
+) -> None:
+    """``trainer.train()`` twice with one callback (a second stage, more steps): the gate's
+    pause in the second stops it like the first. Found by review
+    (``/tmp/review_gates/f1_second_train.py``): the first ``train()``'s end finished the
+    hook (and by default closed it), so the second trained 8 more steps unwatched and
+    unbilled, the controller's pause on the log never read; with ``close_on_end=False``
+    the detector paged and the controller's pause was never answered."""
+    from transformers import TrainerCallback
+
+    from events.log.embedded import EmbeddedLog
+    from producers.commands import issue, write_command
+    from producers.hooks import RunwatchCallback
+    from producers.sinks import EmbeddedSink
+
+    log_dir, run = tmp_path / "log", "trl-twice"
+
+    def events() -> list:
+        return embedded_events(log_dir, run)
+
+    def lifecycle() -> list[str]:
+        kinds = ("RunPaused", "RunResumed", "RunCancelled", "RunCompleted")
+        return [e.type for e in events() if e.type in kinds]
+
+    class GatePage(TrainerCallback):  # before the hook's: its step end reads the pause
+        stage = 1
+        steps = 0  # of the second stage
+        paused_at: int | None = None
+
+        def on_step_end(self, args, state, control, **kw):  # type: ignore[no-untyped-def]
+            if self.stage == 2:
+                self.steps += 1
+                if self.steps == 2:  # as the controller writes it for a run training
+                    sent = write_command(  # after its end (it reopens the run)
+                        EmbeddedSink(EmbeddedLog(log_dir)), run_id=run, tenant_id="acme",
+                        action="pause", phase="live", actor="controller",
+                        principal="run_controller", reason="dead_run (page)",
+                    )  # fmt: skip
+                    assert sent.refused == ""
+                    self.paused_at = state.global_step
+
+    def cancel_once_paused() -> None:
+        deadline = time.monotonic() + 120
+        while lifecycle().count("RunPaused") < 1:
+            assert time.monotonic() < deadline, lifecycle()
+            time.sleep(0.05)
+        held = len([e for e in events() if e.type == "StepPhaseTimed"])
+        time.sleep(1.0)
+        seen.append(held == len([e for e in events() if e.type == "StepPhaseTimed"]))
+        issue(log_dir, run, "cancel", actor="customer", principal="acme")
+
+    page = GatePage()
+    cb = RunwatchCallback(
+        run_id=run, tenant_id="acme", log=log_dir, spool=tmp_path / "spool", gpus=1,
+        install_exit_hooks=False, command_poll_s=0.05, close_on_end=close_on_end,
+    )  # fmt: skip
+    trainer = grpo_trainer(model_dir, tmp_path / "out", steps=3, callbacks=[page, cb],
+                           save_steps=1000)  # fmt: skip
+    trainer.train()
+    assert lifecycle() == ["RunCompleted"]
+    first_usage = len([e for e in events() if e.type == "UsageRecorded"])
+
+    seen: list[bool] = []
+    operator = threading.Thread(target=cancel_once_paused)
+    operator.start()
+    page.stage = 2
+    trainer.args.max_steps = 12
+    trainer.train()
+    operator.join(60)
+    cb.hook.close(10)  # type: ignore[union-attr]
+    assert seen == [True]  # nothing trained while paused
+    # watched again, paused at the gate's step, stopped by the cancel, never completed
+    assert lifecycle() == ["RunCompleted", "RunResumed", "RunPaused", "RunCancelled"]
+    # the pause is read by the hook's reader thread: held at a step end soon after it
+    (paused,) = [e for e in events() if e.type == "RunPaused"]
+    assert page.paused_at is not None and page.paused_at <= paused.step <= page.paused_at + 3
+    assert trainer.state.global_step == page.steps == paused.step  # nothing after it
+    usage = [e for e in events() if e.type == "UsageRecorded"]
+    assert len(usage) - first_usage == paused.step  # the second stage's steps are billed

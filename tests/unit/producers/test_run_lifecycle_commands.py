@@ -51,7 +51,10 @@ START = [RunSubmitted, RunStarted]
         ([*START, RunFailed, RunStarted], "live"),  # a requeued hooked job
         ([*START, RunFailed, RunPaused], "paused"),  # restarted still paused
         ([*START, RunFailed, RunResumed, RunFailed], "over"),
-        ([*START, RunCompleted, RunResumed], "over"),
+        ([*START, RunCompleted], "over"),
+        ([*START, RunCompleted, RunResumed], "live"),  # a second train() of a hooked run
+        ([*START, RunCompleted, RunResumed, RunPaused], "paused"),  # ... paused by a gate
+        ([*START, RunCompleted, RunResumed, RunCompleted], "over"),
         ([*START, RunCancelled, RunResumed], "over"),
         ([*START, RunCancelled, RunFailed, RunResumed], "over"),
     ],
