@@ -41,6 +41,12 @@ Default action: allow. Denied with EPERM (so tenant code sees a clean error, not
   ``clone`` with ``CLONE_PIDFD`` and the ``SO_PEERPIDFD``/``SO_PASSPIDFD`` socket
   options EPERM, F7); ``SO_NETNS_COOKIE`` (EPERM; the host-wide network-namespace
   counter, F5).
+- the fourth round (review, 2026-11-28): ``prctl(PR_SET_PDEATHSIG, ...)`` (EPERM). The
+  worker is the sandbox's pid 1 and bubblewrap's ``--die-with-parent`` is a parent-death
+  signal *on it*: one ``prctl(PR_SET_PDEATHSIG, 0)`` in ``reward()`` cleared it, so a
+  SIGKILLed (or SIGTERMed) trainer left the sandbox running as init's child, past every
+  deadline and CPU watcher the host enforced, its uid free for another tenant's worker.
+  Nothing a reward needs sets it (glibc and CPython never do).
 
 No-ops (the call returns 0 and does nothing): ``sync`` and ``syncfs``. Either one wrote
 back the whole host's dirty page cache, or a whole host filesystem's (``syncfs`` on an
@@ -199,6 +205,9 @@ CLONE_PIDFD = 0x1000
 SOL_SOCKET = 1
 SOCKET_OPTIONS_REFUSED: tuple[int, ...] = (71, 76, 77)
 
+#: ``prctl`` option that sets (or clears) the caller's parent-death signal.
+PR_SET_PDEATHSIG = 1
+
 #: Every CLONE_NEW* flag: user, mount, net, pid, ipc, uts, cgroup, time.
 CLONE_NS_BITS: tuple[int, ...] = (
     0x10000000,
@@ -294,6 +303,7 @@ def _add_host_counter_rules(flt: Any) -> None:
     with contextlib.suppress(RuntimeError, ValueError, OSError):
         flt.add_rule(deny, "ioctl", sc.Arg(1, sc.MASKED_EQ, IOCTL_TYPE_MASK, NSIO_TYPE))
     flt.add_rule(deny, "clone", sc.Arg(0, sc.MASKED_EQ, CLONE_PIDFD, CLONE_PIDFD))
+    flt.add_rule(deny, "prctl", sc.Arg(0, sc.EQ, PR_SET_PDEATHSIG))  # (--die-with-parent)
     for name in ("getsockopt", "setsockopt"):
         for option in SOCKET_OPTIONS_REFUSED:
             flt.add_rule(deny, name, sc.Arg(1, sc.EQ, SOL_SOCKET), sc.Arg(2, sc.EQ, option))

@@ -653,9 +653,24 @@ def test_hostile_tier_refused_when_a_layer_is_missing(tmp_path: Path) -> None:
     assert out.scores is None
 
 
-def test_killed_host_leaves_nothing_running_and_leftovers_are_reaped(tmp_path: Path) -> None:
+#: tenant code that clears the worker's parent-death signal (bwrap's --die-with-parent is
+#: one on pid 1, the worker): its score says whether the prctl took
+CLEAR_PDEATHSIG = (
+    "import ctypes\n"
+    "libc = ctypes.CDLL(None, use_errno=True)\n"
+    "result = 1.0 if libc.prctl(1, 0, 0, 0, 0) == 0 else 0.0\n"
+)
+
+
+@pytest.mark.parametrize("prompt", ["result = 1.0", CLEAR_PDEATHSIG], ids=["honest", "pdeathsig"])
+def test_killed_host_leaves_nothing_running_and_leftovers_are_reaped(
+    tmp_path: Path, prompt: str
+) -> None:
     """SIGKILL the host process mid-life: bwrap's --die-with-parent takes the sandboxes
-    down with it, and reap_stale() removes the scratch mounts, dirs and cgroups."""
+    down with it, and reap_stale() removes the scratch mounts, dirs and cgroups. Also when
+    the tenant's code tried to clear the worker's parent-death signal (review, 2026-11-28:
+    ``prctl(PR_SET_PDEATHSIG, 0)`` kept the sandbox running as init's child, 7.9 CPU-s in
+    the 10 s after the host died; seccomp now refuses it)."""
     import signal
     import subprocess
     import sys
@@ -669,15 +684,16 @@ def test_killed_host_leaves_nothing_running_and_leftovers_are_reaped(tmp_path: P
         "import sys, time\n"
         "from sandbox.client import RewardClient\n"
         f"c = RewardClient({str(tmp_path / 'r.py')!r}, 'tenant-k', tier='function')\n"
-        "o = c.score([{'prompt': 'result = 1.0', 'completion': ''}])\n"
+        f"o = c.score([{{'prompt': {prompt!r}, 'completion': ''}}])\n"
         "assert o.ok, o.message\n"
-        "print('ready', flush=True)\n"
+        "print('ready', o.scores[0], flush=True)\n"
         "time.sleep(60)\n"
     )
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, cwd=REPO)
     assert proc.stdout is not None
     try:
-        assert proc.stdout.readline().strip() == b"ready"
+        expected = b"ready 1.0" if prompt == "result = 1.0" else b"ready 0.0"  # refused
+        assert proc.stdout.readline().strip() == expected
         mine = [e for e in os.listdir(base_dir()) if f"-{proc.pid}-" in e]
         assert mine, "the host process staged nothing?"
     finally:
