@@ -89,6 +89,7 @@ from runwatch.hosting.state_journal import FoldStateFile
 from runwatch.hosting.tenancy import foreign_owner
 from runwatch.webhook_guard import destination_refusal, public_only_transport
 from stream_processors.notify import NotifierFold, NotifyPolicy, Pending, attempt_event, due
+from stream_processors.notify.fold import SUPERSEDED
 from stream_processors.notify.payload import KINDS, data_of
 from stream_processors.notify.signing import (
     ATTEMPT_HEADER,
@@ -290,6 +291,7 @@ class Notifier:
         self._active: set[str] = set()  # runs with pending notifications
         #: run -> its notification being sent (or sent, its attempt not yet recorded)
         self._in_flight: dict[str, Pending] = {}
+        self._superseded = 0  # notifications abandoned over a run's MAX_PENDING (logged)
         self._per_tenant: dict[str, int] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         #: attempts made, to be recorded (one append per loop turn: a group commit)
@@ -426,7 +428,14 @@ class Notifier:
                 kind = _KIND_OF_TYPE.get(ev.source_type, "other")
                 key = (kind, "true" if _urgent_body(kind, ev.body or "") else "false")
                 self.stats.abandoned_by[key] = self.stats.abandoned_by.get(key, 0) + 1
-                log.warning("abandoned %s: %s", ev.notification_id, ev.reason)
+                if not ev.reason.startswith(SUPERSEDED):
+                    log.warning("abandoned %s: %s", ev.notification_id, ev.reason)
+                    continue
+                if self._superseded % 1000 == 0:  # a flood of them: said once a thousand
+                    log.warning("abandoned %s (run %s): %s; %d superseded so far",
+                                ev.notification_id, ev.run_id, ev.reason,
+                                self._superseded + 1)  # fmt: skip
+                self._superseded += 1
 
     # -- deliveries -----------------------------------------------------------------------
     def dispatch(self) -> None:

@@ -53,6 +53,15 @@ ATTEMPT_PRODUCER = "runwatch/notifier"
 REMEMBER = 1024
 #: Alert ids a run remembers having notified the fire of.
 REMEMBER_ALERTS = 256
+#: Pending notifications a run holds at most. A new one past it supersedes the oldest
+#: that does not ask the customer to act (else the oldest): abandoned unsent, with its
+#: body (the dead letter). Found by review: a tenant flapping its own run's state with a
+#: failing webhook grew one run's pending without bound, and each new fact scanned and
+#: copied all of it — 20,000 pending delayed another tenant's page by 13 s on the
+#: notifier's one loop. Bounded, a fact costs at most this many steps.
+MAX_PENDING = 128
+#: How a superseded notification's abandonment reason begins.
+SUPERSEDED = "superseded: "
 
 SOURCES = (RunStateChanged, AlertFired, AlertResolved)
 
@@ -112,6 +121,9 @@ class Pending(NamedTuple):
     last_status: int | None = None
     last_error: str = ""
     retry_after_s: float | None = None
+    #: it asks the customer to act (a paging alert's fire, a run paused by a gate): the
+    #: last to be superseded (:data:`MAX_PENDING`)
+    urgent: bool = False
 
 
 class NotifyState(NamedTuple):
@@ -219,14 +231,21 @@ class NotifierFold:
         if nid in state.done:
             return state, ()
         body = render(event).decode()
+        urgent = _asks_to_act(event)
         for i, p in enumerate(state.pending):
             if p.notification_id == nid:
                 if p.body is not None:
                     return state, ()  # the same fact again
                 # attempts were read first (Kafka orders no two topics): complete them
-                return self._settle(state, i, p._replace(body=body))
-        new = Pending(nid, event.type, event.tenant_id, event.run_id, event.step, event.ts, body)
-        return state._replace(pending=(*state.pending, new)), ()
+                return self._settle(state, i, p._replace(body=body, urgent=urgent))
+        new = Pending(
+            nid, event.type, event.tenant_id, event.run_id, event.step, event.ts, body,
+            urgent=urgent,
+        )  # fmt: skip
+        state = state._replace(pending=(*state.pending, new))
+        if len(state.pending) <= MAX_PENDING:
+            return state, ()
+        return _supersede_oldest(state, event.ts)
 
     # -- attempts --------------------------------------------------------------------------
     def _attempted(
@@ -301,15 +320,49 @@ class NotifierFold:
         return NotifyState(tuple(Pending(*p) for p in pending), tuple(done), tuple(alerts))
 
 
-def _envelope(p: Pending, outcome: str) -> dict[str, Any]:
+def _asks_to_act(event: EventBase) -> bool:
+    """A paging alert's fire, or a run paused by a gate (``runwatch.notifier.urgent``)."""
+    if isinstance(event, AlertFired):
+        return event.routing == "page"
+    return isinstance(event, RunStateChanged) and event.to_state == "PAUSED_BY_GATE"
+
+
+def _supersede_oldest(state: NotifyState, ts: float) -> tuple[NotifyState, Sequence[EventBase]]:
+    """Abandon one pending notification of a run over :data:`MAX_PENDING`: the oldest that
+    does not ask the customer to act, else the oldest (``ts``: the new fact's)."""
+    pending = state.pending
+    sendable = [i for i, p in enumerate(pending) if p.body is not None]
+    index = next((i for i in sendable if not pending[i].urgent), sendable[0] if sendable else None)
+    if index is None:
+        return state, ()
+    victim = pending[index]
+    abandoned = NotificationAbandoned(
+        **_envelope(victim, "abandoned", ts),
+        notification_id=victim.notification_id,
+        source_type=victim.source_type,
+        source_ts=victim.source_ts,
+        attempts=victim.attempts,
+        reason=f"{SUPERSEDED}the run holds {MAX_PENDING} newer notifications not yet "
+        f"delivered (its webhook is behind); dropped after {victim.attempts} attempt(s)",
+        last_status_code=victim.last_status,
+        last_error=victim.last_error,
+        body=victim.body or "",
+    )
+    done = _bounded(state.done, victim.notification_id, REMEMBER)  # (pending: not done)
+    return state._replace(pending=(*pending[:index], *pending[index + 1 :]), done=done), (
+        abandoned,
+    )
+
+
+def _envelope(p: Pending, outcome: str, ts: float | None = None) -> dict[str, Any]:
     """An outcome's envelope: one id per notification and outcome, the run's identity, and
-    the deciding attempt's ``ts``."""
+    the deciding attempt's ``ts`` (``ts``: when no attempt decided it)."""
     return {
         "event_id": derived_id(PRODUCER, p.notification_id, outcome),
         "tenant_id": p.tenant_id,
         "run_id": p.run_id,
         "step": p.step,
-        "ts": p.last_ts,
+        "ts": p.last_ts if ts is None else ts,
         "producer": PRODUCER,
         "seq": 0,
     }

@@ -315,3 +315,42 @@ def test_new_events_round_trip() -> None:
     a = attempt(state, 1, ts=1.5, ok=False, status=None, error="timeout after 10 s")
     assert decode(encode(a)) == a
     assert isinstance(a, NotificationAttempted) and type(a).TOPIC == "runwatch.notifications"
+
+
+def test_a_run_holds_at_most_max_pending_and_supersedes_what_asks_nothing_first() -> None:
+    """A tenant flapping its own run's state with a failing webhook: the run's pending
+    stays at :data:`MAX_PENDING`, each fact past it abandons (dead-letters, body kept) the
+    oldest that asks the customer to act on nothing; the gate's pause and the page stay
+    (found by review: pending grew without bound, each fact scanning and copying all of
+    it, and another tenant's page waited 13 s behind 20,000 of them)."""
+    from stream_processors.notify.fold import MAX_PENDING
+
+    fold = NotifierFold()
+    state = fold.initial()
+    gate = state_change("PAUSED_BY_GATE")
+    page = alert("page")
+    state, _ = fold.apply(state, gate)
+    state, _ = fold.apply(state, page)
+    flaps = [state_change("DEGRADED" if i % 2 else "RUNNING") for i in range(MAX_PENDING + 40)]
+    dropped: list[NotificationAbandoned] = []
+    for f in flaps:
+        state, out = fold.apply(state, f)
+        dropped.extend(o for o in out if isinstance(o, NotificationAbandoned))
+    assert len(state.pending) == MAX_PENDING
+    kept = {p.notification_id for p in state.pending}
+    assert {str(gate.event_id), str(page.event_id)} <= kept
+    assert [d.notification_id for d in dropped] == [str(f.event_id) for f in flaps[:42]]
+    assert all(d.body and "superseded" in d.reason for d in dropped)
+    # an attempt of a superseded one read back later (it was in flight) changes nothing
+    gone = fold.apply(fold.initial(), flaps[0])[0].pending[0]
+    late = attempt_event(gone, 1, ts=9e9, ok=False, status_code=503)
+    assert fold.apply(state, late) == (state, ())
+    assert fold.load_state(fold.dump_state(state)) == state
+
+    # all urgent: the oldest goes
+    urgent_only = fold.initial()
+    pages = [alert("page", alert_id=f"p{i}") for i in range(MAX_PENDING + 1)]
+    for p in pages:
+        urgent_only, out = fold.apply(urgent_only, p)
+    assert [o.notification_id for o in out] == [str(pages[0].event_id)]
+    assert len(urgent_only.pending) == MAX_PENDING
