@@ -77,7 +77,11 @@ class CommandFeed:
         over (a resume of a running run, a pause of a paused one) — found by review, a
         second click on Resume, passed over while the run trained, was replayed by the
         restart of a run a gate had paused since, and lifted the gate's pause. A cancel
-        is never passed over: one not answered is still due."""
+        is never passed over: one not answered is still due; nor is a person's pause read
+        while the run was paused (:func:`held_over`): the process holds the run again for
+        it after the resume, and one that died between the resume and that pause left it
+        unanswered (found by review: the restart dropped it, and an operator's hold was
+        lost)."""
         self.sink = sink
         self.run_id = run_id
         self.tenant_id = tenant_id
@@ -101,7 +105,7 @@ class CommandFeed:
                 continue
             eid = str(ev.event_id)
             if eid == self._superseded:  # what came before it was answered or passed over
-                out = [c for c in out if isinstance(c, CancelRequested)]
+                out = [c for c in out if isinstance(c, CancelRequested) or held_over(c)]
             if eid in self._seen:
                 continue
             self._seen.add(eid)
