@@ -96,6 +96,14 @@ Rules:
   wrongly; the late ``RunPaused`` resolves it. A state stored before 2026-11-29 mid-pause
   loads with its request not watched (the next one is).
 
+- **A run that said it paused and trains on pages too** (the same ``pause_unanswered``
+  page, its id naming the ``RunPaused``): from its ``RunPaused`` the run is watched the
+  same way, counted past the paused step on its own clock, until it resumes, fails or
+  ends. (Found by review: once a run said ``RunPaused`` none of its steps were read, so a
+  loop that said it paused and trained on — ``obey()`` on a side thread — billed while
+  shown ``PAUSED_BY_GATE``.) The same caveat on Kafka: steps after a resume read before
+  the ``RunResumed`` may page, and the ``RunResumed`` resolves it.
+
 The fold does not judge people's commands (the API does, against the projected state, and
 the trainer ignores what does not apply to it); it only avoids asking twice. Time: event
 fields only. State: one small NamedTuple per run (and one for the request in flight).
@@ -153,6 +161,9 @@ class Waiting(NamedTuple):
     why: str
     #: the ``pause_unanswered`` alert fired for it ('' none yet)
     fired: str = ""
+    #: the run answered (``RunPaused``): watched to stay paused (``request_id`` is then
+    #: the ``RunPaused``'s id, ``since`` its step)
+    held: bool = False
 
 
 class ControlState(NamedTuple):
@@ -271,7 +282,8 @@ class RunControllerFold:
             asked = _remember(state.asked, rid, by) if rid else state.asked
             state, done = self._answered(state, event, f"the run paused at step {event.step}")
             state = state._replace(phase="paused", paused_by=by, owed=owed, pending=())
-            return state._replace(asked=asked, paused_step=event.step), done
+            held = _held(event)  # it said it stopped: steps past it are watched
+            return state._replace(asked=asked, paused_step=event.step, waiting=held), done
         if t is RunResumed or (t is UnpauseRequested and state.phase == "pausing"):
             why = "the run said it resumed" if t is RunResumed else "the pause was withdrawn"
             state, done = self._answered(state, event, why)
@@ -286,7 +298,7 @@ class RunControllerFold:
         if t is RunCompleted or t is RunCancelled:
             w = state.waiting
             end = event.step  # None (a plain hook's finish()): judged on its clock alone
-            if w is not None and not w.fired:
+            if w is not None and not w.fired and not w.held:
                 # a pause in flight stays watched past the end the run said: a run that
                 # trains on after it did not stop (steps up to its end were its last)
                 since = w.since if end is None or w.since is None else max(w.since, end)
@@ -399,6 +411,17 @@ class RunControllerFold:
         asked = w.asked_step if w.asked_step is not None else since
         trained = step - since  # past the step it could first be seen at
         at = f"at step {w.asked_step}" if w.asked_step is not None else f"after step {since}"
+        reason = (
+            f"run {ev.run_id} did not answer the pause requested {at} ({w.why}): "
+            f"{trained} steps trained since it was on the log (to step {step}), no "
+            "RunPaused: it trains and bills on"
+        )
+        if w.held:
+            reason = (
+                f"run {ev.run_id} said it paused at step {since} ({w.why}) and trains on: "
+                f"{trained} steps since (to step {step}) while it is shown paused: it "
+                "bills on"
+            )
         alert = AlertFired(
             event_id=derived_id(PRODUCER, ev.run_id, aid, "fired"),
             tenant_id=ev.tenant_id,
@@ -416,12 +439,7 @@ class RunControllerFold:
             observed=(("steps_since_request", trained), ("last_step", step)),
             thresholds=(("pause_unanswered_steps", allowed), ("pause_unanswered_grace_s", grace)),
             config_version=self.policy.version,
-            reason=(
-                f"run {ev.run_id} did not answer the pause requested {at} ({w.why}): "
-                f"{trained} steps trained since it was on the log (to step {step}), no "
-                "RunPaused: it trains "
-                "and bills on"
-            ),
+            reason=reason,
             first_response=UNANSWERED_RESPONSE,
             escalated=True,
         )
@@ -540,6 +558,19 @@ def _waiting(request: PauseRequested, *, on_log: bool) -> Waiting:
     2026-11-28: a healthy run that obeyed at once was paged for 81 steps), so the steps
     and the grace are measured on the run's own facts alone."""
     return Waiting(str(request.event_id), request.step, None, 0.0, on_log, _why(request))
+
+
+def _held(paused: RunPaused) -> Waiting | None:
+    """The run said it paused: watch that it trains no further (counted past its step, on
+    its own clock from its ``ts``; a ``RunPaused`` with no step is not watched). Found by
+    review: once a run said ``RunPaused`` the controller read none of its steps, so a loop
+    that said it paused and trained on (``obey()`` on a side thread) billed while shown
+    ``PAUSED_BY_GATE``, and nothing noticed."""
+    if paused.step is None:
+        return None
+    why = f"{paused.reason or 'paused'}"[:300]
+    return Waiting(str(paused.event_id), paused.step, paused.step, paused.ts, True, why,
+                   held=True)  # fmt: skip
 
 
 #: ``detector`` (and part of the id) of the page of a pause nobody answers. Never change it.

@@ -221,9 +221,36 @@ def test_the_runs_answer_resolves_the_page() -> None:
     r = done[0]
     assert (r.alert_id, r.detector, r.step) == (fired.alert_id, UNANSWERED, S + 5)
     assert "paused at step" in r.reason
-    assert log.state.phase == "paused" and log.state.waiting is None
+    assert log.state.phase == "paused" and log.state.waiting is not None
+    assert log.state.waiting.held  # watched to stay paused
     # resumed and trained on: nothing more
     assert unanswered(log.feed([ev(RunResumed, step=S + 5), *steps(S + 6, S + 20)])) == []
+
+
+def test_a_run_that_said_it_paused_and_trains_on_pages() -> None:
+    """Found by review: once a run said ``RunPaused`` the controller read none of its
+    steps: a loop that says it paused and trains on (``obey()`` on a side thread) billed
+    while shown ``PAUSED_BY_GATE`` and nothing noticed. Its own row of the paused step
+    (a hook logs after the step's end) is not training on; its resume resolves the page."""
+    log = Log()
+    log.feed([*started(), page(), *steps(S + 1, S + 2)])
+    request = next(e for e in log.out if isinstance(e, PauseRequested))
+    log.feed([ev(RunPaused, step=S + 2, request_id=str(request.event_id))])
+    assert unanswered(log.feed(trained(S + 2))) == []  # the paused step's own row
+    (fired,) = unanswered(log.feed(steps(S + 3, S + 12)))
+    assert "said it paused at step 9" in fired.reason and fired.routing == "page"
+    assert dict(fired.observed)["last_step"] == S + 5  # 3 past it, 3 s of its clock
+    done = log.feed([ev(RunResumed, step=S + 12, request_id="u1")])
+    assert [(d.type, d.alert_id) for d in done if isinstance(d, AlertResolved)] == [
+        ("AlertResolved", fired.alert_id)
+    ]
+    # paused and staying put: nothing, however long; its end ends the watch
+    log = Log()
+    log.feed([*started(), page(), *steps(S + 1, S + 2)])
+    request = next(e for e in log.out if isinstance(e, PauseRequested))
+    log.feed([ev(RunPaused, step=S + 2, request_id=str(request.event_id))])
+    log.feed([ev(RunCancelled, step=S + 2), *steps(S + 2, S + 2)])
+    assert unanswered(log.out) == [] and log.state.waiting is None
 
 
 def test_a_run_that_answered_never_pages() -> None:
