@@ -98,6 +98,13 @@ class LogBackend(abc.ABC):
     async def partitions(self, topic: str) -> list[int]:
         """The partition numbers of ``topic``."""
 
+    async def partition_of(self, topic: str, key: bytes) -> int | None:
+        """The partition a record keyed ``key`` is appended to (where a reader of one key's
+        records finds them all); None: this backend does not say (read every partition).
+        A backend that partitions by key overrides it with its own partitioner."""
+        parts = await self.partitions(topic)
+        return parts[0] if len(parts) == 1 else None
+
     @abc.abstractmethod
     async def end_offset(self, topic: str, partition: int) -> int:
         """The offset the next appended record of that partition will get."""

@@ -259,6 +259,9 @@ class KafkaLog(LogBackend):
             self._partitions[topic] = cached
         return cached
 
+    async def partition_of(self, topic: str, key: bytes) -> int | None:
+        return await self._partition(topic, key)  # what append() picks for that key
+
     async def _partition(self, topic: str, key: bytes | None) -> int:
         parts = await self.partitions(topic)
         if key is None:

@@ -10,7 +10,9 @@ credentials. This app owns the log client and, for each request:
   (nothing lost, nothing reaches a run). Answer: which records were appended (no offsets) and why
   each refused one was refused (``200`` either way: a refusal is the record's, not the
   request's; a retry of a refused record is refused again);
-- ``GET /v1/ingest/{topic}/partitions``,
+- ``GET /v1/ingest/{topic}/partitions[?key=RUN]`` (with ``key``: only the partition that
+  key's records are appended to, by the log's own partitioner: a hook following its run
+  reads one partition, not all of them),
   ``.../partitions/{p}/records[?after=CURSOR][&key=RUN]``: the control and lifecycle
   topics only, records of the key's tenant only (of one run's key with ``key``: the others
   are skipped unread), scanning at most :data:`SCAN_BUDGET` records (:data:`KEY_SCAN_BUDGET`
@@ -213,8 +215,17 @@ def create_app(
         return topic
 
     @app.get("/v1/ingest/{topic}/partitions")
-    async def partitions(topic: str, tenant_id: Annotated[str, Depends(tenant)]) -> dict[str, Any]:
-        return {"partitions": await _guarded(log().partitions(readable_topic(topic, tenant_id)))}
+    async def partitions(
+        topic: str,
+        tenant_id: Annotated[str, Depends(tenant)],
+        key: Annotated[str | None, Query(max_length=4096)] = None,
+    ) -> dict[str, Any]:
+        readable_topic(topic, tenant_id)
+        if key is not None:  # the one partition that key's records are appended to
+            found = await _guarded(log().partition_of(topic, key.encode()))
+            if found is not None:
+                return {"partitions": [found]}
+        return {"partitions": await _guarded(log().partitions(topic))}
 
     @app.get("/v1/ingest/{topic}/partitions/{partition}/end")
     async def end(topic: str, partition: int) -> dict[str, Any]:

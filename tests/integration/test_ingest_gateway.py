@@ -545,3 +545,22 @@ def test_a_tenants_oversized_integers_are_dead_lettered_and_stop_no_ones_process
     assert done.returncode == 0, done.stderr[-3000:]
     b_runs = embedded_events(gateway.log_dir, "tenant-b:exp")
     assert [e.step for e in b_runs if e.type == "TrainerStepCompleted"] == [1, 2, 3, 4, 5]
+
+
+def test_many_hooked_runs_of_one_tenant_read_their_commands_without_starving() -> None:
+    """Found by review (``/tmp/review-gates/f5_gateway_read_starvation.py``): each hook's
+    command poll made 1 + 2 x partitions requests against its tenant's read rate, so 40
+    hooked runs on a 3-partition control topic had 67 % of their polls refused and
+    commands unread up to 56 s (the unmonitored guard then held the runs). A hook now asks
+    only its run's partition and reads it with one scan: every poll served. The real
+    ingest app and client (``benchmarks/gateway_command_reads.py`` measures both)."""
+    import asyncio
+
+    from benchmarks.gateway_command_reads import BeforeGatewayLog, follow
+    from producers.hooks.gateway import GatewayLog
+
+    now = asyncio.run(follow(GatewayLog, hooks=40, parts=3, seconds=6.0))
+    assert now["refused_pct"] == 0.0 and now["longest_unread_s"] < 2.0, now
+    assert now["requests_per_poll"] < 1.3, now  # (the first poll also asks the partition)
+    before = asyncio.run(follow(BeforeGatewayLog, hooks=40, parts=3, seconds=6.0))
+    assert before["refused_pct"] > 10.0, before  # the anchor still starves
