@@ -131,3 +131,22 @@ def test_the_ids_kept_at_one_step_are_bounded_and_near_repeats_still_absorbed() 
     assert len(state.at_mark[idx]) == MAX_IDS_AT_MARK and state.late == 0
     state, out = fold.apply(state, evals[-1])  # a redelivery of a recent one: absorbed
     assert out == () and state.late == 1
+
+
+def test_a_new_algorithm_name_every_step_does_not_grow_the_shared_fold() -> None:
+    """Found by review: ``algorithm`` is the producer's free text and the fold's settings
+    and dispatch caches (one fold instance serves every run and tenant) kept an entry per
+    name: a tenant sending a new one each step grew them 4.6 KB an event. They are keyed
+    by the names the catalog tells apart (settings) and bounded (plans); the alerts are
+    what the same run with one unknown name gets."""
+    from stream_processors.detectors.run_health import MAX_PLANS
+
+    run = Run()
+    steady = _collapse_run(run)
+    named = [e.model_copy(update={"algorithm": f"algo-{i}"}) for i, e in enumerate(steady)]
+    fold = RunHealthFold()
+    _, out = fold_all(named, fold)
+    assert len(fold._settings) <= 1 + len(fold.catalog.algorithms)
+    assert len(fold._plans) <= MAX_PLANS
+    _, same = fold_all([e.model_copy(update={"algorithm": "algo-x"}) for e in steady])
+    assert [(a.type, a.alert_id) for a in out] == [(a.type, a.alert_id) for a in same]
