@@ -207,6 +207,8 @@ SOCKET_OPTIONS_REFUSED: tuple[int, ...] = (71, 76, 77)
 
 #: ``prctl`` option that sets (or clears) the caller's parent-death signal.
 PR_SET_PDEATHSIG = 1
+#: The bits of a 64-bit argument register the kernel reads for an ``int`` argument.
+INT_MASK = 0xFFFFFFFF
 
 #: Every CLONE_NEW* flag: user, mount, net, pid, ipc, uts, cgroup, time.
 CLONE_NS_BITS: tuple[int, ...] = (
@@ -279,9 +281,7 @@ def _add_direct_io_rules(flt: Any) -> None:
             flt.add_rule(einval, name, sc.Arg(flags_arg, sc.MASKED_EQ, direct, direct))
     for name in ("fcntl", "fcntl64"):
         with contextlib.suppress(RuntimeError, ValueError, OSError):
-            flt.add_rule(
-                einval, name, sc.Arg(1, sc.EQ, F_SETFL), sc.Arg(2, sc.MASKED_EQ, direct, direct)
-            )
+            flt.add_rule(einval, name, _int_eq(1, F_SETFL), sc.Arg(2, sc.MASKED_EQ, direct, direct))
 
 
 def _add_host_counter_rules(flt: Any) -> None:
@@ -295,7 +295,7 @@ def _add_host_counter_rules(flt: Any) -> None:
     deny = sc.ERRNO(errno.EPERM)
     for name in ("fcntl", "fcntl64"):
         with contextlib.suppress(RuntimeError, ValueError, OSError):
-            flt.add_rule(deny, name, sc.Arg(1, sc.EQ, F_NOTIFY))
+            flt.add_rule(deny, name, _int_eq(1, F_NOTIFY))
     with contextlib.suppress(RuntimeError, ValueError, OSError):
         flt.add_rule(
             deny, "statx", sc.Arg(3, sc.MASKED_EQ, STATX_MNT_ID_UNIQUE, STATX_MNT_ID_UNIQUE)
@@ -303,7 +303,19 @@ def _add_host_counter_rules(flt: Any) -> None:
     with contextlib.suppress(RuntimeError, ValueError, OSError):
         flt.add_rule(deny, "ioctl", sc.Arg(1, sc.MASKED_EQ, IOCTL_TYPE_MASK, NSIO_TYPE))
     flt.add_rule(deny, "clone", sc.Arg(0, sc.MASKED_EQ, CLONE_PIDFD, CLONE_PIDFD))
-    flt.add_rule(deny, "prctl", sc.Arg(0, sc.EQ, PR_SET_PDEATHSIG))  # (--die-with-parent)
+    flt.add_rule(deny, "prctl", _int_eq(0, PR_SET_PDEATHSIG))  # (--die-with-parent)
     for name in ("getsockopt", "setsockopt"):
         for option in SOCKET_OPTIONS_REFUSED:
-            flt.add_rule(deny, name, sc.Arg(1, sc.EQ, SOL_SOCKET), sc.Arg(2, sc.EQ, option))
+            flt.add_rule(deny, name, _int_eq(1, SOL_SOCKET), _int_eq(2, option))
+
+
+def _int_eq(arg: int, value: int) -> Any:
+    """Argument ``arg`` equals ``value`` as the kernel reads an ``int`` (or ``unsigned
+    int``) argument: its low 32 bits. A plain ``EQ`` compares the whole 64-bit register,
+    so the same option with garbage in the upper half passed the filter and the kernel
+    truncated it to the refused call (found by review: ``prctl((1 << 32) |
+    PR_SET_PDEATHSIG, 0)`` cleared the death signal, ``getsockopt(SOL_SOCKET, (1 << 32) |
+    SO_NETNS_COOKIE)`` read the cookie)."""
+    import pyseccomp as sc
+
+    return sc.Arg(arg, sc.MASKED_EQ, INT_MASK, value)
