@@ -50,6 +50,9 @@ Rules:
   it. Both are the run's own word, as every fact of a hooked run is: a job that lies
   about its end (a far-future step or time) hides the training it reports after it, as
   a job that stops reporting hides all of it; stopping such a job is its scheduler's.
+  A completed run is also live again on a ``RunSubmitted``/``RunStarted``/``RunResumed``/
+  ``RunPaused`` of its process stamped after the end (a framework's second ``train()``,
+  whose steps start again at 0: :func:`_reopened`); a cancelled run is not.
   ``RunFailed`` ends it too, until a process trains it again: a failed run may be
   restarted (``runwatch resume``, a requeued hooked job), and its restart's
   ``RunStarted``/``RunResumed`` (or ``RunPaused``: restarted still paused) makes it live
@@ -189,6 +192,9 @@ class ControlState(NamedTuple):
     #: the run's own clock at its end (``RunCompleted`` / ``RunCancelled``'s ``ts``): with
     #: no end step said, a step fact stamped later trains on (None: not ended)
     ended_ts: float | None = None
+    #: how it ended: "completed" (its process may train it again: :func:`_reopened`),
+    #: "cancelled", or "" (not ended; or a state stored before this field)
+    ended_by: str = ""
 
 
 class RunControllerFold:
@@ -230,6 +236,8 @@ class RunControllerFold:
             return self._trained(state, w, event)
         if t not in _INPUTS:  # the telemetry this fold does not read
             return state, ()
+        if state.phase == "over" and t in _RESTARTS:
+            state = _reopened(state, event)  # a completed run trained again
         if t is AlertFired:
             return self._alert(state, event)  # type: ignore[arg-type]
         if state.phase == "over":
@@ -296,6 +304,7 @@ class RunControllerFold:
                 phase="failed", owed=owed[-MAX_ACTED:], pending=(), paused_step=event.step
             ), done
         if t is RunCompleted or t is RunCancelled:
+            ended_by = "completed" if t is RunCompleted else "cancelled"
             w = state.waiting
             end = event.step  # None (a plain hook's finish()): judged on its clock alone
             if w is not None and not w.fired and not w.held:
@@ -309,10 +318,13 @@ class RunControllerFold:
                     paused_step=end,
                     waiting=w._replace(since=since),
                     ended_ts=event.ts,
+                    ended_by=ended_by,
                 ), ()
             why = "the run completed" if t is RunCompleted else "the run was cancelled"
             state, done = self._answered(state, event, why)
-            return state._replace(phase="over", owed=(), paused_step=end, ended_ts=event.ts), done
+            return state._replace(
+                phase="over", owed=(), paused_step=end, ended_ts=event.ts, ended_by=ended_by
+            ), done
         return state, ()  # CancelRequested: the run ends when the trainer says so
 
     def _live(
@@ -487,6 +499,7 @@ class RunControllerFold:
                 state.paused_step,
                 None if state.waiting is None else list(state.waiting),
                 state.ended_ts,
+                state.ended_by,
             ]
         ).encode()
 
@@ -496,8 +509,8 @@ class RunControllerFold:
         a later field loads with that field's default."""
         algorithm, phase, acted, *rest = json.loads(raw)
         gate = "controller" if phase in ("pausing", "paused") else ""
-        defaults = [gate, [], [], [], None, None, None]  # fields added later, with defaults
-        paused_by, owed, asked, pending, paused_step, waiting, ended_ts = [
+        defaults = [gate, [], [], [], None, None, None, ""]  # fields added later
+        paused_by, owed, asked, pending, paused_step, waiting, ended_ts, ended_by = [
             *rest,
             *defaults[len(rest) :],
         ]
@@ -516,6 +529,7 @@ class RunControllerFold:
             paused_step,
             None if waiting is None else Waiting(*waiting),
             ended_ts,
+            ended_by,
         )
 
 
@@ -532,8 +546,25 @@ def _trains_after_end(state: ControlState, ev: EventBase) -> ControlState:
     elif state.ended_ts is None or ev.ts <= state.ended_ts:
         return state  # no end step said: judged on the run's own clock
     if state.waiting is not None:  # a pause in flight at the end still stands
-        return state._replace(phase="pausing", paused_step=None, ended_ts=None)
-    return state._replace(phase="live", paused_by="", paused_step=None, ended_ts=None)
+        return state._replace(phase="pausing", paused_step=None, ended_ts=None, ended_by="")
+    return state._replace(phase="live", paused_by="", paused_step=None, ended_ts=None,
+                          ended_by="")  # fmt: skip
+
+
+def _reopened(state: ControlState, ev: EventBase) -> ControlState:
+    """A completed run its process trains again: a lifecycle fact of a restart
+    (``RunSubmitted``/``RunStarted``/``RunResumed``/``RunPaused``) stamped after the end
+    on the run's own clock makes it live again, gates included. Found by review: a
+    framework's second ``train()`` starts its steps again at 0, so none of them came
+    "after the end's step" and every page of that stage was dropped (no pause ever
+    asked). A cancelled run stays over; a fact stamped before the end (a late one of the
+    ended run) changes nothing. Left: on Kafka a page of that stage read ahead of the
+    fact that reopens it (another topic) is dropped like any page of an ended run."""
+    if state.ended_by != "completed" or state.ended_ts is None or ev.ts <= state.ended_ts:
+        return state
+    phase = "pausing" if state.waiting is not None else "live"  # a pause in flight stands
+    return state._replace(phase=phase, paused_by="", paused_step=None, ended_ts=None,
+                          ended_by="")  # fmt: skip
 
 
 def _after(ev: AlertFired, paused_step: int | None) -> bool:

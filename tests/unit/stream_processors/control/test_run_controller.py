@@ -108,7 +108,9 @@ def test_a_failed_run_trained_again_is_gated_again() -> None:
     trained with every gate off: the controller held it over, and a page asked for no
     pause (186 steps billed after the page in the review's run). Its restart's
     ``RunResumed`` (or ``RunStarted``, or ``RunPaused``: restarted still paused) makes it
-    live again; a completed or cancelled run stays over."""
+    live again; a cancelled run stays over. So does a completed run its process trains
+    again (a framework's second ``train()``, whose steps start again at 0: found by
+    review, every page of that stage was dropped), on a fact stamped after its end."""
     f = RunControllerFold(ControlPolicy())
     failed = [ev(RunSubmitted, algorithm="grpo"), alert(alert_id="a0"), ev(RunPaused),
               ev(RunFailed, reason="CUDA error")]  # fmt: skip
@@ -120,10 +122,14 @@ def test_a_failed_run_trained_again_is_gated_again() -> None:
     state, out = fold(f, [*failed, ev(RunPaused), ev(RunResumed), alert(alert_id="a1")])
     assert [o.alert_id for o in out] == ["a0", "a1"]
     assert f.load_state(f.dump_state(fold(f, failed)[0])).phase == "failed"
-    for end in (RunCompleted, RunCancelled):
-        _, out = fold(f, [ev(RunSubmitted, algorithm="grpo"), ev(end), ev(RunResumed),
-                          alert(alert_id="a1")])  # fmt: skip
-        assert out == []
+    for end, asked in ((RunCompleted, ["a1"]), (RunCancelled, [])):
+        _, out = fold(f, [ev(RunSubmitted, algorithm="grpo"), ev(end, step=100),
+                          ev(RunResumed, step=0), alert(alert_id="a1", step=20)])  # fmt: skip
+        assert [o.alert_id for o in out] == asked, end
+    stale = ev(RunResumed, step=3)  # stamped before the end: a late fact of the ended run
+    _, out = fold(f, [ev(RunSubmitted, algorithm="grpo"), ev(RunCompleted, step=100), stale,
+                      alert(alert_id="a1", step=20)])  # fmt: skip
+    assert out == []
 
 
 def test_a_page_of_the_restart_read_ahead_of_it_is_owed_and_older_states_reopen() -> None:
