@@ -27,8 +27,9 @@ change (counted in ``corrections``); SUCCEEDED and CANCELLED are never corrected
 (counted in ``Machine.late_after_terminal``). FAILED is left by a restart (a failed run
 trained again: ``runwatch resume``, a requeued hooked job), so a fact read late behind a
 failure is re-folded in order like any other: the restart's ``RunResumed`` read after an
-alert of the restarted process still reopens the run. SUCCEEDED is left, in order, by a
-process that trains the run again (a framework's second ``train()``).
+alert of the restarted process still reopens the run. SUCCEEDED is left by a process
+that trains the run again (a framework's second ``train()``): its lifecycle fact stamped
+after the completion reopens it, re-folded in order when read late.
 """
 
 from __future__ import annotations
@@ -95,7 +96,7 @@ LEGAL: dict[str | None, frozenset[str]] = {
     # RunResumed / RunStarted / RunPaused): the gates act on it, and people must be able
     # to resume or cancel it (found by review: a gate's pause of such a run could be
     # neither resumed nor cancelled, its process held forever)
-    "SUCCEEDED": frozenset({"RUNNING", "DEGRADED", "PAUSED_BY_GATE"}),
+    "SUCCEEDED": frozenset({"SUBMITTED", "RUNNING", "DEGRADED", "PAUSED_BY_GATE"}),
     # a failed run may be trained again (``runwatch resume``, a requeued hooked job): its
     # restart's RunSubmitted / RunStarted / RunResumed / RunPaused say so (the gates act
     # on it again)
@@ -115,6 +116,21 @@ _RESTATING: dict[type, frozenset[str]] = {
     RunResumed: ACTIVE,
     RunPaused: frozenset({"PAUSED_BY_GATE"}),
 }
+
+
+#: The facts of a process training a completed run again (``LEGAL["SUCCEEDED"]``).
+_REOPENING = (RunSubmitted, RunStarted, RunResumed, RunPaused)
+
+
+def _reopens(state: Any, event: EventBase) -> bool:
+    """Does a late ``event`` reopen a SUCCEEDED run: a process's fact of training it again,
+    stamped after its completion? Then it is re-folded like any late fact of a live run
+    (found by review: one of that stage's alerts read ahead of its ``RunResumed`` left the
+    run SUCCEEDED while it trained, the output depending on how topics interleave)."""
+    if state.machine.state != "SUCCEEDED" or not isinstance(event, _REOPENING):
+        return False
+    ends = [h.ts for h in state.history if isinstance(h, RunCompleted)]
+    return bool(ends) and event.ts > ends[-1]
 
 
 def restates(state: str | None, kind: type) -> bool:
@@ -404,7 +420,8 @@ class RunStateFold:
     def _late(self, state: RunStatus, event: EventBase) -> tuple[RunStatus, list[EventBase]]:
         if any(h.event_id == event.event_id for h in state.history):
             return state, []  # a duplicate the host did not catch
-        if state.machine.state in ABSORBING:  # (FAILED re-folds: a restart may be late)
+        if state.machine.state in ABSORBING and not _reopens(state, event):
+            # (FAILED re-folds: a restart may be late)
             m = replace(state.machine, late_after_terminal=state.machine.late_after_terminal + 1)
             return replace(state, machine=m), []
         history = tuple(sorted((*state.history, event), key=canonical_key))
