@@ -25,7 +25,9 @@ no I/O, no randomness. Idempotent: a source seen again (a re-published state cha
 restart re-reading its tail), an attempt recorded twice, or an outcome read back changes
 nothing; an attempt read before its source (Kafka gives no order across topics) is kept
 and the source completes it. Replaying a log's sources and attempts yields the same
-outcomes, ids included.
+outcomes, ids included. One exception, at a run's cap (:data:`MAX_PENDING`): a delivery
+and a new fact read in the other order may supersede one notification more or fewer
+(read first, the delivery makes room); the delivered one's own outcome never changes.
 """
 
 from __future__ import annotations
@@ -328,13 +330,22 @@ def _asks_to_act(event: EventBase) -> bool:
 
 
 def _supersede_oldest(state: NotifyState, ts: float) -> tuple[NotifyState, Sequence[EventBase]]:
-    """Abandon one pending notification of a run over :data:`MAX_PENDING`: the oldest that
-    does not ask the customer to act, else the oldest (``ts``: the new fact's)."""
+    """Abandon one pending notification of a run over :data:`MAX_PENDING` (``ts``: the
+    new fact's): the oldest state change that asks nothing of the customer, else the
+    oldest other that asks nothing (an alert's resolve, a ticket), else the oldest. Never
+    the run's next in line (its first sendable one): the host may be sending it, and an
+    attempt read after its abandonment would be ignored, the outcome depending on the
+    order (review of the cap)."""
     pending = state.pending
-    sendable = [i for i, p in enumerate(pending) if p.body is not None]
-    index = next((i for i in sendable if not pending[i].urgent), sendable[0] if sendable else None)
-    if index is None:
+    sendable = [i for i, p in enumerate(pending) if p.body is not None][1:]
+    if not sendable:
         return state, ()
+
+    def tier(i: int) -> int:
+        p = pending[i]
+        return 2 if p.urgent else 0 if p.source_type == "RunStateChanged" else 1
+
+    index = min(sendable, key=lambda i: (tier(i), i))
     victim = pending[index]
     abandoned = NotificationAbandoned(
         **_envelope(victim, "abandoned", ts),
