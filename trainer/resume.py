@@ -212,7 +212,7 @@ class ResumeGate:
         self.run_dir = run_dir
         self.emitter = emitter
         self.say = progress or (lambda _m: None)
-        self.history = run_history(events, overrides_of)
+        self.history = run_history(_emission_order(events, cfg.run_id), overrides_of)
         self.recorded = self.history.recorded
         self.last = max(self.recorded, default=0)
         submitted = [e for e in events if isinstance(e, RunSubmitted)]
@@ -445,6 +445,19 @@ class ResumeGate:
             tuple(rejections),
             time.perf_counter() - self._t_gate,
         )
+
+
+def _emission_order(events: Sequence[EventBase], run_id: str) -> list[EventBase]:
+    """The run's trainer's own facts in the order it emitted them: by ``seq``, which every
+    trainer process of the run continues (``first_seq``), where those are unique; else in
+    log order. The log merges topics by append time, so a clock that stepped back across a
+    restart could put a new branch's steps before the rollback's ``RunResumed`` (review,
+    reasoned); other producers' facts are not this run's record."""
+    own = producer_name(run_id)
+    mine = [e for e in events if e.producer == own]
+    if len({e.seq for e in mine}) == len(mine):
+        mine.sort(key=lambda e: e.seq)
+    return mine
 
 
 def _step_of(path: Path | None) -> int:

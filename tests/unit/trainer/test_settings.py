@@ -60,3 +60,24 @@ def test_a_repeated_record_and_an_unknown_command_change_nothing() -> None:
     events = [step(1, loss=1.0), step(1, loss=9.0), resumed(1, "gone"), step(2)]
     h = run_history(events, {})
     assert h.recorded[1].loss == 1.0 and h.settings == {} and h.settings_at[2] == {}
+
+
+def test_the_gate_reads_the_trainers_facts_in_the_order_it_emitted_them() -> None:
+    """The log merges topics by append time: a clock stepped back across a restart put a
+    new branch's steps before its rollback's ``RunResumed`` (review, reasoned), and the
+    gate then dropped them as abandoned. The trainer's ``seq`` (continued by every process
+    of the run) orders them; another producer's facts are not the run's record."""
+    from trainer.resume import _emission_order
+
+    old = [step(s, loss=1.0) for s in (1, 2, 3)]
+    back = resumed(1, "c1", rolled_back_to=1)
+    new = [step(s, loss=2.0) for s in (2, 3)]
+    seqs = {id(e): i for i, e in enumerate([*old, back, *new])}
+    mine = [e.model_copy(update={"seq": seqs[id(e)]}) for e in [*old, back, *new]]
+    logged = [*mine[:3], mine[4], mine[5], mine[3]]  # the new steps appended "before" it
+    foreign = step(3, loss=9.0).model_copy(update={"producer": "hook/x", "seq": 99})
+    ordered = _emission_order([*logged, foreign], "r")
+    assert [e.seq for e in ordered] == [0, 1, 2, 3, 4, 5]
+    assert [run_history(ordered).recorded[s].loss for s in (1, 2, 3)] == [1.0, 2.0, 2.0]
+    twice = [mine[0], mine[1].model_copy(update={"seq": 0})]  # seqs not unique: log order
+    assert _emission_order(twice, "r") == twice
