@@ -133,6 +133,27 @@ def _reopens(state: Any, event: EventBase) -> bool:
     return bool(ends) and event.ts > ends[-1]
 
 
+#: Entries of ``Machine.fired`` kept (see :func:`_with_fired`).
+MAX_FIRED_KEPT = 256
+
+
+def _with_fired(
+    fired: tuple[tuple[str, str, int, int], ...], new: tuple[str, str, int, int]
+) -> tuple[tuple[str, str, int, int], ...]:
+    """``fired`` with ``new`` added, at most :data:`MAX_FIRED_KEPT`: past it the oldest
+    entry of a detector that has a later one goes, so every detector that ever fired stays
+    named (the completion policy's ``fail_if_fired`` and the attribution read them). Found
+    by review: one entry per alert episode, without bound, in a state every commit wrote."""
+    out = (*fired, new)
+    if len(out) <= MAX_FIRED_KEPT:
+        return out
+    last = {entry[0]: i for i, entry in enumerate(out)}
+    for i, entry in enumerate(out):
+        if last[entry[0]] != i:
+            return (*out[:i], *out[i + 1 :])
+    return out[1:]
+
+
 def restates(state: str | None, kind: type) -> bool:
     """Does a ``kind`` fact of a restarted process say what ``state`` already is?"""
     return state in _RESTATING.get(kind, ())
@@ -263,8 +284,9 @@ class _Stepper:
                 alert = ActiveAlert(ev.alert_id, ev.detector, rule.action, reason)
                 m = replace(m, active=(*m.active, alert))
             m = replace(
-                m, fired=(*m.fired, (ev.detector, ev.reason, ev.window_start, ev.window_end))
-            )
+                m, fired=_with_fired(m.fired, (ev.detector, ev.reason, ev.window_start,
+                                               ev.window_end))
+            )  # fmt: skip
             return self.overlay(m, ev)
         if t is AlertResolved:
             m = replace(m, active=tuple(a for a in m.active if a.alert_id != ev.alert_id))

@@ -205,6 +205,34 @@ def _weight_sync(view: RunView, fleet: Fleet, points: Points, ev: WeightSyncComp
     m["synced_policy_version"] = max(m.get("synced_policy_version", -1), ev.policy_version)
 
 
+#: Alert episodes a run's view keeps: every open one, and resolved ones up to this many in
+#: all (the oldest fired go first; ``counters["alerts_dropped"]`` counts them). Found by
+#: review: a tenant's own run churned one ``eval_gate_missing`` episode per two events it
+#: sent, its view grew 0.7 MB a thousand episodes, and every commit and API read of it
+#: (JSON on the one event loop) slowed every tenant's (20,000: 732 ms a commit, another
+#: tenant's GET 1 s).
+MAX_ALERTS_KEPT = 256
+#: State changes a run's view keeps (the latest; ``counters["transitions_dropped"]``).
+MAX_TRANSITIONS_KEPT = 256
+
+
+def _keep_alerts(view: RunView) -> None:
+    alerts = view.alerts
+    over = len(alerts) - MAX_ALERTS_KEPT
+    if over <= 0:
+        return
+    gone = []
+    for aid, a in alerts.items():  # (insertion order: the oldest fired first)
+        if a.get("resolved_ts") is not None:
+            gone.append(aid)
+            if len(gone) == over:
+                break
+    for aid in gone:
+        del alerts[aid]
+    if gone:
+        _bump(view.counters, "alerts_dropped", len(gone))
+
+
 def _alert_fired(view: RunView, fleet: Fleet, points: Points, ev: AlertFired) -> None:
     a = view.alerts.setdefault(ev.alert_id, {})
     a.update(
@@ -224,12 +252,14 @@ def _alert_fired(view: RunView, fleet: Fleet, points: Points, ev: AlertFired) ->
     )
     a.setdefault("resolved_ts", None)
     _bump(fleet.alerts_fired, f"{ev.detector}|{ev.layer}|{ev.routing}")
+    _keep_alerts(view)
 
 
 def _alert_resolved(view: RunView, fleet: Fleet, points: Points, ev: AlertResolved) -> None:
     a = view.alerts.setdefault(ev.alert_id, {"detector": ev.detector})
     a["resolved_ts"], a["resolved_reason"] = ev.ts, ev.reason
     _bump(fleet.alerts_resolved, ev.detector)
+    _keep_alerts(view)
 
 
 def _checkpoint(view: RunView, fleet: Fleet, points: Points, ev: CheckpointWritten) -> None:
@@ -328,6 +358,9 @@ def apply_derived(view: RunView, fleet: Fleet, points: Points, ev: EventBase) ->
                 "event_id": str(ev.event_id),
             }
         )
+        if len(view.transitions) > MAX_TRANSITIONS_KEPT:
+            del view.transitions[0]
+            _bump(view.counters, "transitions_dropped")
         _bump(fleet.transitions, ev.to_state)
     elif type(ev) is TenantUsageUpdated and ev.step is not None:
         run_points(points, view.run_id)["spend_usd"][ev.step] = ev.spend_usd
