@@ -154,7 +154,8 @@ class Attribution:
     message: str
     ledger: tuple[tuple[str, int], ...] = ()
     examples: tuple[str, ...] = ()
-    #: (detector, reason, window_start, window_end) of every alert the run fired.
+    #: (detector, reason, window_start, window_end) of the alerts the run fired (the
+    #: latest, at most ``run_state.MAX_FIRED_KEPT``, every detector that fired named).
     health_history: tuple[tuple[str, str, int, int], ...] = ()
     detail: str = ""
 

@@ -43,11 +43,11 @@ def sync_status(view: RunView, status: RunStatus) -> None:
         "failed_batches": led.failed_batches,
         "examples": [x[3] for x in led.examples],
     }
-    view.counters = {
-        "rejected_transitions": len(m.rejected),
-        "corrections": status.corrections,
-        "late_after_terminal": m.late_after_terminal,
-    }
+    view.counters.update(  # (the view's own counters, e.g. what its caps dropped, stay)
+        rejected_transitions=len(m.rejected),
+        corrections=status.corrections,
+        late_after_terminal=m.late_after_terminal,
+    )
     view.mechanics["rejected"] = [list(r) for r in m.rejected[-20:]]
 
 

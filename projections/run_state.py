@@ -145,13 +145,14 @@ def _with_fired(
     named (the completion policy's ``fail_if_fired`` and the attribution read them). Found
     by review: one entry per alert episode, without bound, in a state every commit wrote."""
     out = (*fired, new)
-    if len(out) <= MAX_FIRED_KEPT:
+    over = len(out) - MAX_FIRED_KEPT
+    if over <= 0:
         return out
     last = {entry[0]: i for i, entry in enumerate(out)}
-    for i, entry in enumerate(out):
-        if last[entry[0]] != i:
-            return (*out[:i], *out[i + 1 :])
-    return out[1:]
+    drop = {i for i, entry in enumerate(out) if last[entry[0]] != i}  # not a detector's last
+    drop = set(sorted(drop)[:over])  # the oldest (all at once: an older state shrinks too)
+    kept = tuple(entry for i, entry in enumerate(out) if i not in drop)
+    return kept[len(kept) - MAX_FIRED_KEPT :] if len(kept) > MAX_FIRED_KEPT else kept
 
 
 def restates(state: str | None, kind: type) -> bool:

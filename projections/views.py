@@ -358,9 +358,10 @@ def apply_derived(view: RunView, fleet: Fleet, points: Points, ev: EventBase) ->
                 "event_id": str(ev.event_id),
             }
         )
-        if len(view.transitions) > MAX_TRANSITIONS_KEPT:
-            del view.transitions[0]
-            _bump(view.counters, "transitions_dropped")
+        over = len(view.transitions) - MAX_TRANSITIONS_KEPT
+        if over > 0:  # (all of it at once: a view stored before the cap shrinks too)
+            del view.transitions[:over]
+            _bump(view.counters, "transitions_dropped", over)
         _bump(fleet.transitions, ev.to_state)
     elif type(ev) is TenantUsageUpdated and ev.step is not None:
         run_points(points, view.run_id)["spend_usd"][ev.step] = ev.spend_usd

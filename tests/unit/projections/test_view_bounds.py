@@ -58,3 +58,33 @@ def test_the_state_machine_keeps_every_detector_that_fired_named() -> None:
     fired = state.machine.fired
     assert len(fired) == MAX_FIRED_KEPT
     assert {d for d, *_ in fired} == {"reward_hacking", "eval_gate_missing"}
+
+
+def test_what_the_caps_dropped_stays_counted_and_older_states_shrink_at_once() -> None:
+    """Review of the caps: the read model's sync of the run state replaced the view's
+    counters (what the caps dropped was never seen), and a view or machine stored before
+    the caps shrank by one entry per new one."""
+    from projections.materializer import sync_status
+    from projections.run_state import _with_fired
+
+    f = RunFactory()
+    view, fleet = RunView(f.tenant_id, f.run_id), Fleet()
+    for i in range(MAX_ALERTS_KEPT + 10):
+        aid = f"churn-{i}"
+        apply_primary(view, fleet, {}, f.fired("eval_gate_missing", i, alert_id=aid))
+        apply_primary(view, fleet, {}, f.resolved("eval_gate_missing", i, aid))
+    fold = RunStateFold()
+    status, _ = fold.apply(fold.initial(), f.start()[0])
+    sync_status(view, status)
+    assert view.counters["alerts_dropped"] == 10 and "rejected_transitions" in view.counters
+
+    view.transitions = [{"to_state": "RUNNING"}] * 5_000  # as stored before the cap
+    change = f.ev(RunStateChanged, 1, from_state="RUNNING", to_state="DEGRADED", reason="x")
+    apply_derived(view, fleet, {}, change)
+    assert len(view.transitions) == MAX_TRANSITIONS_KEPT
+    assert view.transitions[-1]["to_state"] == "DEGRADED"
+    old = tuple(("eval_gate_missing", "r", i, i) for i in range(5_000))
+    old = (("reward_hacking", "r", 0, 0), *old)
+    fired = _with_fired(old, ("kl_blowup", "r", 1, 1))
+    assert len(fired) == MAX_FIRED_KEPT and fired[-1][0] == "kl_blowup"
+    assert {d for d, *_ in fired} == {"reward_hacking", "eval_gate_missing", "kl_blowup"}
