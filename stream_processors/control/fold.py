@@ -67,7 +67,8 @@ Rules:
   (Before 2026-11-28 a failed run stayed ended: its restart trained with every gate off
   — 186 steps billed after a page in the review's run.) A state stored before then says
   ``over`` for a failed run too: it loads as ``failed`` (a restart reopens it; a
-  completed run is never restarted, so nothing changes for it).
+  completed run's state stored then has no ``ended_by``: only its steps after the end
+  reopen it, as before).
 
 - **A pause nobody answers pages.** The fold also reads the run's step facts
   (``TrainerStepCompleted``, ``StepPhaseTimed`` on ``runwatch.telemetry``). A pause
@@ -238,6 +239,12 @@ class RunControllerFold:
             return state, ()
         if state.phase == "over" and t in _RESTARTS:
             state = _reopened(state, event)  # a completed run trained again
+            if state.phase != "over" and (t is RunSubmitted or t is RunStarted):
+                if t is RunSubmitted:
+                    state = state._replace(algorithm=event.algorithm)  # type: ignore[attr-defined]
+                if state.phase == "live":  # pages read ahead of it are owed
+                    return self._live(state, event)
+                return state, ()
         if t is AlertFired:
             return self._alert(state, event)  # type: ignore[arg-type]
         if state.phase == "over":
@@ -361,6 +368,15 @@ class RunControllerFold:
     ) -> tuple[ControlState, Sequence[EventBase]]:
         if state.phase == "over" and _after(ev, state.paused_step):  # trained after its end
             state = _trains_after_end(state, ev)  # (read ahead of that step's own fact)
+        if _after_completion(state, ev) and ev.detector != UNANSWERED:
+            # a page of a completed run trained again read ahead of the fact that reopens
+            # it (another topic; its steps start again at 0): owed when it does
+            pauses = self.policy.pauses(tenant=ev.tenant_id, algorithm=state.algorithm,
+                                        detector=ev.detector, routing=ev.routing)  # fmt: skip
+            if pauses and all(o.alert_id != ev.alert_id for o in state.owed):
+                this = Owed(ev.alert_id, ev.detector, ev.routing, ev.reason)
+                return state._replace(owed=(*state.owed, this)[-MAX_ACTED:]), ()
+            return state, ()
         if state.phase == "over" or ev.alert_id in state.acted or ev.detector == UNANSWERED:
             return state, ()  # (ours: the run is pausing already)
         if not self.policy.pauses(
@@ -517,7 +533,8 @@ class RunControllerFold:
         if phase == "over" and len(rest) < _ENDED_SINCE:  # stored before the end's step was
             paused_step = None  # kept: what it holds is an old pause's step, not the end's
         if phase == "over" and len(rest) < _FAILED_SINCE:  # stored before "failed" was
-            phase = "failed"  # told apart: a restart reopens it (a completed run has none)
+            phase = "failed"  # told apart: a restart reopens it (an old completed run's
+            # state has no ended_by: only steps after its end reopen it, as before)
         return ControlState(
             algorithm,
             phase,
@@ -560,11 +577,22 @@ def _reopened(state: ControlState, ev: EventBase) -> ControlState:
     asked). A cancelled run stays over; a fact stamped before the end (a late one of the
     ended run) changes nothing. Left: on Kafka a page of that stage read ahead of the
     fact that reopens it (another topic) is dropped like any page of an ended run."""
-    if state.ended_by != "completed" or state.ended_ts is None or ev.ts <= state.ended_ts:
+    if not _after_completion(state, ev):
         return state
-    phase = "pausing" if state.waiting is not None else "live"  # a pause in flight stands
-    return state._replace(phase=phase, paused_by="", paused_step=None, ended_ts=None,
+    if state.waiting is not None:  # a pause in flight at the end stands, still whose it was
+        return state._replace(phase="pausing", paused_step=None, ended_ts=None, ended_by="")
+    return state._replace(phase="live", paused_by="", paused_step=None, ended_ts=None,
                           ended_by="")  # fmt: skip
+
+
+def _after_completion(state: ControlState, ev: EventBase) -> bool:
+    """Is ``ev`` stamped after the run's completion (its process training it again)?"""
+    return (
+        state.phase == "over"
+        and state.ended_by == "completed"
+        and state.ended_ts is not None
+        and ev.ts > state.ended_ts
+    )
 
 
 def _after(ev: AlertFired, paused_step: int | None) -> bool:

@@ -349,3 +349,23 @@ def test_a_page_resolved_while_the_run_is_failed_is_not_owed_to_its_restart() ->
     )
     state, out = fold(f, [*failed, alert(alert_id="late", step=18), resolved, ev(RunStarted)])
     assert out == [] and state.phase == "live"
+
+
+def test_a_completed_run_trained_again_owes_a_page_read_ahead_of_its_reopening() -> None:
+    """Review: a page of the second stage read ahead of the fact that reopens the run
+    (alerts before lifecycle on Kafka) was dropped, the read model showing it while no
+    pause was asked. It is owed, and asked for when the run is live again, in either
+    order; a gate's pause in flight at the end stays the gate's when the run reopens."""
+    f = RunControllerFold(ControlPolicy())
+    start = [ev(RunSubmitted, algorithm="grpo"), ev(RunCompleted, step=100)]
+    again, page = ev(RunResumed, step=0), alert(alert_id="s2", step=20)
+    for order in ([again, page], [page, again]):
+        _, out = fold(f, [*start, *order])
+        assert [o.alert_id for o in out] == ["s2"], order
+    early = [ev(RunSubmitted, algorithm="grpo"), ev(RunCompleted, step=100)]
+    page = alert(alert_id="s3", step=5)  # (stamped after the end, as is what follows)
+    _, out = fold(f, [*early, page, ev(RunStarted, step=None)])
+    assert [o.alert_id for o in out] == ["s3"]
+    state, out = fold(f, [ev(RunSubmitted, algorithm="grpo"), alert(alert_id="g"),
+                          ev(RunCompleted, step=100), ev(RunStarted)])  # fmt: skip
+    assert state.phase == "pausing" and state.paused_by == "controller"
