@@ -89,7 +89,7 @@ from runwatch.hosting.state_journal import FoldStateFile
 from runwatch.hosting.tenancy import foreign_owner
 from runwatch.webhook_guard import destination_refusal, public_only_transport
 from stream_processors.notify import NotifierFold, NotifyPolicy, Pending, attempt_event, due
-from stream_processors.notify.fold import SUPERSEDED
+from stream_processors.notify.fold import MAX_PENDING, SUPERSEDED
 from stream_processors.notify.payload import KINDS, data_of
 from stream_processors.notify.signing import (
     ATTEMPT_HEADER,
@@ -457,7 +457,12 @@ class Notifier:
                 continue
             if key in self._in_flight:
                 continue
-            for at, p in due(slot.state, self.fold.policy):
+            candidates = due(slot.state, self.fold.policy)
+            if len(slot.state.pending) >= MAX_PENDING:
+                # at its cap the fold may supersede any of the run's but its first sendable
+                # one: only that one is sent, so none in flight is ever superseded
+                candidates = candidates[:1]
+            for at, p in candidates:
                 if at > now:
                     next_wake = min(next_wake, at)
                     continue

@@ -454,8 +454,8 @@ def _emission_order(events: Sequence[EventBase], run_id: str) -> list[EventBase]
     restart could put a new branch's steps before the rollback's ``RunResumed`` (review,
     reasoned); other producers' facts are not this run's record."""
     own = producer_name(run_id)
-    mine = [e for e in events if e.producer == own]
-    if len({e.seq for e in mine}) == len(mine):
+    mine = list({str(e.event_id): e for e in events if e.producer == own}.values())
+    if len({e.seq for e in mine}) == len(mine):  # (a record appended twice counted once)
         mine.sort(key=lambda e: e.seq)
     return mine
 

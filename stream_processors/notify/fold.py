@@ -333,11 +333,16 @@ def _supersede_oldest(state: NotifyState, ts: float) -> tuple[NotifyState, Seque
     """Abandon one pending notification of a run over :data:`MAX_PENDING` (``ts``: the
     new fact's): the oldest state change that asks nothing of the customer, else the
     oldest other that asks nothing (an alert's resolve, a ticket), else the oldest. Never
-    the run's next in line (its first sendable one): the host may be sending it, and an
-    attempt read after its abandonment would be ignored, the outcome depending on the
-    order (review of the cap)."""
+    one the host may be sending: it sends a run's first *due* notification, so the one in
+    flight is at or before the first never attempted (due at once); only those after that
+    one are candidates (review of the cap: an attempt read after its notification was
+    superseded is ignored, the outcome depending on the order)."""
     pending = state.pending
-    sendable = [i for i, p in enumerate(pending) if p.body is not None][1:]
+    sendable = [i for i, p in enumerate(pending) if p.body is not None]
+    first_new = next((i for i in sendable if pending[i].attempts == 0), None)
+    if first_new is None:
+        return state, ()  # every one attempted: any may be in flight (bounded by attempts)
+    sendable = [i for i in sendable if i > first_new]
     if not sendable:
         return state, ()
 

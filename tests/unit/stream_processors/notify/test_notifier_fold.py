@@ -382,3 +382,29 @@ def test_the_next_in_line_is_never_superseded_so_its_outcome_is_order_free() -> 
     assert seen[0] == {delivered: "NotificationDelivered"}
     assert seen[1] == {delivered: "NotificationDelivered", str(flaps[1].event_id):
                        "NotificationAbandoned"}  # fmt: skip
+
+
+def test_the_one_in_flight_behind_a_head_in_backoff_is_not_superseded() -> None:
+    """Review of the cap (``/tmp/review_diff2/notify_inflight.py``): the host sends a run's
+    first *due* notification, so with the head in backoff the one in flight is the next;
+    only those after the first never attempted are superseded."""
+    from stream_processors.notify.fold import MAX_PENDING
+
+    fold = NotifierFold()
+    flaps = [state_change("DEGRADED" if i % 2 else "RUNNING") for i in range(MAX_PENDING + 1)]
+    base = fold.initial()
+    for f in flaps[:MAX_PENDING]:
+        base, _ = fold.apply(base, f)
+    fail = attempt_event(base.pending[0], 1, ts=2e9, ok=False, status_code=503)
+    base, _ = fold.apply(base, fail)  # the head in backoff
+    flying = next(p for at, p in due(base, fold.policy) if at <= 2e9 + 0.01)
+    assert flying.notification_id == str(flaps[1].event_id)
+    ok = attempt_event(flying, 1, ts=2e9 + 0.05, ok=True, status_code=200)
+    outcomes = []
+    for order in ([ok, flaps[-1]], [flaps[-1], ok]):
+        state, outs = base, []
+        for e in order:
+            state, out = fold.apply(state, e)
+            outs += out
+        outcomes.append({o.notification_id: type(o).__name__ for o in outs}[flying.notification_id])
+    assert outcomes == ["NotificationDelivered", "NotificationDelivered"]
