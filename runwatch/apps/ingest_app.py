@@ -10,9 +10,12 @@ credentials. This app owns the log client and, for each request:
   (nothing lost, nothing reaches a run). Answer: which records were appended (no offsets) and why
   each refused one was refused (``200`` either way: a refusal is the record's, not the
   request's; a retry of a refused record is refused again);
-- ``GET /v1/ingest/{topic}/partitions[?key=RUN]`` (with ``key``: only the partition that
-  key's records are appended to, by the log's own partitioner: a hook following its run
-  reads one partition, not all of them),
+- ``GET /v1/ingest/{topic}/partitions[?key=RUN]`` (with ``key``, one of the tenant's
+  runs: only the partition that key's records are appended to, by the log's own
+  partitioner: a hook following its run reads one partition, not all of them; this
+  assumes the control and lifecycle topics keep their partition count, as faust's
+  co-partitioning already does — a topic given more partitions while hooks follow it
+  must be followed by restarting the gateway and the hooks),
   ``.../partitions/{p}/records[?after=CURSOR][&key=RUN]``: the control and lifecycle
   topics only, records of the key's tenant only (of one run's key with ``key``: the others
   are skipped unread), scanning at most :data:`SCAN_BUDGET` records (:data:`KEY_SCAN_BUDGET`
@@ -221,6 +224,8 @@ def create_app(
         key: Annotated[str | None, Query(max_length=4096)] = None,
     ) -> dict[str, Any]:
         readable_topic(topic, tenant_id)
+        if key is not None and not key.startswith(f"{tenant_id}{RUN_SEPARATOR}"):
+            raise HTTPException(403, f"a hook reads its own runs' keys ({tenant_id}:...)")
         if key is not None:  # the one partition that key's records are appended to
             found = await _guarded(log().partition_of(topic, key.encode()))
             if found is not None:
