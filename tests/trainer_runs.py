@@ -8,6 +8,8 @@ import os
 import signal
 import subprocess
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -53,3 +55,14 @@ def resume_gate(log: Path, run_id: str, timeout_s: float = 300) -> dict[str, Any
     )
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout)
+
+
+def wait_for(what: Callable[[], Any], timeout_s: float = 60.0) -> Any:
+    """``what()``'s first truthy answer, polled every 50 ms; AssertionError after
+    ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if got := what():
+            return got
+        time.sleep(0.05)
+    raise AssertionError("timed out")

@@ -296,19 +296,11 @@ class NotifierFold:
             pending = (*state.pending[:index], p, *state.pending[index + 1 :])
             return state._replace(pending=pending), ()
         last = f"HTTP {p.last_status}" if p.last_status is not None else p.last_error
-        abandoned = NotificationAbandoned(
-            **_envelope(p, "abandoned"),
-            notification_id=p.notification_id,
-            source_type=p.source_type,
-            source_ts=p.source_ts,
-            attempts=p.attempts,
-            reason=f"{p.attempts} attempts failed (max_attempts {self.policy.max_attempts}); "
-            f"last: {last or 'unknown error'}",
-            last_status_code=p.last_status,
-            last_error=p.last_error,
-            body=p.body,
+        why = (
+            f"{p.attempts} attempts failed (max_attempts {self.policy.max_attempts}); "
+            f"last: {last or 'unknown error'}"
         )
-        return _resolve(state, p.notification_id), (abandoned,)
+        return _resolve(state, p.notification_id), (_abandoned(p, why),)
 
     # -- state bytes -----------------------------------------------------------------------
     def dump_state(self, state: NotifyState) -> bytes:
@@ -352,21 +344,28 @@ def _supersede_oldest(state: NotifyState, ts: float) -> tuple[NotifyState, Seque
 
     index = min(sendable, key=lambda i: (tier(i), i))
     victim = pending[index]
-    abandoned = NotificationAbandoned(
-        **_envelope(victim, "abandoned", ts),
-        notification_id=victim.notification_id,
-        source_type=victim.source_type,
-        source_ts=victim.source_ts,
-        attempts=victim.attempts,
-        reason=f"{SUPERSEDED}the run holds {MAX_PENDING} newer notifications not yet "
-        f"delivered (its webhook is behind); dropped after {victim.attempts} attempt(s)",
-        last_status_code=victim.last_status,
-        last_error=victim.last_error,
-        body=victim.body or "",
+    why = (
+        f"{SUPERSEDED}the run holds {MAX_PENDING} newer notifications not yet delivered "
+        f"(its webhook is behind); dropped after {victim.attempts} attempt(s)"
     )
     done = _bounded(state.done, victim.notification_id, REMEMBER)  # (pending: not done)
-    return state._replace(pending=(*pending[:index], *pending[index + 1 :]), done=done), (
-        abandoned,
+    rest = (*pending[:index], *pending[index + 1 :])
+    return state._replace(pending=rest, done=done), (_abandoned(victim, why, ts),)
+
+
+def _abandoned(p: Pending, reason: str, ts: float | None = None) -> NotificationAbandoned:
+    """The dead letter of ``p``: nothing more is tried; it carries the body to send by hand
+    (``ts``: when no attempt decided it)."""
+    return NotificationAbandoned(
+        **_envelope(p, "abandoned", ts),
+        notification_id=p.notification_id,
+        source_type=p.source_type,
+        source_ts=p.source_ts,
+        attempts=p.attempts,
+        reason=reason,
+        last_status_code=p.last_status,
+        last_error=p.last_error,
+        body=p.body or "",
     )
 
 

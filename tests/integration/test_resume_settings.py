@@ -12,30 +12,19 @@ records. Each test here failed on the code before :mod:`trainer.settings`.
 from __future__ import annotations
 
 import threading
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from events.catalog.checkpoint import ResumeCertified, ResumeRejected
 from events.catalog.lifecycle import RunCompleted, RunPaused, RunResumed
 from producers.commands import CommandFeed, issue
-from tests.trainer_runs import ROOT
+from tests.trainer_runs import ROOT, wait_for
 from trainer.config import load_config
 from trainer.loop import Trainer
 from trainer.publish import make_emitter, recorded_steps, run_events
 from trainer.resume import resume
 
 CONFIG = ROOT / "trainer" / "configs" / "test.yaml"
-
-
-def _wait_for(what: Callable[[], Any], timeout_s: float = 60.0) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if got := what():
-            return got
-        time.sleep(0.05)
-    raise AssertionError("timed out")
 
 
 def _count(log: Path, run_id: str, cls: type) -> int:
@@ -62,7 +51,7 @@ def _pause_and_resume(tr: Trainer, log: Path, overrides: dict[str, Any]) -> None
     th = threading.Thread(target=lambda: out.setdefault("cancelled", tr.follow_commands()))
     th.start()
     try:
-        _wait_for(lambda: _count(log, run_id, RunPaused) > paused)
+        wait_for(lambda: _count(log, run_id, RunPaused) > paused)
         sent = issue(
             log, run_id, "resume", actor="operator", principal="op1", reason="fix",
             overrides=overrides,

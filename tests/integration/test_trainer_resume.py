@@ -14,7 +14,6 @@ from __future__ import annotations
 import shutil
 import subprocess
 import threading
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -34,7 +33,7 @@ from events.catalog.lifecycle import (
 from events.catalog.trainer import TrainerStepCompleted, WeightSyncCompleted
 from events.log.embedded import EmbeddedLog
 from producers.commands import CommandFeed, issue
-from tests.trainer_runs import ROOT, cli, resume_gate, train_killed
+from tests.trainer_runs import ROOT, cli, resume_gate, train_killed, wait_for
 from trainer import checkpoint as ckpt
 from trainer.config import load_config
 from trainer.loop import Trainer, train
@@ -368,15 +367,6 @@ def _refusals(log: Path, run_id: str) -> list[CommandRejected]:
     ]
 
 
-def _wait_for(what: Callable[[], Any], timeout_s: float = 60.0) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if got := what():
-            return got
-        time.sleep(0.05)
-    raise AssertionError("timed out")
-
-
 def test_a_rollback_with_nothing_to_go_back_to_is_refused_and_the_run_stays_paused(
     tmp_path: Path,
 ) -> None:
@@ -400,13 +390,13 @@ def test_a_rollback_with_nothing_to_go_back_to_is_refused_and_the_run_stays_paus
     th = threading.Thread(target=lambda: out.setdefault("cancelled", tr.follow_commands()))
     th.start()
     try:
-        _wait_for(lambda: any(isinstance(e, RunPaused) for e in run_events(log, "rb")))
+        wait_for(lambda: any(isinstance(e, RunPaused) for e in run_events(log, "rb")))
         first = issue(
             log, "rb", "resume", actor="operator", principal="op1", reason="fix",
             overrides={"rollback_to_step": 5, "kl_coef": 0.05},
         )  # fmt: skip
         assert first.refused == ""  # the API cannot know which checkpoints are kept
-        (rej,) = _wait_for(lambda: _refusals(log, "rb"))
+        (rej,) = wait_for(lambda: _refusals(log, "rb"))
         assert rej.command_id == str(first.command.event_id)
         assert "rollback_to_step=5: no valid checkpoint" in rej.reason
         assert "stays paused" in rej.reason
