@@ -183,6 +183,12 @@ class WarmPool:
         if created:
             with self._cond:
                 self._starting.difference_update(created)
+        if failure is not None and any(w.aborted for w in created):
+            # called off by suspend() or close(): no failure of the artifact's, whatever
+            # the pool's state when it returns (found in CI: a resume() right after the
+            # suspend() counted the killed start-up, and the next batch was handed its
+            # "worker did not start" as its own failure, booked to the platform)
+            return None, None
         return worker, failure
 
     def _track(self, worker: SandboxWorker) -> None:

@@ -310,6 +310,11 @@ class SandboxWorker:
         with contextlib.suppress(Exception):
             self._stack.close()
 
+    @property
+    def aborted(self) -> bool:
+        """:meth:`abort` called off this worker's start-up."""
+        return self._aborted
+
     def abort(self) -> None:
         """Call off a start-up from another thread (the pool was suspended or closed):
         the sandbox's processes are killed, so the starting thread's handshake ends at
