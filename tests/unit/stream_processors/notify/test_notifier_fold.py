@@ -356,19 +356,26 @@ def test_a_run_holds_at_most_max_pending_and_supersedes_what_asks_nothing_first(
     assert len(urgent_only.pending) == MAX_PENDING
 
 
+def _at_the_cap(fold: NotifierFold) -> tuple[NotifyState, list[EventBase]]:
+    """A run holding MAX_PENDING state changes, and the flaps (one more than it holds)."""
+    from stream_processors.notify.fold import MAX_PENDING
+
+    flaps = [state_change("DEGRADED" if i % 2 else "RUNNING") for i in range(MAX_PENDING + 1)]
+    base = fold.initial()
+    for f in flaps[:MAX_PENDING]:
+        base, _ = fold.apply(base, f)
+    return base, flaps
+
+
 def test_the_next_in_line_is_never_superseded_so_its_outcome_is_order_free() -> None:
     """Review of the cap: the run's next notification in line may be in flight; had it
     been superseded, its successful attempt read after the 129th fact (another topic)
     was ignored (``Abandoned``), read before it ``Delivered``. It is never the one
     superseded: both orders deliver it. (Whether another is superseded still depends on
     the order: read first, the delivery makes room for the new fact.)"""
-    from stream_processors.notify.fold import MAX_PENDING
 
     fold = NotifierFold()
-    flaps = [state_change("DEGRADED" if i % 2 else "RUNNING") for i in range(MAX_PENDING + 1)]
-    base = fold.initial()
-    for f in flaps[:MAX_PENDING]:
-        base, _ = fold.apply(base, f)
+    base, flaps = _at_the_cap(fold)
     ok = attempt_event(base.pending[0], 1, ts=2e9, ok=True, status_code=200)
     seen = []
     for order in ([ok, flaps[-1]], [flaps[-1], ok]):
@@ -388,13 +395,9 @@ def test_the_one_in_flight_behind_a_head_in_backoff_is_not_superseded() -> None:
     """Review of the cap (``/tmp/review_diff2/notify_inflight.py``): the host sends a run's
     first *due* notification, so with the head in backoff the one in flight is the next;
     only those after the first never attempted are superseded."""
-    from stream_processors.notify.fold import MAX_PENDING
 
     fold = NotifierFold()
-    flaps = [state_change("DEGRADED" if i % 2 else "RUNNING") for i in range(MAX_PENDING + 1)]
-    base = fold.initial()
-    for f in flaps[:MAX_PENDING]:
-        base, _ = fold.apply(base, f)
+    base, flaps = _at_the_cap(fold)
     fail = attempt_event(base.pending[0], 1, ts=2e9, ok=False, status_code=503)
     base, _ = fold.apply(base, fail)  # the head in backoff
     flying = next(p for at, p in due(base, fold.policy) if at <= 2e9 + 0.01)
